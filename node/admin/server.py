@@ -1,0 +1,101 @@
+"""Admin API over gRPC (grpcio owns this module) and Prometheus metrics.
+
+The admin service has no generated stubs yet: methods take and return JSON
+documents (UTF-8 bytes) through grpc's generic handlers, so any gRPC client
+can call /mirrorq.Admin/Status with a JSON body.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+StatusFn = Callable[[], dict[str, Any]]
+SERVICE = "mirrorq.Admin"
+
+
+def _json_in(data: bytes) -> Any:
+    return json.loads(data or b"{}")
+
+
+def _json_out(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True).encode()
+
+
+class AdminServer:
+    def __init__(self, status: StatusFn) -> None:
+        self._status = status
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        async def status(_request: Any, _context: grpc.aio.ServicerContext) -> dict[str, Any]:
+            return self._status()
+
+        handler = grpc.method_handlers_generic_handler(SERVICE, {
+            "Status": grpc.unary_unary_rpc_method_handler(
+                status, request_deserializer=_json_in, response_serializer=_json_out),
+        })
+        self._server = grpc.aio.server()
+        self._server.add_generic_rpc_handlers((handler,))
+        if self._server.add_insecure_port(f"{host}:{port}") == 0:
+            raise OSError(f"cannot bind admin port {port}")
+        await self._server.start()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(grace=0.5)
+
+
+def call_status(host: str, port: int, timeout: float = 5.0) -> dict[str, Any]:
+    with grpc.insecure_channel(f"{host}:{port}") as channel:
+        fn = channel.unary_unary(f"/{SERVICE}/Status", request_serializer=_json_out,
+                                 response_deserializer=_json_in)
+        result: dict[str, Any] = fn({}, timeout=timeout)
+        return result
+
+
+class MetricsServer:
+    """Prometheus text exposition on GET /metrics (plain asyncio, no deps)."""
+
+    def __init__(self, status: StatusFn) -> None:
+        self._status = status
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(self._handle, host, port)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            path = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b"/"
+            if path != b"/metrics":
+                writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            else:
+                body = render_metrics(self._status()).encode()
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                             b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+            await writer.drain()
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+
+def render_metrics(status: dict[str, Any]) -> str:
+    lines = []
+    node = status.get("node_id", "")
+    for key, value in sorted(status.items()):
+        if isinstance(value, bool):
+            value = int(value)
+        if isinstance(value, int | float):
+            lines.append(f'mirrorq_{key}{{node="{node}"}} {value}')
+    lines.append(f'mirrorq_is_leader{{node="{node}"}} {int(status.get("role") == "leader")}')
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,3 @@
+from node.app.main import main
+
+raise SystemExit(main())

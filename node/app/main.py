@@ -1,0 +1,157 @@
+"""`mirrorq` command line: serve one node (local-cluster comes with clustering).
+
+Every user error (bad flag, bad config, port in use, unwritable data dir)
+is one line on stderr and exit code 2, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import socket
+import sys
+from typing import Any, NoReturn
+
+from node.app.config import ConfigError, NodeConfig, apply_file, check_data_dir, parse_peers, validate
+
+EXIT_USAGE = 2
+log = logging.getLogger("mirrorq")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"mirrorq: error: {message}\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}")
+    return int(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="mirrorq", description="AMQP 0-9-1 broker with Raft-mirrored queues")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    serve = sub.add_parser("serve", help="run one broker node")
+    serve.add_argument("--node-id", required=True)
+    serve.add_argument("--amqp-port", type=_port, required=True)
+    serve.add_argument("--data-dir", required=True)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (AMQP, Raft, admin)")
+    serve.add_argument("--raft-port", type=_port, help="default: AMQP port + 20000")
+    serve.add_argument("--peers", default="", help="ID=HOST:RAFTPORT,... of the other members")
+    serve.add_argument("--admin-port", type=_port)
+    serve.add_argument("--metrics-port", type=_port)
+    serve.add_argument("--config", help="TOML file (users, frame_max, heartbeat, memory_high_watermark, raft...)")
+    serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    status = sub.add_parser("status", help="print a node's status (admin API)")
+    status.add_argument("--admin-port", type=_port, required=True)
+    status.add_argument("--host", default="127.0.0.1")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> NodeConfig:
+    cfg = NodeConfig(node_id=args.node_id, data_dir=args.data_dir, amqp_host=args.host,
+                     amqp_port=args.amqp_port, admin_port=args.admin_port, metrics_port=args.metrics_port)
+    if args.config:
+        apply_file(cfg, args.config)
+    cfg.raft.host = args.host
+    raft_port = args.raft_port or args.amqp_port + 20000
+    if raft_port > 65535:
+        raise ConfigError("default raft port (AMQP port + 20000) is out of range: pass --raft-port")
+    cfg.raft.port = raft_port
+    cfg.raft.peers = parse_peers(args.peers)
+    cfg.raft.peers.pop(cfg.node_id, None)
+    validate(cfg)
+    ports = [p for p in (cfg.amqp_port, cfg.raft.port, cfg.admin_port, cfg.metrics_port) if p]
+    if len(set(ports)) != len(ports):
+        raise ConfigError(f"ports must differ, got {ports}")
+    for port in ports:
+        _check_port_free(cfg.amqp_host, port)
+    check_data_dir(cfg.data_dir)
+    return cfg
+
+
+def _check_port_free(host: str, port: int) -> None:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+
+
+async def serve(cfg: NodeConfig) -> None:
+    # Imported here so that `mirrorq --help` and argument errors stay fast.
+    from node.admin.server import AdminServer, MetricsServer
+    from node.amqp.server import AmqpServer
+    from node.replication.raft_node import RaftNode
+
+    loop = asyncio.get_running_loop()
+    holder: dict[str, Any] = {}
+
+    def sink(effects: list[Any]) -> None:
+        holder["amqp"].dispatch(effects)
+
+    raft = RaftNode(cfg.node_id, cfg.data_dir, loop, sink, cfg.raft)
+    amqp = AmqpServer(raft, cfg.node_id, cfg.wire)
+    holder["amqp"] = amqp
+    raft.start()
+
+    def status() -> dict[str, Any]:
+        st = raft.status()
+        st["connections"] = amqp.connection_count()
+        st["amqp_port"] = cfg.amqp_port
+        return st
+
+    admin = AdminServer(status) if cfg.admin_port else None
+    metrics = MetricsServer(status) if cfg.metrics_port else None
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await raft.wait_ready()
+        if admin is not None and cfg.admin_port:
+            await admin.start(cfg.amqp_host, cfg.admin_port)
+        if metrics is not None and cfg.metrics_port:
+            await metrics.start(cfg.amqp_host, cfg.metrics_port)
+        await amqp.start(cfg.amqp_host, cfg.amqp_port)
+        log.info("node %s ready: amqp://guest:guest@%s:%d/", cfg.node_id, cfg.amqp_host, cfg.amqp_port)
+        await stop.wait()
+        log.info("node %s shutting down", cfg.node_id)
+    finally:
+        await amqp.close()
+        if admin is not None:
+            await admin.stop()
+        if metrics is not None:
+            await metrics.stop()
+        raft.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "status":
+        from node.admin.server import call_status
+        try:
+            import json
+            print(json.dumps(call_status(args.host, args.admin_port), indent=2, sort_keys=True))
+        except Exception as exc:  # noqa: BLE001 - one line for any transport error
+            sys.stderr.write(f"mirrorq: error: cannot reach admin API on {args.host}:{args.admin_port}: "
+                             f"{type(exc).__name__}\n")
+            return EXIT_USAGE
+        return 0
+    try:
+        cfg = config_from_args(args)
+    except ConfigError as exc:
+        sys.stderr.write(f"mirrorq: error: {exc}\n")
+        return EXIT_USAGE
+    logging.basicConfig(level=getattr(logging, args.log_level),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("pysyncobj").setLevel(logging.WARNING)
+    try:
+        asyncio.run(serve(cfg))
+    except OSError as exc:  # a port taken between the check and the bind
+        sys.stderr.write(f"mirrorq: error: {exc.strerror or exc}\n")
+        return EXIT_USAGE
+    return 0

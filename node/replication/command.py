@@ -1,0 +1,270 @@
+"""Commands: what a node proposes to the replicated log.
+
+Every change of broker state is one of these, applied by
+state_machine.apply_batch on every node in log order. They are NamedTuples so
+they pickle small and fast. Field tables (arguments, headers) are plain dicts
+as decoded from the wire; message properties are a dict keyed by pamqp's
+Basic.Properties attribute names (content_type, delivery_mode, headers,
+expiration, ...) holding only the properties that were set.
+
+`nowait` fields: when true the state machine emits no Reply effect (errors
+are still emitted).
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Union
+
+from node.replication.ids import ChanId, ConnId
+
+Table = dict[str, Any]
+Props = dict[str, Any]
+
+
+class ChannelOpen(NamedTuple):
+    chan: ChanId
+
+
+class ChannelClose(NamedTuple):
+    """Close a channel: requeue its unacked deliveries, drop its consumers.
+
+    reply=True when the client asked (emits Reply Channel.CloseOk); False when
+    the node closed it (local protocol error, connection gone).
+    """
+
+    chan: ChanId
+    reply: bool
+
+
+class ChannelFlow(NamedTuple):
+    chan: ChanId
+    active: bool
+
+
+class ConnectionClose(NamedTuple):
+    """Connection gone (clean close, TCP loss, missed heartbeats): close all
+    its channels and delete the exclusive queues it owns. No reply."""
+
+    conn: ConnId
+
+
+class ExchangeDeclare(NamedTuple):
+    chan: ChanId
+    exchange: str
+    exchange_type: str
+    passive: bool
+    durable: bool
+    auto_delete: bool
+    internal: bool
+    arguments: Table
+    nowait: bool
+
+
+class ExchangeDelete(NamedTuple):
+    chan: ChanId
+    exchange: str
+    if_unused: bool
+    nowait: bool
+
+
+class ExchangeBind(NamedTuple):
+    chan: ChanId
+    destination: str
+    source: str
+    routing_key: str
+    arguments: Table
+    nowait: bool
+
+
+class ExchangeUnbind(NamedTuple):
+    chan: ChanId
+    destination: str
+    source: str
+    routing_key: str
+    arguments: Table
+    nowait: bool
+
+
+class QueueDeclare(NamedTuple):
+    """queue == "" asks for a server-named queue (amq.gen-...)."""
+
+    chan: ChanId
+    queue: str
+    passive: bool
+    durable: bool
+    exclusive: bool
+    auto_delete: bool
+    arguments: Table
+    nowait: bool
+
+
+class QueueBind(NamedTuple):
+    chan: ChanId
+    queue: str
+    exchange: str
+    routing_key: str
+    arguments: Table
+    nowait: bool
+
+
+class QueueUnbind(NamedTuple):
+    chan: ChanId
+    queue: str
+    exchange: str
+    routing_key: str
+    arguments: Table
+
+
+class QueuePurge(NamedTuple):
+    chan: ChanId
+    queue: str
+    nowait: bool
+
+
+class QueueDelete(NamedTuple):
+    chan: ChanId
+    queue: str
+    if_unused: bool
+    if_empty: bool
+    nowait: bool
+
+
+class BasicQos(NamedTuple):
+    """prefetch_count for consumers created later on the channel
+    (global_=False) or shared by the whole channel (global_=True). S09."""
+
+    chan: ChanId
+    prefetch_count: int
+    global_: bool
+
+
+class BasicConsume(NamedTuple):
+    """consumer_tag == "" asks for a server-generated tag (amq.ctag-...).
+
+    credit: how many deliveries the node can take for this consumer before it
+    grants more with BasicCredit (socket back-pressure, S11). It bounds
+    deliveries in flight to the node in addition to prefetch.
+    """
+
+    chan: ChanId
+    queue: str
+    consumer_tag: str
+    no_local: bool
+    no_ack: bool
+    exclusive: bool
+    arguments: Table
+    nowait: bool
+    credit: int
+
+
+class BasicCancel(NamedTuple):
+    chan: ChanId
+    consumer_tag: str
+    nowait: bool
+
+
+class BasicCredit(NamedTuple):
+    """The node wrote `credit` more deliveries to the consumer's socket and
+    can take that many more (never replied)."""
+
+    chan: ChanId
+    consumer_tag: str
+    credit: int
+
+
+class BasicGet(NamedTuple):
+    chan: ChanId
+    queue: str
+    no_ack: bool
+
+
+class BasicPublish(NamedTuple):
+    """seq > 0: the channel is in confirm mode and this is publish number seq
+    (S14); the state machine emits exactly one Confirm for it (S15)."""
+
+    chan: ChanId
+    seq: int
+    exchange: str
+    routing_key: str
+    mandatory: bool
+    props: Props
+    body: bytes
+
+
+class BasicAck(NamedTuple):
+    chan: ChanId
+    delivery_tag: int
+    multiple: bool
+
+
+class BasicNack(NamedTuple):
+    """basic.nack and basic.reject (reject=True: multiple is always False;
+    the flag only chooses the method ids reported in a channel error)."""
+
+    chan: ChanId
+    delivery_tag: int
+    multiple: bool
+    requeue: bool
+    reject: bool
+
+
+class BasicRecover(NamedTuple):
+    """basic.recover requeue=true (S12); replies Basic.RecoverOk."""
+
+    chan: ChanId
+
+
+class TxCommit(NamedTuple):
+    """The publishes and acks a tx channel buffered since its last
+    commit/rollback, applied atomically; replies Tx.CommitOk (S24)."""
+
+    chan: ChanId
+    commands: tuple[Union[BasicPublish, BasicAck, BasicNack], ...]
+
+
+class Echo(NamedTuple):
+    """A reply with no state change, routed through the log so it reaches
+    the client in order after the replies of earlier commands
+    (Confirm.SelectOk, Tx.SelectOk, Tx.RollbackOk, Basic.QosOk...)."""
+
+    chan: ChanId
+    method: str
+    fields: Table
+
+
+class Tick(NamedTuple):
+    """Expire messages (x-message-ttl, expiration) and idle queues
+    (x-expires) using the batch's time stamp."""
+
+
+class NodeUp(NamedTuple):
+    """A node (re)started: forget every connection, channel and consumer of
+    its earlier incarnations (their deliveries return to their queues,
+    redelivered) and, for queues homed on it, drop non-durable queues and
+    transient messages (a restart of the node that holds them)."""
+
+    node: str
+    incarnation: int
+
+
+Command = Union[
+    ChannelOpen, ChannelClose, ChannelFlow, ConnectionClose,
+    ExchangeDeclare, ExchangeDelete, ExchangeBind, ExchangeUnbind,
+    QueueDeclare, QueueBind, QueueUnbind, QueuePurge, QueueDelete,
+    BasicQos, BasicConsume, BasicCancel, BasicCredit, BasicGet, BasicPublish,
+    BasicAck, BasicNack, BasicRecover, TxCommit, Echo, Tick, NodeUp,
+]
+
+
+class Batch(NamedTuple):
+    """One Raft entry: commands of one node, in the order they were issued.
+
+    (node, incarnation, seq) makes retries idempotent: the state machine
+    applies a batch at most once. `now` is the proposer's wall clock (seconds);
+    apply never reads a clock itself.
+    """
+
+    node: str
+    incarnation: int
+    seq: int
+    now: float
+    commands: list[Command]

@@ -1,0 +1,107 @@
+"""Effects: what apply asks nodes to do, as data.
+
+Every node applies every batch; a node carries out only the effects whose
+`chan.node` (or `conn.node`) is its own id. Effects for one channel are
+emitted in the order the client must see them (a Return before its
+Confirm, S17).
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Union
+
+from node.replication.ids import ChanId, ConnId
+
+Props = dict[str, Any]
+
+
+class Reply(NamedTuple):
+    """A synchronous reply: `method` is the pamqp class path under
+    pamqp.commands ("Queue.DeclareOk", "Basic.ConsumeOk", "Channel.CloseOk",
+    "Basic.GetEmpty", ...) and `fields` its constructor keyword arguments."""
+
+    chan: ChanId
+    method: str
+    fields: dict[str, Any]
+
+
+class Deliver(NamedTuple):
+    chan: ChanId
+    consumer_tag: str
+    delivery_tag: int
+    redelivered: bool
+    exchange: str
+    routing_key: str
+    props: Props
+    body: bytes
+
+
+class GetOk(NamedTuple):
+    chan: ChanId
+    delivery_tag: int
+    redelivered: bool
+    exchange: str
+    routing_key: str
+    message_count: int
+    props: Props
+    body: bytes
+
+
+class Return(NamedTuple):
+    chan: ChanId
+    reply_code: int
+    reply_text: str
+    exchange: str
+    routing_key: str
+    props: Props
+    body: bytes
+
+
+class Confirm(NamedTuple):
+    """Outcome of publish `seq` on a confirm channel: ack=True basic.ack,
+    False basic.nack. The wire coalesces consecutive acks (multiple=true)."""
+
+    chan: ChanId
+    seq: int
+    ack: bool
+
+
+class ChannelError(NamedTuple):
+    """A channel exception. The state machine has already closed the channel
+    (unacked requeued, consumers gone); the wire sends Channel.Close with
+    these values and waits for Channel.CloseOk."""
+
+    chan: ChanId
+    reply_code: int
+    reply_text: str
+    class_id: int
+    method_id: int
+
+
+class ConnectionError(NamedTuple):
+    """A connection exception decided in apply (e.g. 530 NOT_ALLOWED). The
+    state machine has already closed the connection's channels."""
+
+    conn: ConnId
+    reply_code: int
+    reply_text: str
+    class_id: int
+    method_id: int
+
+
+class ConsumerCancelled(NamedTuple):
+    """Broker-initiated basic.cancel (queue deleted); the wire sends it to
+    clients that announced consumer_cancel_notify."""
+
+    chan: ChanId
+    consumer_tag: str
+
+
+Effect = Union[Reply, Deliver, GetOk, Return, Confirm, ChannelError,
+               ConnectionError, ConsumerCancelled]
+
+
+def effect_node(effect: Effect) -> str:
+    """The node that must carry the effect out."""
+    if isinstance(effect, ConnectionError):
+        return effect.conn.node
+    return effect.chan.node

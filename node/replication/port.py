@@ -1,0 +1,35 @@
+"""The replication layer as the wire sees it (no pysyncobj here).
+
+raft_node.RaftNode implements Proposer; tests may plug in an in-process one.
+"""
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+from node.replication.command import Command
+from node.replication.effect import Effect
+
+EffectSink = Callable[[list[Effect]], None]
+
+
+class Proposer(Protocol):
+    def propose(self, cmd: Command, size: int = 0) -> None:
+        """Queue `cmd` for the log (batched; FIFO per node). `size` is its
+        payload in bytes, for the in-flight bound. Never blocks. The outcome
+        arrives as effects through the sink given to the node; a batch that
+        could not be committed comes back as failure effects (Confirm
+        ack=False for publishes, ChannelError 541 for the rest)."""
+        ...
+
+    def is_congested(self) -> bool:
+        """True while in-flight batches/bytes are over the bound: the wire
+        stops reading from publishers until a drain listener fires."""
+        ...
+
+    def add_drain_listener(self, cb: Callable[[], None]) -> None:
+        """Called on the event loop when congestion ends."""
+        ...
+
+    def message_bytes(self) -> int:
+        """Bytes of message bodies held in queues (memory high-watermark)."""
+        ...

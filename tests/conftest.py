@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.broker_proc import Broker, NodeProcess, RemoteBroker
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    """One broker shared by the semantic tests (use uniq() queue names)."""
+    target = os.environ.get("MIRRORQ_TARGET")
+    if target:
+        yield RemoteBroker(target)
+        return
+    node = NodeProcess(tmp_path_factory.mktemp("shared") / "data")
+    node.start()
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture
+def own_node(tmp_path: Path) -> Iterator[NodeProcess]:
+    """A node of the test's own, to kill -9, restart or misconfigure."""
+    if os.environ.get("MIRRORQ_TARGET"):
+        pytest.skip("needs a mirrorq node of its own")
+    node = NodeProcess(tmp_path / "data")
+    try:
+        yield node
+    finally:
+        node.kill9()
