@@ -78,7 +78,7 @@ class MetricsServer:
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
                              b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
             await writer.drain()
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
             pass
         finally:
             writer.close()

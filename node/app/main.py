@@ -13,7 +13,14 @@ import socket
 import sys
 from typing import Any, NoReturn
 
-from node.app.config import ConfigError, NodeConfig, apply_file, check_data_dir, parse_peers, validate
+from node.app.config import (
+    ConfigError,
+    NodeConfig,
+    apply_file,
+    check_data_dir,
+    parse_peers,
+    validate,
+)
 
 EXIT_USAGE = 2
 log = logging.getLogger("mirrorq")

@@ -12,7 +12,7 @@ are still emitted).
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple
 
 from node.replication.ids import ChanId, ConnId
 
@@ -218,7 +218,7 @@ class TxCommit(NamedTuple):
     commit/rollback, applied atomically; replies Tx.CommitOk (S24)."""
 
     chan: ChanId
-    commands: tuple[Union[BasicPublish, BasicAck, BasicNack], ...]
+    commands: tuple[BasicPublish | BasicAck | BasicNack, ...]
 
 
 class Echo(NamedTuple):
@@ -246,13 +246,13 @@ class NodeUp(NamedTuple):
     incarnation: int
 
 
-Command = Union[
-    ChannelOpen, ChannelClose, ChannelFlow, ConnectionClose,
-    ExchangeDeclare, ExchangeDelete, ExchangeBind, ExchangeUnbind,
-    QueueDeclare, QueueBind, QueueUnbind, QueuePurge, QueueDelete,
-    BasicQos, BasicConsume, BasicCancel, BasicCredit, BasicGet, BasicPublish,
-    BasicAck, BasicNack, BasicRecover, TxCommit, Echo, Tick, NodeUp,
-]
+Command = (
+    ChannelOpen | ChannelClose | ChannelFlow | ConnectionClose | ExchangeDeclare |
+    ExchangeDelete | ExchangeBind | ExchangeUnbind | QueueDeclare | QueueBind | QueueUnbind |
+    QueuePurge | QueueDelete | BasicQos | BasicConsume | BasicCancel | BasicCredit |
+    BasicGet | BasicPublish | BasicAck | BasicNack | BasicRecover | TxCommit | Echo | Tick |
+    NodeUp
+)
 
 
 class Batch(NamedTuple):

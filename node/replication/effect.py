@@ -7,7 +7,7 @@ Confirm, S17).
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple
 
 from node.replication.ids import ChanId, ConnId
 
@@ -96,8 +96,7 @@ class ConsumerCancelled(NamedTuple):
     consumer_tag: str
 
 
-Effect = Union[Reply, Deliver, GetOk, Return, Confirm, ChannelError,
-               ConnectionError, ConsumerCancelled]
+Effect = (Reply | Deliver | GetOk | Return | Confirm | ChannelError | ConnectionError | ConsumerCancelled)
 
 
 def effect_node(effect: Effect) -> str:

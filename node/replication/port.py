@@ -4,7 +4,8 @@ raft_node.RaftNode implements Proposer; tests may plug in an in-process one.
 """
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from node.replication.command import Command
 from node.replication.effect import Effect

@@ -1,0 +1,23 @@
+"""Wire-level settings of one node's AMQP listener."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def _default_users() -> dict[str, str]:
+    return {"guest": "guest"}
+
+
+@dataclass
+class WireConfig:
+    users: dict[str, str] = field(default_factory=_default_users)
+    frame_max: int = 131072
+    channel_max: int = 2047
+    heartbeat: int = 60
+    memory_high_watermark: int = 0  # bytes of queued message bodies; 0 = off
+    consumer_credit: int = 256  # initial BasicConsume.credit
+    max_message_size: int = 128 * 1024 * 1024
+    # per connection unconfirmed-in-log bound before pausing reads (optional)
+    inflight_publish_bytes: int = 64 * 1024 * 1024
+    handshake_timeout: float = 10.0  # seconds from TCP accept to Connection.Open
+    close_timeout: float = 3.0  # wait for Connection.CloseOk after we sent Close
