@@ -31,6 +31,7 @@ import java.util.concurrent.atomic.AtomicLong;
  *
  * Common: --queue NAME (default: a fresh durable queue), --keep (do not delete the
  * queue afterwards; default for confirms/tx is to delete unless --keep),
+ * --warmup N (confirms: first publish N untimed messages to a throwaway queue),
  * --timeout SECONDS (stall timeout, default 120), --transient (non-persistent).
  * Exit status 0 when every message was confirmed/committed/consumed, else 1.
  */
@@ -60,7 +61,7 @@ public final class Bench {
                 default: throw new IllegalArgumentException("unknown --mode " + mode);
             }
         } catch (Throwable t) {
-            out.put("error", t.getClass().getSimpleName() + ": " + t.getMessage());
+            out.put("error", describe(t));
         }
         System.out.println(out.json());
         System.out.flush();
@@ -68,6 +69,17 @@ public final class Bench {
     }
 
     // ------------------------------------------------------------------ helpers
+
+    /** Exception with its cause chain (the Java client wraps channel/connection closes). */
+    static String describe(Throwable t) {
+        StringBuilder sb = new StringBuilder();
+        for (Throwable c = t; c != null && sb.length() < 2000; c = c.getCause()) {
+            if (sb.length() > 0) sb.append(" <- ");
+            sb.append(c.getClass().getSimpleName()).append(": ").append(c.getMessage());
+            if (c.getCause() == c) break;
+        }
+        return sb.toString();
+    }
 
     static ConnectionFactory factory() throws Exception {
         ConnectionFactory cf = new ConnectionFactory();
@@ -192,7 +204,7 @@ public final class Bench {
                             + stallNs / 1_000_000_000 + " s");
                 }
             } catch (Throwable t) {
-                error = t.getClass().getSimpleName() + ": " + t.getMessage();
+                error = describe(t);
             }
         }
     }
@@ -212,6 +224,21 @@ public final class Bench {
             Channel ach = admin.createChannel();
             ach.queueDeclare(queue, true, false, false, null);
             byte[] body = body(size);
+            int warmup = optInt("warmup", 0);
+            if (warmup > 0) {
+                // JIT-warm the client on a throwaway queue so both brokers see a warm JVM
+                String wq = "bench-warmup-" + UUID.randomUUID().toString().substring(0, 8);
+                ach.queueDeclare(wq, false, false, false, null);
+                CountDownLatch go = new CountDownLatch(1);
+                ConfirmPublisher w = new ConfirmPublisher(warmup, wq, body, window, stallNs, go);
+                w.open();
+                go.countDown();
+                w.run();
+                try { w.conn.close(5000); } catch (Exception ignored) { }
+                ach.queueDelete(wq);
+                if (w.error != null) throw new IllegalStateException("warmup: " + w.error);
+                out.put("warmup", warmup);
+            }
             CountDownLatch start = new CountDownLatch(1);
             List<ConfirmPublisher> ps = new ArrayList<>();
             List<Thread> ts = new ArrayList<>();

@@ -4,7 +4,7 @@ owning connection's buffer, state changes go to the proposer.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 from node.amqp import frame
 from node.replication.command import (
@@ -127,7 +127,7 @@ class ConfirmTracker:
 
 OPEN, CLOSING_LOCAL, CLOSING_CLIENT = 0, 1, 2
 
-TxItem = Union[BasicPublish, BasicAck, BasicNack]
+TxItem = BasicPublish | BasicAck | BasicNack
 
 
 def _handler_name(method_name: str) -> str:

@@ -10,7 +10,7 @@ pamqp themselves.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 from pamqp import commands, decode, encode
@@ -74,7 +74,7 @@ class FrameReader:
     def feed(self, data: bytes) -> None:
         self.buf += data
 
-    def frames(self) -> Iterator[tuple[int, int, bytes]]:
+    def frames(self) -> Generator[tuple[int, int, bytes], None, None]:
         """Yield complete frames; consumed bytes are dropped once at the end
         (or when the consumer stops iterating)."""
         buf = self.buf
@@ -131,11 +131,25 @@ class _Publish(_Light):
 class _AckLike(_Light):
     __slots__ = ("delivery_tag", "multiple", "requeue")
 
-    def __init__(self, name: str, delivery_tag: int, multiple: bool, requeue: bool) -> None:
-        self.name = name  # type: ignore[misc]
+    def __init__(self, delivery_tag: int, multiple: bool, requeue: bool) -> None:
         self.delivery_tag = delivery_tag
         self.multiple = multiple
         self.requeue = requeue
+
+
+class _Ack(_AckLike):
+    __slots__ = ()
+    name = "Basic.Ack"
+
+
+class _Nack(_AckLike):
+    __slots__ = ()
+    name = "Basic.Nack"
+
+
+class _Reject(_AckLike):
+    __slots__ = ()
+    name = "Basic.Reject"
 
 
 def _shortstr(data: bytes, pos: int) -> tuple[str, int]:
@@ -156,13 +170,13 @@ def _fast_method(cid: int, mid: int, data: bytes) -> Method | None:
         return _Publish(exchange, rk, bool(bits & 1), bool(bits & 2))
     if mid == 80:  # Basic.Ack
         (tag,) = _Q.unpack_from(data, 4)
-        return _AckLike("Basic.Ack", tag, bool(data[12] & 1), False)
+        return _Ack(tag, bool(data[12] & 1), False)
     if mid == 120:  # Basic.Nack
         (tag,) = _Q.unpack_from(data, 4)
-        return _AckLike("Basic.Nack", tag, bool(data[12] & 1), bool(data[12] & 2))
+        return _Nack(tag, bool(data[12] & 1), bool(data[12] & 2))
     if mid == 90:  # Basic.Reject
         (tag,) = _Q.unpack_from(data, 4)
-        return _AckLike("Basic.Reject", tag, False, bool(data[12] & 1))
+        return _Reject(tag, False, bool(data[12] & 1))
     return None
 
 
@@ -218,7 +232,7 @@ def decode_header(payload: bytes) -> tuple[int, int, dict[str, Any]]:
     out: dict[str, Any] = {}
     for name in _PROP_NAMES:
         value = getattr(props, name, None)
-        if value is not None:
+        if value is not None and value != "":  # pamqp defaults cluster_id to ""
             out[name] = value
     return cid, size, out
 
@@ -290,7 +304,7 @@ def encode_properties(props: dict[str, Any]) -> bytes:
 
 def props_to_dict(props: Any) -> dict[str, Any]:
     """pamqp Basic.Properties -> dict of the properties that are set."""
-    return {n: v for n in _PROP_NAMES if (v := getattr(props, n, None)) is not None}
+    return {n: v for n in _PROP_NAMES if (v := getattr(props, n, None)) is not None and v != ""}
 
 
 def dict_to_props(props: dict[str, Any]) -> Any:

@@ -18,7 +18,6 @@ from pamqp import commands as spec
 from pamqp import frame as pframe
 from pamqp import header as pheader
 from pamqp import heartbeat as pheartbeat
-from pamqp.exceptions import UnmarshalingException
 
 from tests.broker_proc import Broker
 
@@ -198,7 +197,7 @@ class RawClient:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.sock.settimeout(IO_TIMEOUT)
         self.sock.connect((broker.host, broker.amqp_port))
-        self.buf = b""
+        self.buf = bytearray()
         self.frame_max = 131072
 
     # -- bytes
@@ -222,20 +221,20 @@ class RawClient:
         deadline = time.monotonic() + timeout
         while len(self.buf) < n:
             self._fill(max(0.01, deadline - time.monotonic()))
-        out, self.buf = self.buf[:n], self.buf[n:]
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
         return out
 
     def try_frame(self) -> tuple[int, Any] | None:
-        if len(self.buf) < 7:
+        buf = self.buf
+        if len(buf) < 7:
             return None
-        ftype, ch, size = struct.unpack(">BHI", self.buf[:7])
-        if len(self.buf) < 8 + size:
+        _ftype, _ch, size = struct.unpack_from(">BHI", buf, 0)
+        end = 8 + size
+        if len(buf) < end:
             return None
-        try:
-            n, ch, value = pframe.unmarshal(self.buf)
-        except UnmarshalingException:
-            raise
-        self.buf = self.buf[n:]
+        _n, ch, value = pframe.unmarshal(bytes(buf[:end]))
+        del buf[:end]
         return ch, value
 
     def read_frame(self, timeout: float = IO_TIMEOUT) -> tuple[int, Any]:
@@ -280,12 +279,15 @@ class RawClient:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                out.append(self.read_frame(max(0.01, deadline - time.monotonic())))
-            except Closed:
+                ch, v = self.read_frame(max(0.01, deadline - time.monotonic()))
+                out.append((ch, v))
+                if isinstance(v, spec.Connection.Close):
+                    self.send_frame(spec.Connection.CloseOk(), 0)
+            except (Closed, BrokenPipeError):
                 return out
             except ConnectionResetError:
                 return out
-            except (TimeoutError, socket.timeout) as exc:
+            except TimeoutError as exc:
                 raise AssertionError(f"peer did not close within {timeout}s; got {out!r}") from exc
 
     # -- protocol
@@ -359,6 +361,7 @@ class ConfirmTracker:
         self.errors: list[str] = []
         self.order: list[tuple[str, int, bool]] = []
         self.confirm_time: dict[int, float] = {}
+        self.low = 1   # every seq below `low` is settled
 
     def on_frame(self, v: Any) -> None:
         if isinstance(v, spec.Basic.Ack):
@@ -376,13 +379,15 @@ class ConfirmTracker:
             self.errors.append(f"{kind} of seq {tag} already {self.settled[tag]}ed")
             return
         if multiple:
-            for t in range(1, tag + 1):
+            for t in range(self.low, tag + 1):
                 if t not in self.settled:
                     self.settled[t] = kind
                     self.confirm_time[t] = now
         else:
             self.settled[tag] = kind
             self.confirm_time[tag] = now
+        while self.low in self.settled:
+            self.low += 1
 
     def pending(self) -> int:
         return self.published - len(self.settled)

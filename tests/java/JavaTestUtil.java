@@ -74,7 +74,13 @@ final class JavaTestUtil {
         }
 
         void fail(Throwable t) {
-            put("error", t.getClass().getName() + ": " + t.getMessage());
+            StringBuilder sb = new StringBuilder();
+            for (Throwable c = t; c != null && sb.length() < 2000; c = c.getCause()) {
+                if (sb.length() > 0) sb.append(" <- ");
+                sb.append(c.getClass().getName()).append(": ").append(c.getMessage());
+                if (c.getCause() == c) break;
+            }
+            put("error", sb.toString());
             finish();
         }
 

@@ -1,0 +1,531 @@
+"""One AMQP connection as a state machine without I/O.
+
+Bytes go in through data_received(), time through tick(); outgoing bytes
+accumulate until take_output(), and `close_transport` tells the shell to
+close the socket once those bytes are written. Broker state changes are
+proposals to the Proposer; their outcome comes back via apply_effect().
+"""
+from __future__ import annotations
+
+import itertools
+import platform
+import time
+from collections.abc import Callable
+from typing import Any
+
+from node.amqp import frame
+from node.amqp.channel import (
+    CLOSING_CLIENT,
+    CLOSING_LOCAL,
+    OPEN,
+    AmqpError,
+    Channel,
+    ChannelException,
+    ConnectionException,
+)
+from node.amqp.config import WireConfig
+from node.replication.command import BasicCredit, ChannelClose, ChannelOpen, ConnectionClose
+from node.replication.effect import (
+    ChannelError,
+    Confirm,
+    ConnectionError,
+    ConsumerCancelled,
+    Deliver,
+    Effect,
+    GetOk,
+    Reply,
+    Return,
+)
+from node.replication.ids import ChanId, ConnId
+from node.replication.port import Proposer
+
+VERSION = "0.1.0"
+
+# Node-unique serials for connections and channels; starting from the start
+# time in ns means a restarted node never reuses an id of its earlier life.
+_serials = itertools.count(time.time_ns())
+
+
+def next_serial() -> int:
+    return next(_serials)
+
+
+SERVER_PROPERTIES: dict[str, Any] = {
+    "product": "mirrorq",
+    "version": VERSION,
+    "platform": f"Python {platform.python_version()}",
+    "copyright": "mirrorq authors",
+    "information": "Raft-mirrored AMQP 0-9-1 broker",
+    "capabilities": {
+        "publisher_confirms": True,
+        "basic.nack": True,
+        "consumer_cancel_notify": True,
+        "exchange_exchange_bindings": True,
+        "per_consumer_qos": True,
+        "connection.blocked": True,
+        "authentication_failure_close": True,
+    },
+}
+
+# phases
+AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, RUNNING, CLOSING, CLOSED = range(7)
+
+
+class Connection:
+    def __init__(self, proposer: Proposer, conn_id: ConnId, config: WireConfig,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.proposer = proposer
+        self.id = conn_id
+        self.config = config
+        self.clock = clock
+        self.phase = AWAIT_HEADER
+        self.reader = frame.FrameReader(max(config.frame_max, 4096))
+        self.out: list[bytes] = []
+        self.close_transport = False
+        self.channels: dict[int, Channel] = {}
+        self.by_id: dict[ChanId, Channel] = {}
+        self.channel_max = config.channel_max or 65535
+        self.frame_max = config.frame_max or 131072
+        self.heartbeat = 0
+        self.client_properties: dict[str, Any] = {}
+        self.cancel_notify = False
+        self.blocked_notify = False
+        self.auth_failure_close = False
+        self.user = ""
+        self.published = False  # has ever published: subject to publisher flow control
+        self.blocked_sent = False
+        self.writing_paused = False
+        self.opened_in_log = False  # ChannelOpen proposed: ConnectionClose owed at the end
+        self.dirty: set[Channel] = set()  # channels with confirms/credit to flush
+        now = clock()
+        self.created = now
+        self.last_recv = now
+        self.last_send = now
+        self.close_deadline = 0.0
+
+    # ------------------------------------------------------------ output
+
+    def write(self, data: bytes) -> None:
+        self.out.append(data)
+
+    def take_output(self) -> bytes:
+        if not self.out:
+            return b""
+        data = b"".join(self.out)
+        self.out = []
+        self.last_send = self.clock()
+        return data
+
+    # ------------------------------------------------------------ input
+
+    def data_received(self, data: bytes) -> None:
+        if self.phase == CLOSED or self.close_transport:
+            return
+        self.last_recv = self.clock()
+        reader = self.reader
+        reader.feed(data)
+        if self.phase == AWAIT_HEADER:
+            head = reader.take_protocol_header()
+            if head is None:
+                return
+            if head != frame.PROTOCOL_HEADER:
+                self.write(frame.PROTOCOL_HEADER)
+                self._finish()
+                return
+            self.phase = AWAIT_START_OK
+            self.write(frame.encode_method(0, "Connection.Start", {
+                "version_major": 0, "version_minor": 9,
+                "server_properties": SERVER_PROPERTIES,
+                "mechanisms": "PLAIN AMQPLAIN", "locales": "en_US"}))
+        frames = reader.frames()
+        try:
+            for ftype, chan, payload in frames:
+                try:
+                    self._frame(ftype, chan, payload)
+                except AmqpError as err:  # keep parsing: only Close/CloseOk matter now
+                    self.connection_error(err.code, err.text, err.class_id, err.method_id)
+                if self.close_transport or self.phase == CLOSED:
+                    break
+        except frame.FrameError as err:
+            self._fatal(501, str(err))
+        finally:
+            frames.close()  # drops the consumed bytes from the buffer
+
+    def _frame(self, ftype: int, chan: int, payload: bytes) -> None:
+        phase = self.phase
+        if phase == RUNNING and chan:
+            ch = self.channels.get(chan)
+            if ch is not None and ch.state == OPEN:
+                try:
+                    if ftype == frame.FRAME_BODY:
+                        ch.on_body(payload)
+                    elif ftype == frame.FRAME_METHOD:
+                        method = self._decode(payload)
+                        cid, mid = frame.method_ids(payload)
+                        if cid == 10:
+                            raise ConnectionException(503, "COMMAND_INVALID - unimplemented method",
+                                                      cid, mid)
+                        ch.on_method(method, cid, mid)
+                    elif ftype == frame.FRAME_HEADER:
+                        ch.on_header(payload)
+                    elif ftype == frame.FRAME_HEARTBEAT:
+                        raise ConnectionException(501, "FRAME_ERROR - heartbeat on a channel")
+                    else:
+                        raise frame.FrameError(f"FRAME_ERROR - unknown frame type {ftype}")
+                except ChannelException as err:
+                    self.channel_error(ch, err)
+                return
+            self._frame_other_channel(ftype, chan, payload, ch)
+            return
+        if ftype == frame.FRAME_HEARTBEAT:
+            return
+        if phase == CLOSING:
+            self._closing_frame(ftype, chan, payload)
+            return
+        if ftype != frame.FRAME_METHOD:
+            if ftype in (frame.FRAME_HEADER, frame.FRAME_BODY):
+                raise ConnectionException(
+                    505, "UNEXPECTED_FRAME - expected method frame, got non method frame instead")
+            raise frame.FrameError(f"FRAME_ERROR - unknown frame type {ftype}")
+        method = self._decode(payload)
+        if chan:  # handshake not finished
+            raise ConnectionException(504, "CHANNEL_ERROR - channel used before connection.open",
+                                      *frame.method_ids(payload))
+        self._connection_method(method, payload)
+
+    def _decode(self, payload: bytes) -> frame.Method:
+        try:
+            return frame.decode_method(payload)
+        except frame.UnknownMethod as err:
+            raise ConnectionException(540, f"NOT_IMPLEMENTED - unknown method {err.class_id}.{err.method_id}",
+                                      err.class_id, err.method_id) from err
+        except frame.BadArguments as err:
+            raise ConnectionException(502, str(err), err.class_id, err.method_id) from err
+
+    def _frame_other_channel(self, ftype: int, chan: int, payload: bytes,
+                             ch: Channel | None) -> None:
+        if ch is None:
+            if ftype == frame.FRAME_METHOD:
+                method = self._decode(payload)
+                if method.name == "Channel.Open":
+                    self._open_channel(chan)
+                    return
+            elif ftype == frame.FRAME_HEARTBEAT:
+                raise ConnectionException(501, "FRAME_ERROR - heartbeat on a channel")
+            raise ConnectionException(504, "CHANNEL_ERROR - expected 'channel.open'",
+                                      *(frame.method_ids(payload) if ftype == frame.FRAME_METHOD
+                                        else (0, 0)))
+        # closing channel: drop everything but Channel.Close / Channel.CloseOk
+        if ftype != frame.FRAME_METHOD:
+            return
+        cid, mid = frame.method_ids(payload)
+        if cid != 20:
+            return
+        if mid == 40:  # Channel.Close
+            self.write(frame.encode_method(chan, "Channel.CloseOk"))
+            if ch.state == CLOSING_CLIENT:
+                self._drop_channel(ch)
+        elif mid == 41 and ch.state == CLOSING_LOCAL:  # Channel.CloseOk
+            self._drop_channel(ch)
+
+    def _open_channel(self, number: int) -> None:
+        if number > self.channel_max:
+            raise ConnectionException(530, f"NOT_ALLOWED - channel number {number} exceeds "
+                                      f"channel_max {self.channel_max}", 20, 10)
+        ch = Channel(self, number, ChanId(self.id.node, self.id.serial, next_serial()))
+        self.channels[number] = ch
+        self.by_id[ch.id] = ch
+        self.opened_in_log = True
+        self.proposer.propose(ChannelOpen(ch.id))
+        # later commands of the channel are ordered after ChannelOpen (FIFO)
+        self.write(frame.encode_method(number, "Channel.OpenOk"))
+
+    def _drop_channel(self, ch: Channel) -> None:
+        if self.channels.get(ch.number) is ch:
+            del self.channels[ch.number]
+        self.by_id.pop(ch.id, None)
+        self.dirty.discard(ch)
+
+    # ------------------------------------------------------------ handshake
+
+    def _connection_method(self, m: frame.Method, payload: bytes) -> None:
+        name = m.name
+        phase = self.phase
+        if name == "Connection.Close":
+            self.write(frame.encode_method(0, "Connection.CloseOk"))
+            self._finish()
+            return
+        if phase == AWAIT_START_OK and name == "Connection.StartOk":
+            self._start_ok(m)
+        elif phase == AWAIT_TUNE_OK and name == "Connection.TuneOk":
+            self._tune_ok(m)
+        elif phase == AWAIT_OPEN and name == "Connection.Open":
+            if m.virtual_host != "/":
+                raise ConnectionException(530, f"NOT_ALLOWED - vhost {m.virtual_host} not found",
+                                          10, 40)
+            self.phase = RUNNING
+            self.write(frame.encode_method(0, "Connection.OpenOk"))
+        elif phase == RUNNING and name in ("Connection.CloseOk", "Connection.Blocked",
+                                           "Connection.Unblocked"):
+            pass
+        elif phase == RUNNING and name == "Connection.UpdateSecret":
+            self.write(frame.encode_method(0, "Connection.UpdateSecretOk"))
+        else:
+            cid, mid = frame.method_ids(payload)
+            if phase == RUNNING:
+                raise ConnectionException(
+                    504, "CHANNEL_ERROR - unexpected method in connection state running", cid, mid)
+            raise ConnectionException(503, f"COMMAND_INVALID - unexpected {name} during handshake",
+                                      cid, mid)
+
+    def _start_ok(self, m: frame.Method) -> None:
+        props = m.client_properties or {}
+        self.client_properties = props
+        caps = props.get("capabilities") or {}
+        if isinstance(caps, dict):
+            self.cancel_notify = bool(caps.get("consumer_cancel_notify"))
+            self.blocked_notify = bool(caps.get("connection.blocked"))
+            self.auth_failure_close = bool(caps.get("authentication_failure_close"))
+        mech = m.mechanism
+        user, password = "", None
+        response = m.response or ""
+        if mech == "PLAIN":
+            raw = response.encode("utf-8") if isinstance(response, str) else bytes(response)
+            parts = raw.split(b"\x00")
+            if len(parts) == 3:
+                user, password = parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
+        elif mech == "AMQPLAIN":
+            table = frame.decode_amqplain(response)
+            login, pw = table.get("LOGIN"), table.get("PASSWORD")
+            if isinstance(login, bytes):
+                login = login.decode("utf-8", "replace")
+            if isinstance(pw, bytes):
+                pw = pw.decode("utf-8", "replace")
+            if isinstance(login, str) and isinstance(pw, str):
+                user, password = login, pw
+        expected = self.config.users.get(user)
+        if password is None or expected is None or expected != password:
+            if self.auth_failure_close:
+                self.connection_error(
+                    403, f"ACCESS_REFUSED - Login was refused using authentication mechanism {mech}.",
+                    10, 11)
+            else:
+                self._finish()
+            return
+        self.user = user
+        self.phase = AWAIT_TUNE_OK
+        self.write(frame.encode_method(0, "Connection.Tune", {
+            "channel_max": self.config.channel_max, "frame_max": self.config.frame_max,
+            "heartbeat": self.config.heartbeat}))
+
+    def _tune_ok(self, m: frame.Method) -> None:
+        def neg(ours: int, theirs: int) -> int:  # 0 means "no limit"
+            if ours == 0:
+                return theirs
+            if theirs == 0:
+                return ours
+            return min(ours, theirs)
+
+        self.channel_max = neg(self.config.channel_max, int(m.channel_max)) or 65535
+        fmax = neg(self.config.frame_max, int(m.frame_max)) or 131072
+        if fmax < 4096:
+            raise ConnectionException(530, f"NOT_ALLOWED - frame_max={fmax} < 4096", 10, 31)
+        self.frame_max = fmax
+        self.reader.frame_max = fmax
+        # The client's TuneOk heartbeat is the agreed value (it already saw ours);
+        # taking a min here could time out a client that beats slower.
+        self.heartbeat = int(m.heartbeat)
+        self.phase = AWAIT_OPEN
+
+    # ------------------------------------------------------------ errors / close
+
+    def channel_error(self, ch: Channel, err: AmqpError, propose: bool = True) -> None:
+        """Channel-level exception: Channel.Close, then drop the channel's
+        frames until Channel.CloseOk."""
+        if ch.state != OPEN:
+            return
+        ch.flush_confirms()
+        ch.state = CLOSING_LOCAL
+        ch.pending = None
+        ch.tx_buffer = []
+        self.dirty.discard(ch)
+        self.write(frame.encode_method(ch.number, "Channel.Close", {
+            "reply_code": err.code, "reply_text": err.text,
+            "class_id": err.class_id, "method_id": err.method_id}))
+        if propose:
+            self.proposer.propose(ChannelClose(ch.id, False))
+
+    def connection_error(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
+        """Connection-level exception: Connection.Close, ignore everything
+        but Close/CloseOk, close the transport on CloseOk or timeout."""
+        if self.phase in (CLOSING, CLOSED):
+            return
+        err = AmqpError(code, text, class_id, method_id)
+        self.write(frame.encode_method(0, "Connection.Close", {
+            "reply_code": code, "reply_text": err.text,
+            "class_id": class_id, "method_id": method_id}))
+        self.phase = CLOSING
+        self.close_deadline = self.clock() + self.config.close_timeout
+        self._release()
+
+    def _fatal(self, code: int, text: str) -> None:
+        """The stream can no longer be parsed: send Close and hang up."""
+        if self.phase not in (CLOSING, CLOSED):
+            self.write(frame.encode_method(0, "Connection.Close", {
+                "reply_code": code, "reply_text": AmqpError(code, text).text,
+                "class_id": 0, "method_id": 0}))
+        self._finish()
+
+    def _closing_frame(self, ftype: int, chan: int, payload: bytes) -> None:
+        if ftype != frame.FRAME_METHOD or chan != 0:
+            return
+        cid, mid = frame.method_ids(payload)
+        if cid == 10 and mid == 50:  # Close crossing ours
+            self.write(frame.encode_method(0, "Connection.CloseOk"))
+            self._finish()
+        elif cid == 10 and mid == 51:
+            self._finish()
+
+    def _release(self) -> None:
+        """Tell the log this connection is gone (once)."""
+        if self.opened_in_log:
+            self.opened_in_log = False
+            self.proposer.propose(ConnectionClose(self.id))
+        self.channels.clear()
+        self.by_id.clear()
+        self.dirty.clear()
+
+    def _finish(self) -> None:
+        self._release()
+        self.phase = CLOSED
+        self.close_transport = True
+
+    def force_close(self, code: int = 320, text: str = "CONNECTION_FORCED - broker shutdown") -> None:
+        if self.phase in (RUNNING, AWAIT_OPEN, AWAIT_TUNE_OK, AWAIT_START_OK):
+            self.write(frame.encode_method(0, "Connection.Close", {
+                "reply_code": code, "reply_text": text, "class_id": 0, "method_id": 0}))
+        self._finish()
+
+    def connection_lost(self) -> None:
+        self._release()
+        self.phase = CLOSED
+
+    def tick(self) -> None:
+        """Heartbeats and timeouts; call about once a second."""
+        now = self.clock()
+        phase = self.phase
+        if phase == CLOSED:
+            return
+        if phase == CLOSING:
+            if now >= self.close_deadline:
+                self._finish()
+            return
+        if phase != RUNNING:
+            if now - self.created > self.config.handshake_timeout:
+                self._finish()
+            return
+        hb = self.heartbeat
+        if hb <= 0:
+            return
+        if now - self.last_recv > 2 * hb:  # peer dead (S08)
+            self._finish()
+            return
+        if now - self.last_send >= hb / 2 and not self.out:
+            self.write(frame.HEARTBEAT)
+
+    # ------------------------------------------------------------ effects
+
+    def apply_effect(self, e: Effect) -> None:
+        if isinstance(e, ConnectionError):
+            self.opened_in_log = False  # state already closed it
+            self.connection_error(e.reply_code, e.reply_text, e.class_id, e.method_id)
+            return
+        ch = self.by_id.get(e.chan)
+        if ch is None:
+            return  # old incarnation or connection gone
+        if isinstance(e, Deliver):
+            if ch.state != OPEN:
+                return
+            self.out += frame.encode_deliver(ch.number, e.consumer_tag, e.delivery_tag,
+                                             e.redelivered, e.exchange, e.routing_key,
+                                             e.props, e.body, self.frame_max)
+            owed = ch.owed_credit
+            owed[e.consumer_tag] = owed.get(e.consumer_tag, 0) + 1
+            self.dirty.add(ch)
+        elif isinstance(e, Confirm):
+            if ch.state != OPEN:
+                return
+            ch.confirms.add(e.seq, e.ack)
+            self.dirty.add(ch)
+        elif isinstance(e, Reply):
+            self._reply(ch, e)
+        elif isinstance(e, GetOk):
+            if ch.state == OPEN:
+                self.out += frame.encode_get_ok(ch.number, e.delivery_tag, e.redelivered,
+                                                e.exchange, e.routing_key, e.message_count,
+                                                e.props, e.body, self.frame_max)
+        elif isinstance(e, Return):
+            if ch.state == OPEN:
+                self.out += frame.encode_return(ch.number, e.reply_code, e.reply_text, e.exchange,
+                                                e.routing_key, e.props, e.body, self.frame_max)
+        elif isinstance(e, ChannelError):
+            if ch.state == CLOSING_CLIENT:  # client closed it anyway
+                self.write(frame.encode_method(ch.number, "Channel.CloseOk"))
+                self._drop_channel(ch)
+            else:
+                self.channel_error(ch, ChannelException(e.reply_code, e.reply_text, e.class_id,
+                                                        e.method_id), propose=False)
+        elif isinstance(e, ConsumerCancelled):
+            ch.owed_credit.pop(e.consumer_tag, None)
+            if ch.state == OPEN and self.cancel_notify:
+                self.write(frame.encode_method(ch.number, "Basic.Cancel", {
+                    "consumer_tag": e.consumer_tag, "nowait": True}))
+
+    def _reply(self, ch: Channel, e: Reply) -> None:
+        method = e.method
+        if method == "Channel.CloseOk":
+            if ch.state == CLOSING_CLIENT:
+                self.write(frame.encode_method(ch.number, "Channel.CloseOk"))
+                self._drop_channel(ch)
+            return
+        if ch.state != OPEN:
+            return
+        if method == "Basic.RecoverOk" and ch.swallow_recover_ok:
+            ch.swallow_recover_ok -= 1
+            return
+        if method == "Basic.CancelOk":
+            ch.owed_credit.pop(e.fields.get("consumer_tag", ""), None)
+        self.write(frame.encode_method(ch.number, method, e.fields))
+
+    def end_dispatch(self) -> None:
+        """After a dispatch: coalesced confirms, then credit grants."""
+        if not self.dirty:
+            return
+        for ch in self.dirty:
+            ch.flush_confirms()
+        if not self.writing_paused:
+            self.grant_credit()
+            self.dirty.clear()
+        else:  # keep channels with owed credit for resume_writing
+            self.dirty = {ch for ch in self.dirty if ch.owed_credit}
+
+    def grant_credit(self) -> None:
+        """Give back credit for deliveries written (one proposal per consumer)."""
+        for ch in list(self.by_id.values()):
+            if ch.owed_credit and ch.state == OPEN:
+                for tag, n in ch.owed_credit.items():
+                    self.proposer.propose(BasicCredit(ch.id, tag, n))
+                ch.owed_credit = {}
+
+    # ------------------------------------------------------------ flow control
+
+    def set_blocked(self, blocked: bool) -> None:
+        """Memory alarm: Connection.Blocked/Unblocked to clients that asked."""
+        if blocked == self.blocked_sent or self.phase != RUNNING:
+            return
+        self.blocked_sent = blocked
+        if self.blocked_notify:
+            if blocked:
+                self.write(frame.encode_method(0, "Connection.Blocked", {"reason": "low on memory"}))
+            else:
+                self.write(frame.encode_method(0, "Connection.Unblocked"))

@@ -1,0 +1,215 @@
+"""Thin asyncio shell around Connection state machines: sockets, timers,
+write batching and flow control (S11, publisher congestion, memory alarm)."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from node.amqp.config import WireConfig
+from node.amqp.connection import CLOSED, Connection, next_serial
+from node.replication.effect import ConnectionError, Effect
+from node.replication.ids import ConnId
+from node.replication.port import Proposer
+
+log = logging.getLogger(__name__)
+
+TIMER_INTERVAL = 0.1  # memory / congestion checks
+TICKS_PER_HEARTBEAT_CHECK = 5  # heartbeat and timeout checks every 0.5 s
+WRITE_HIGH_WATER = 1024 * 1024
+WRITE_LOW_WATER = 256 * 1024
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, server: AmqpServer) -> None:
+        self.server = server
+        self.conn: Connection | None = None
+        self.transport: asyncio.Transport | None = None
+        self.reading_paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
+        srv = self.server
+        conn = Connection(srv.proposer, ConnId(srv.node_id, next_serial()), srv.config)
+        self.conn = conn
+        srv.conns[conn.id.serial] = self
+
+    def data_received(self, data: bytes) -> None:
+        conn = self.conn
+        if conn is None:
+            return
+        try:
+            conn.data_received(data)
+        except Exception:  # never let one client take the node down
+            log.exception("internal error on connection %s", conn.id)
+            conn.connection_error(541, "INTERNAL_ERROR")
+        self.flush()
+        if conn.published and not self.reading_paused and self.server.publishers_must_wait():
+            self.pause_reading()
+
+    def flush(self) -> None:
+        conn = self.conn
+        transport = self.transport
+        if conn is None or transport is None:
+            return
+        data = conn.take_output()
+        if data and not transport.is_closing():
+            transport.write(data)
+        if conn.close_transport and not transport.is_closing():
+            transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        conn = self.conn
+        if conn is not None:
+            try:
+                conn.connection_lost()
+            except Exception:
+                log.exception("error releasing connection %s", conn.id)
+            self.server.conns.pop(conn.id.serial, None)
+
+    def pause_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.writing_paused = True  # hold credit: the queue stops pushing here
+
+    def resume_writing(self) -> None:
+        conn = self.conn
+        if conn is not None:
+            conn.writing_paused = False
+            conn.grant_credit()
+            conn.dirty.clear()
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.reading_paused:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and self.reading_paused:
+            self.reading_paused = False
+            if not self.transport.is_closing():
+                self.transport.resume_reading()
+
+
+class AmqpServer:
+    def __init__(self, proposer: Proposer, node_id: str, config: WireConfig) -> None:
+        self.proposer = proposer
+        self.node_id = node_id
+        self.config = config
+        self.conns: dict[int, _Protocol] = {}
+        self.memory_alarm = False
+        self._server: asyncio.base_events.Server | None = None
+        self._timer: asyncio.Task[None] | None = None
+        proposer.add_drain_listener(self._on_drain)
+
+    async def start(self, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Protocol(self), host, port,
+                                                reuse_address=True)
+        self._timer = asyncio.create_task(self._timer_loop())
+
+    def connection_count(self) -> int:
+        return len(self.conns)
+
+    # ------------------------------------------------------------ effects
+
+    def dispatch(self, effects: list[Effect]) -> None:
+        touched: dict[int, _Protocol] = {}
+        conns = self.conns
+        for e in effects:
+            serial = e.conn.serial if isinstance(e, ConnectionError) else e.chan.conn
+            proto = conns.get(serial)
+            if proto is None or proto.conn is None:
+                continue
+            try:
+                proto.conn.apply_effect(e)
+            except Exception:
+                log.exception("error applying %s", type(e).__name__)
+                proto.conn.connection_error(541, "INTERNAL_ERROR")
+            touched[serial] = proto
+        for proto in touched.values():
+            conn = proto.conn
+            if conn is None:
+                continue
+            try:
+                conn.end_dispatch()
+            except Exception:
+                log.exception("error flushing connection %s", conn.id)
+                conn.connection_error(541, "INTERNAL_ERROR")
+            proto.flush()
+        self._check_memory()
+
+    # ------------------------------------------------------------ flow control
+
+    def publishers_must_wait(self) -> bool:
+        return self.memory_alarm or self.proposer.is_congested()
+
+    def _on_drain(self) -> None:
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        wait = self.publishers_must_wait()
+        for proto in list(self.conns.values()):
+            conn = proto.conn
+            if conn is None or not conn.published:
+                continue
+            if wait:
+                proto.pause_reading()
+            else:
+                proto.resume_reading()
+
+    def _check_memory(self) -> None:
+        mark = self.config.memory_high_watermark
+        alarm = mark > 0 and self.proposer.message_bytes() > mark
+        if alarm == self.memory_alarm:
+            return
+        self.memory_alarm = alarm
+        for proto in list(self.conns.values()):
+            if proto.conn is not None:
+                proto.conn.set_blocked(alarm)
+                proto.flush()
+        self._update_reading()
+
+    async def _timer_loop(self) -> None:
+        n = 0
+        while True:
+            await asyncio.sleep(TIMER_INTERVAL)
+            n += 1
+            try:
+                self._check_memory()
+                if not self.publishers_must_wait():
+                    self._update_reading()
+                if n % TICKS_PER_HEARTBEAT_CHECK == 0:
+                    for proto in list(self.conns.values()):
+                        conn = proto.conn
+                        if conn is not None:
+                            conn.tick()
+                            proto.flush()
+            except Exception:
+                log.exception("timer error")
+
+    # ------------------------------------------------------------ shutdown
+
+    async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._timer
+            self._timer = None
+        if self._server is not None:
+            self._server.close()
+        for proto in list(self.conns.values()):
+            conn = proto.conn
+            if conn is not None and conn.phase != CLOSED:
+                conn.force_close(320, "CONNECTION_FORCED - broker forced connection closure "
+                                      "with reason 'shutdown'")
+            proto.flush()
+        if self._server is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), 2.0)
+            self._server = None
+
+    def _debug(self) -> dict[str, Any]:
+        return {"connections": len(self.conns), "memory_alarm": self.memory_alarm}

@@ -1,0 +1,57 @@
+"""Per-channel delivery bookkeeping: tags, unacked deliveries, consumers, prefetch."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from node.broker.queue import Message, Queue
+    from node.replication.ids import ChanId
+
+
+class Consumer:
+    __slots__ = ("chan", "channel", "tag", "queue", "no_ack", "exclusive", "prefetch",
+                 "unacked", "credit")
+
+    def __init__(self, channel: Channel, tag: str, queue: Queue, no_ack: bool,
+                 exclusive: bool, credit: int) -> None:
+        self.chan = channel.id
+        self.channel = channel
+        self.tag = tag
+        self.queue = queue
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        # per-consumer prefetch is fixed at consume time (basic.qos global=false)
+        self.prefetch = channel.prefetch
+        self.unacked = 0
+        self.credit = credit
+
+    def can_take(self) -> bool:
+        ch = self.channel
+        if not ch.flow or self.credit <= 0:
+            return False
+        if self.no_ack:
+            return True
+        if self.prefetch and self.unacked >= self.prefetch:
+            return False
+        return not (ch.global_prefetch and ch.limited_unacked >= ch.global_prefetch)
+
+
+# An outstanding delivery: (queue it came from, message, consumer or None for basic.get)
+Unacked = tuple["Queue", "Message", "Consumer | None"]
+
+
+class Channel:
+    __slots__ = ("id", "next_tag", "unacked", "consumers", "prefetch", "global_prefetch",
+                 "limited_unacked", "flow")
+
+    def __init__(self, chan: ChanId) -> None:
+        self.id = chan
+        self.next_tag = 1  # S01
+        # tag -> delivery, in tag order (tags only grow, so insertion order is tag order)
+        self.unacked: dict[int, Unacked] = {}
+        self.consumers: dict[str, Consumer] = {}
+        self.prefetch = 0
+        self.global_prefetch = 0
+        # unacked deliveries made to consumers (what global prefetch counts)
+        self.limited_unacked = 0
+        self.flow = True

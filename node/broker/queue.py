@@ -1,0 +1,132 @@
+"""Queue records and message storage (pure model).
+
+Ready messages are a FIFO deque of new messages plus a heap of returned
+(requeued) ones keyed by their enqueue sequence. Only the head is ever taken,
+so every returned message has a lower sequence than anything still in the
+deque: the heap always precedes the deque and a requeued message goes back
+to its original position (S04).
+"""
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from node.broker.channel import Consumer
+    from node.replication.ids import ConnId
+
+
+class Message:
+    """One message as held by one queue. Body and props are shared (never
+    copied) between the queues a publish was routed to."""
+
+    __slots__ = ("seq", "exchange", "routing_key", "props", "body", "size", "persistent",
+                 "expires_at", "redelivered")
+
+    def __init__(self, seq: int, exchange: str, routing_key: str, props: dict[str, Any],
+                 body: bytes, persistent: bool, expires_at: float | None) -> None:
+        self.seq = seq
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.props = props
+        self.body = body
+        self.size = len(body)
+        self.persistent = persistent
+        self.expires_at = expires_at
+        # True once delivered: any later delivery is a redelivery (S07)
+        self.redelivered = False
+
+    # Snapshots pickle every held message: a bare tuple keeps them small.
+    def __getstate__(self) -> tuple[Any, ...]:
+        return (self.seq, self.exchange, self.routing_key, self.props, self.body,
+                self.persistent, self.expires_at, self.redelivered)
+
+    def __setstate__(self, st: tuple[Any, ...]) -> None:
+        (self.seq, self.exchange, self.routing_key, self.props, self.body,
+         self.persistent, self.expires_at, self.redelivered) = st
+        self.size = len(self.body)
+
+
+class Queue:
+    __slots__ = ("name", "durable", "exclusive", "owner", "auto_delete", "arguments", "home",
+                 "message_ttl", "expires", "max_length", "max_length_bytes", "overflow",
+                 "dlx", "dlrk", "returned", "ready", "next_seq", "ready_bytes",
+                 "consumers", "exclusive_consumer", "last_used", "deleted", "incoming")
+
+    def __init__(self, name: str, durable: bool, owner: ConnId | None, auto_delete: bool,
+                 arguments: dict[str, Any], home: str, now: float) -> None:
+        self.name = name
+        self.durable = durable
+        self.exclusive = owner is not None
+        self.owner = owner
+        self.auto_delete = auto_delete
+        self.arguments = arguments
+        self.home = home
+        a = arguments
+        self.message_ttl: int | None = a.get("x-message-ttl")
+        self.expires: int | None = a.get("x-expires")
+        self.max_length: int | None = a.get("x-max-length")
+        self.max_length_bytes: int | None = a.get("x-max-length-bytes")
+        self.overflow: str = a.get("x-overflow", "drop-head")
+        self.dlx: str | None = a.get("x-dead-letter-exchange")
+        self.dlrk: str | None = a.get("x-dead-letter-routing-key")
+        self.returned: list[tuple[int, Message]] = []
+        self.ready: deque[Message] = deque()
+        self.next_seq = 0
+        self.ready_bytes = 0
+        # (chan, consumer_tag) -> Consumer, in round-robin order (rotated on delivery)
+        self.consumers: dict[tuple[Any, str], Consumer] = {}
+        self.exclusive_consumer: Consumer | None = None
+        self.last_used = now
+        self.deleted = False
+        # bindings that target this queue: (source exchange, bind key) -> None
+        self.incoming: dict[tuple[str, Any], None] = {}
+
+    def ready_count(self) -> int:
+        return len(self.returned) + len(self.ready)
+
+    def peek(self) -> Message | None:
+        if self.returned:
+            return self.returned[0][1]
+        if self.ready:
+            return self.ready[0]
+        return None
+
+    def pop(self) -> Message:
+        if self.returned:
+            m = heapq.heappop(self.returned)[1]
+        else:
+            m = self.ready.popleft()
+        self.ready_bytes -= m.size
+        return m
+
+    def push(self, m: Message) -> None:
+        m.seq = self.next_seq
+        self.next_seq += 1
+        self.ready.append(m)
+        self.ready_bytes += m.size
+
+    def requeue(self, m: Message) -> None:
+        heapq.heappush(self.returned, (m.seq, m))
+        self.ready_bytes += m.size
+
+    def take_all(self) -> list[Message]:
+        """Remove and return every ready message, head first."""
+        out = [heapq.heappop(self.returned)[1] for _ in range(len(self.returned))]
+        out.extend(self.ready)
+        self.ready.clear()
+        self.ready_bytes = 0
+        return out
+
+    def over_limit(self) -> bool:
+        """Over x-max-length / x-max-length-bytes (drop-head is applied after enqueue)."""
+        return ((self.max_length is not None and self.ready_count() > self.max_length)
+                or (self.max_length_bytes is not None
+                    and self.ready_bytes > self.max_length_bytes))
+
+    def full(self) -> bool:
+        """At the limit: reject-publish refuses a new message."""
+        return ((self.max_length is not None and self.ready_count() >= self.max_length)
+                or (self.max_length_bytes is not None
+                    and self.ready_bytes >= self.max_length_bytes))

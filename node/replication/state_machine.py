@@ -1,0 +1,1139 @@
+"""The replicated broker state and its pure, deterministic transition function.
+
+Every node folds the same batches through `apply_batch` and must reach the
+same state and effects, so nothing here reads a clock, draws randomness,
+iterates a `set` or depends on object identity for ordering. Time comes from
+`Batch.now`. No asyncio or pysyncobj imports (unit-testable by folding).
+"""
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+from node.broker.channel import Channel, Consumer
+from node.broker.exchange import EXCHANGE_TYPES, Binding, BindKey, Exchange, freeze, route
+from node.broker.queue import Message, Queue
+from node.replication.command import (
+    BasicAck,
+    BasicCancel,
+    BasicConsume,
+    BasicCredit,
+    BasicGet,
+    BasicNack,
+    BasicPublish,
+    BasicQos,
+    BasicRecover,
+    Batch,
+    ChannelClose,
+    ChannelFlow,
+    ChannelOpen,
+    Command,
+    ConnectionClose,
+    Echo,
+    ExchangeBind,
+    ExchangeDeclare,
+    ExchangeDelete,
+    ExchangeUnbind,
+    NodeUp,
+    QueueBind,
+    QueueDeclare,
+    QueueDelete,
+    QueuePurge,
+    QueueUnbind,
+    Tick,
+    TxCommit,
+)
+from node.replication.effect import (
+    ChannelError,
+    Confirm,
+    ConnectionError,
+    ConsumerCancelled,
+    Deliver,
+    Effect,
+    GetOk,
+    Reply,
+    Return,
+)
+from node.replication.ids import ChanId, ConnId
+
+# class/method ids reported in channel errors
+EXCHANGE_DECLARE = (40, 10)
+EXCHANGE_DELETE = (40, 20)
+EXCHANGE_BIND = (40, 30)
+EXCHANGE_UNBIND = (40, 40)
+QUEUE_DECLARE = (50, 10)
+QUEUE_BIND = (50, 20)
+QUEUE_PURGE = (50, 30)
+QUEUE_DELETE = (50, 40)
+QUEUE_UNBIND = (50, 50)
+BASIC_QOS = (60, 10)
+BASIC_CONSUME = (60, 20)
+BASIC_CANCEL = (60, 30)
+BASIC_PUBLISH = (60, 40)
+BASIC_GET = (60, 70)
+BASIC_ACK = (60, 80)
+BASIC_REJECT = (60, 90)
+BASIC_RECOVER = (60, 110)
+BASIC_NACK = (60, 120)
+TX_COMMIT = (90, 20)
+
+DEFAULT_EXCHANGES = (("", "direct"), ("amq.direct", "direct"), ("amq.fanout", "fanout"),
+                     ("amq.topic", "topic"), ("amq.headers", "headers"),
+                     ("amq.match", "headers"))
+
+# queue arguments RabbitMQ compares on redeclare (others are ignored)
+_EQUIV_ARGS = ("x-dead-letter-exchange", "x-dead-letter-routing-key", "x-expires",
+               "x-max-length", "x-max-length-bytes", "x-message-ttl", "x-overflow",
+               "x-max-priority", "x-queue-mode", "x-queue-type", "x-single-active-consumer")
+_OVERFLOW = ("drop-head", "reject-publish", "reject-publish-dlx")
+
+
+class _ChanErr(Exception):
+    def __init__(self, code: int, text: str, ids: tuple[int, int]) -> None:
+        super().__init__(text)
+        self.code, self.text, self.ids = code, text, ids
+
+
+class _ConnErr(_ChanErr):
+    pass
+
+
+def _not_found(kind: str, name: str, ids: tuple[int, int]) -> _ChanErr:
+    return _ChanErr(404, f"NOT_FOUND - no {kind} '{name}' in vhost '/'", ids)
+
+
+def _locked(name: str, ids: tuple[int, int]) -> _ChanErr:
+    return _ChanErr(405, f"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue "
+                         f"'{name}' in vhost '/'. It could be originally declared on another "
+                         f"connection or the exclusive property value does not match that of "
+                         f"the original declaration.", ids)
+
+
+def _default_x(ids: tuple[int, int]) -> _ChanErr:
+    return _ChanErr(403, "ACCESS_REFUSED - operation not permitted on the default exchange", ids)
+
+
+def _type_name(v: Any) -> str:
+    """AMQP field type names as RabbitMQ prints them in error texts."""
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "signedint" if -(2**31) <= v < 2**31 else "long"
+    if isinstance(v, float):
+        return "double"
+    if isinstance(v, str | bytes):
+        return "longstr"
+    if isinstance(v, dict):
+        return "table"
+    if isinstance(v, list):
+        return "array"
+    if v is None:
+        return "void"
+    return type(v).__name__
+
+
+def _fmt_arg(v: Any) -> str:
+    if v is None:
+        return "none"
+    shown = v.decode() if isinstance(v, bytes) else v
+    if isinstance(v, bool):
+        shown = str(v).lower()
+    return f"the value '{shown}' of type '{_type_name(v)}'"
+
+
+def _b(v: bool) -> str:
+    return "true" if v else "false"
+
+
+def _validate_queue_args(name: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Check x-arguments like RabbitMQ and return them normalised (bytes -> str)."""
+    def bad(arg: str, why: str) -> _ChanErr:
+        return _ChanErr(406, f"PRECONDITION_FAILED - invalid arg '{arg}' for queue '{name}' "
+                             f"in vhost '/': {why}", QUEUE_DECLARE)
+
+    out = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in args.items()}
+    for arg, zero_ok in (("x-message-ttl", True), ("x-expires", False),
+                         ("x-max-length", True), ("x-max-length-bytes", True)):
+        if arg not in out:
+            continue
+        v = out[arg]
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise bad(arg, f'"expected integer, got {_type_name(v)}"')
+        if v < 0:
+            raise bad(arg, f"{{value_negative,{v}}}")
+        if v == 0 and not zero_ok:
+            raise bad(arg, "{value_zero,0}")
+    if "x-overflow" in out and not isinstance(out["x-overflow"], str):
+        raise bad("x-overflow", f"{{unacceptable_type,{_type_name(out['x-overflow'])}}}")
+    for arg in ("x-dead-letter-exchange", "x-dead-letter-routing-key"):
+        if arg in out and not isinstance(out[arg], str):
+            raise _ChanErr(406, f"PRECONDITION_FAILED - invalid type '{_type_name(out[arg])}' "
+                                f"for arg '{arg}' in queue '{name}' in vhost '/'",
+                           QUEUE_DECLARE)
+    if "x-overflow" in out and out["x-overflow"] not in _OVERFLOW:
+        raise bad("x-overflow", "invalid_overflow")
+    if "x-dead-letter-routing-key" in out and "x-dead-letter-exchange" not in out:
+        raise bad("x-dead-letter-routing-key", "routing_key_but_no_dlx_defined")
+    return out
+
+
+def _gen_name(prefix: str, chan: ChanId, counter: int) -> str:
+    digest = hashlib.md5(f"{chan.node}/{chan.conn}/{chan.serial}/{counter}".encode(),
+                         usedforsecurity=False).digest()
+    return prefix + base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+def _expiration_ms(props: dict[str, Any]) -> int | None:
+    exp = props.get("expiration")
+    if exp is None:
+        return None
+    s = exp.decode() if isinstance(exp, bytes) else str(exp)
+    try:
+        ms = int(s)
+    except ValueError:
+        raise _ChanErr(406, f"PRECONDITION_FAILED - invalid expiration '{s}': no_integer",
+                       BASIC_PUBLISH) from None
+    if ms < 0:
+        raise _ChanErr(406, f"PRECONDITION_FAILED - invalid expiration '{s}': "
+                            f"{{value_negative,{ms}}}", BASIC_PUBLISH)
+    return ms
+
+
+class BrokerState:
+    """The whole replicated state (picklable: plain objects, dicts as ordered sets)."""
+
+    __slots__ = ("now", "exchanges", "queues", "channels", "conns", "exclusive",
+                 "ttl_index", "expires_index", "dedup", "counter", "message_bytes")
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.exchanges: dict[str, Exchange] = {}
+        self.queues: dict[str, Queue] = {}
+        self.channels: dict[ChanId, Channel] = {}
+        # connection -> its open channels (ordered set)
+        self.conns: dict[ConnId, dict[ChanId, None]] = {}
+        # connection -> exclusive queues it owns
+        self.exclusive: dict[ConnId, dict[str, None]] = {}
+        # queues that may hold expiring messages / that have x-expires (cheap Tick)
+        self.ttl_index: dict[str, None] = {}
+        self.expires_index: dict[str, None] = {}
+        # (node, incarnation) -> last applied batch seq
+        self.dedup: dict[tuple[str, int], int] = {}
+        # feeds server-generated names
+        self.counter = 0
+        # body bytes of messages held (ready + unacked); read by other threads
+        self.message_bytes = 0
+
+
+def default_state() -> BrokerState:
+    s = BrokerState()
+    for name, type_ in DEFAULT_EXCHANGES:
+        s.exchanges[name] = Exchange(name, type_, durable=True)
+    return s
+
+
+def apply_batch(state: BrokerState, batch: Batch) -> list[Effect]:
+    key = (batch.node, batch.incarnation)
+    if batch.seq <= state.dedup.get(key, -1):
+        return []
+    state.dedup[key] = batch.seq
+    if batch.now > state.now:
+        state.now = batch.now
+    ap = _Applier(state)
+    for cmd in batch.commands:
+        ap.run(cmd)
+    return ap.fx
+
+
+_ECHO_IDS = {"Confirm.SelectOk": (85, 10), "Tx.SelectOk": (90, 10), "Tx.RollbackOk": (90, 30),
+             "Basic.QosOk": BASIC_QOS, "Basic.RecoverOk": BASIC_RECOVER,
+             "Channel.FlowOk": (20, 20), "Channel.CloseOk": (20, 40)}
+_REPLY_IDS: dict[type, Callable[[Any], tuple[int, int] | None]] = {
+    ChannelClose: lambda c: (20, 40) if c.reply else None,
+    ChannelFlow: lambda c: (20, 20),
+    ExchangeDeclare: lambda c: None if c.nowait else EXCHANGE_DECLARE,
+    ExchangeDelete: lambda c: None if c.nowait else EXCHANGE_DELETE,
+    ExchangeBind: lambda c: None if c.nowait else EXCHANGE_BIND,
+    ExchangeUnbind: lambda c: None if c.nowait else EXCHANGE_UNBIND,
+    QueueDeclare: lambda c: None if c.nowait else QUEUE_DECLARE,
+    QueueBind: lambda c: None if c.nowait else QUEUE_BIND,
+    QueueUnbind: lambda c: QUEUE_UNBIND,
+    QueuePurge: lambda c: None if c.nowait else QUEUE_PURGE,
+    QueueDelete: lambda c: None if c.nowait else QUEUE_DELETE,
+    BasicQos: lambda c: BASIC_QOS,
+    BasicConsume: lambda c: None if c.nowait else BASIC_CONSUME,
+    BasicCancel: lambda c: None if c.nowait else BASIC_CANCEL,
+    BasicGet: lambda c: BASIC_GET,
+    BasicRecover: lambda c: BASIC_RECOVER,
+    TxCommit: lambda c: TX_COMMIT,
+    Echo: lambda c: _ECHO_IDS.get(c.method, (0, 0)),
+}
+def failure_effects(batch: Batch) -> list[Effect]:
+    """Effects for a batch that could not be committed: nack every confirmed
+    publish (S16) and fail each channel that waits for a reply (541)."""
+    fx: list[Effect] = []
+    failed: dict[ChanId, None] = {}
+    for cmd in batch.commands:
+        if isinstance(cmd, BasicPublish):
+            if cmd.seq > 0:
+                fx.append(Confirm(cmd.chan, cmd.seq, False))
+            continue
+        if isinstance(cmd, TxCommit):
+            for sub in cmd.commands:
+                if isinstance(sub, BasicPublish) and sub.seq > 0:
+                    fx.append(Confirm(sub.chan, sub.seq, False))
+        ids_of = _REPLY_IDS.get(type(cmd))
+        if ids_of is None:
+            continue
+        ids = ids_of(cmd)
+        chan: ChanId = cmd.chan  # type: ignore[union-attr]
+        if ids is None or chan in failed:
+            continue
+        failed[chan] = None
+        fx.append(ChannelError(chan, 541, "INTERNAL_ERROR - could not replicate", *ids))
+    return fx
+
+
+class _Applier:
+    """Applies the commands of one batch; collects effects and the queues
+    whose delivery may have become possible."""
+
+    __slots__ = ("s", "fx", "dirty")
+
+    def __init__(self, state: BrokerState) -> None:
+        self.s = state
+        self.fx: list[Effect] = []
+        self.dirty: dict[str, Queue] = {}
+
+    # -- dispatch ---------------------------------------------------------
+
+    def run(self, cmd: Command) -> None:
+        handler = _HANDLERS[type(cmd)]
+        try:
+            handler(self, cmd)
+        except _ConnErr as e:
+            conn = cmd.chan.conn_id  # type: ignore[union-attr]
+            self.close_connection(conn)
+            self.fx.append(ConnectionError(conn, e.code, e.text, *e.ids))
+        except _ChanErr as e:
+            chan: ChanId = cmd.chan  # type: ignore[union-attr]
+            ch = self.s.channels.get(chan)
+            if ch is not None:
+                self.close_channel(ch)
+            self.fx.append(ChannelError(chan, e.code, e.text, *e.ids))
+        if self.dirty:
+            self.flush()
+
+    def flush(self) -> None:
+        while self.dirty:
+            dirty = self.dirty
+            self.dirty = {}
+            for q in dirty.values():
+                self.service(q)
+
+    def reply(self, chan: ChanId, method: str, fields: dict[str, Any] | None = None) -> None:
+        self.fx.append(Reply(chan, method, fields or {}))
+
+    # -- channels and connections -------------------------------------------
+
+    def channel_open(self, cmd: ChannelOpen) -> None:
+        s = self.s
+        if cmd.chan in s.channels:
+            return
+        s.channels[cmd.chan] = Channel(cmd.chan)
+        s.conns.setdefault(cmd.chan.conn_id, {})[cmd.chan] = None
+
+    def channel_close(self, cmd: ChannelClose) -> None:
+        ch = self.s.channels.get(cmd.chan)
+        if ch is None:
+            return
+        self.close_channel(ch)
+        if cmd.reply:
+            self.reply(cmd.chan, "Channel.CloseOk")
+
+    def close_channel(self, ch: Channel) -> None:
+        """Drop consumers, requeue every unacked delivery (S08)."""
+        s = self.s
+        del s.channels[ch.id]
+        conn = ch.id.conn_id
+        chans = s.conns.get(conn)
+        if chans is not None:
+            chans.pop(ch.id, None)
+            if not chans:
+                del s.conns[conn]
+        for c in list(ch.consumers.values()):
+            self.remove_consumer(c)
+        unacked = ch.unacked
+        ch.unacked = {}
+        ch.limited_unacked = 0
+        for q, m, _ in unacked.values():
+            self.requeue(q, m)
+
+    def close_connection(self, conn: ConnId) -> None:
+        s = self.s
+        for chan in list(s.conns.get(conn, ())):
+            self.close_channel(s.channels[chan])
+        for qname in list(s.exclusive.get(conn, ())):
+            q = s.queues.get(qname)
+            if q is not None:
+                self.delete_queue(q)
+        s.exclusive.pop(conn, None)
+
+    def connection_close(self, cmd: ConnectionClose) -> None:
+        self.close_connection(cmd.conn)
+
+    def channel_flow(self, cmd: ChannelFlow) -> None:
+        ch = self.s.channels.get(cmd.chan)
+        if ch is None:
+            return
+        ch.flow = cmd.active
+        self.reply(cmd.chan, "Channel.FlowOk", {"active": cmd.active})
+        if cmd.active:
+            self.mark_channel_queues(ch)
+
+    def mark_channel_queues(self, ch: Channel) -> None:
+        for c in ch.consumers.values():
+            self.dirty[c.queue.name] = c.queue
+
+    def node_up(self, cmd: NodeUp) -> None:
+        s = self.s
+        node = cmd.node
+        conns = [c for c in s.conns if c.node == node]
+        for conn in conns:
+            self.close_connection(conn)
+        for conn in [c for c in s.exclusive if c.node == node]:
+            self.close_connection(conn)
+        for q in [q for q in s.queues.values() if q.home == node]:
+            if not q.durable:
+                self.delete_queue(q)
+                continue
+            keep = []
+            for m in q.take_all():
+                if m.persistent:
+                    keep.append(m)
+                else:
+                    s.message_bytes -= m.size
+            for m in keep:  # heap order == seq order, so plain re-insertion keeps positions
+                q.requeue(m)
+        for key in [k for k in s.dedup if k[0] == node and k[1] != cmd.incarnation]:
+            del s.dedup[key]
+
+    # -- exchanges ----------------------------------------------------------
+
+    def exchange_declare(self, cmd: ExchangeDeclare) -> None:
+        s = self.s
+        if cmd.chan not in s.channels:
+            return
+        name = cmd.exchange
+        x = s.exchanges.get(name)
+        if cmd.passive:
+            if name == "":
+                raise _default_x(EXCHANGE_DECLARE)
+            if x is None:
+                raise _not_found("exchange", name, EXCHANGE_DECLARE)
+        else:
+            if cmd.exchange_type not in EXCHANGE_TYPES:
+                raise _ConnErr(503, f"COMMAND_INVALID - invalid exchange type "
+                                    f"'{cmd.exchange_type}'", EXCHANGE_DECLARE)
+            if name == "":
+                raise _default_x(EXCHANGE_DECLARE)
+            if x is None:
+                if name.startswith("amq."):
+                    raise _ChanErr(403, f"ACCESS_REFUSED - exchange name '{name}' contains "
+                                        f"reserved prefix 'amq.*'", EXCHANGE_DECLARE)
+                s.exchanges[name] = Exchange(name, cmd.exchange_type, cmd.durable,
+                                             cmd.auto_delete, cmd.internal, dict(cmd.arguments))
+            else:
+                for arg, got, cur in (("type", cmd.exchange_type, x.type),
+                                      ("durable", cmd.durable, x.durable),
+                                      ("auto_delete", cmd.auto_delete, x.auto_delete),
+                                      ("internal", cmd.internal, x.internal)):
+                    if got != cur:
+                        g = _b(got) if isinstance(got, bool) else got
+                        c = _b(cur) if isinstance(cur, bool) else cur
+                        raise _ChanErr(406, f"PRECONDITION_FAILED - inequivalent arg '{arg}' "
+                                            f"for exchange '{name}' in vhost '/': received "
+                                            f"'{g}' but current is '{c}'", EXCHANGE_DECLARE)
+        if not cmd.nowait:
+            self.reply(cmd.chan, "Exchange.DeclareOk")
+
+    def exchange_delete(self, cmd: ExchangeDelete) -> None:
+        s = self.s
+        if cmd.chan not in s.channels:
+            return
+        name = cmd.exchange
+        if name == "":
+            raise _default_x(EXCHANGE_DELETE)
+        if name.startswith("amq."):
+            raise _ChanErr(403, f"ACCESS_REFUSED - deletion of system exchange '{name}' in "
+                                f"vhost '/' not allowed", EXCHANGE_DELETE)
+        x = s.exchanges.get(name)
+        if x is not None:
+            if cmd.if_unused and x.bindings:
+                raise _ChanErr(406, f"PRECONDITION_FAILED - exchange '{name}' in vhost '/' "
+                                    f"in use", EXCHANGE_DELETE)
+            self.delete_exchange(x)
+        if not cmd.nowait:
+            self.reply(cmd.chan, "Exchange.DeleteOk")
+
+    def delete_exchange(self, x: Exchange) -> None:
+        s = self.s
+        if s.exchanges.get(x.name) is not x:
+            return
+        del s.exchanges[x.name]
+        for key, b in list(x.bindings.items()):
+            x.remove_binding(key)
+            self._dest_incoming(b.dest).pop((x.name, key), None)
+        for src_name, key in list(x.incoming):
+            src = s.exchanges.get(src_name)
+            if src is not None:
+                src.remove_binding(key)
+                self._maybe_autodelete_exchange(src)
+        x.incoming.clear()
+
+    def _dest_incoming(self, dest: tuple[bool, str]) -> dict[tuple[str, Any], None]:
+        if dest[0]:
+            x = self.s.exchanges.get(dest[1])
+            return x.incoming if x is not None else {}
+        q = self.s.queues.get(dest[1])
+        return q.incoming if q is not None else {}
+
+    def _maybe_autodelete_exchange(self, x: Exchange) -> None:
+        if x.auto_delete and not x.bindings:
+            self.delete_exchange(x)
+
+    def _bind(self, src: Exchange, dest: tuple[bool, str], rk: str,
+              args: dict[str, Any]) -> None:
+        key: BindKey = (dest[0], dest[1], rk, freeze(args))
+        if src.add_binding(Binding(src.name, dest, rk, dict(args)), key):
+            self._dest_incoming(dest)[(src.name, key)] = None
+
+    def _unbind(self, src: Exchange, dest: tuple[bool, str], rk: str,
+                args: dict[str, Any]) -> None:
+        key: BindKey = (dest[0], dest[1], rk, freeze(args))
+        if src.remove_binding(key) is not None:
+            self._dest_incoming(dest).pop((src.name, key), None)
+            self._maybe_autodelete_exchange(src)
+
+    def exchange_bind(self, cmd: ExchangeBind) -> None:
+        s = self.s
+        if cmd.chan not in s.channels:
+            return
+        if cmd.source == "" or cmd.destination == "":
+            raise _default_x(EXCHANGE_BIND)
+        src = s.exchanges.get(cmd.source)
+        if src is None:
+            raise _not_found("exchange", cmd.source, EXCHANGE_BIND)
+        if cmd.destination not in s.exchanges:
+            raise _not_found("exchange", cmd.destination, EXCHANGE_BIND)
+        self._bind(src, (True, cmd.destination), cmd.routing_key, cmd.arguments)
+        if not cmd.nowait:
+            self.reply(cmd.chan, "Exchange.BindOk")
+
+    def exchange_unbind(self, cmd: ExchangeUnbind) -> None:
+        s = self.s
+        if cmd.chan not in s.channels:
+            return
+        if cmd.source == "" or cmd.destination == "":
+            raise _default_x(EXCHANGE_UNBIND)
+        src = s.exchanges.get(cmd.source)
+        if src is not None:
+            self._unbind(src, (True, cmd.destination), cmd.routing_key, cmd.arguments)
+        if not cmd.nowait:
+            self.reply(cmd.chan, "Exchange.UnbindOk")
+
+    # -- queues -------------------------------------------------------------
+
+    def _queue_for(self, chan: ChanId, name: str, ids: tuple[int, int]) -> Queue:
+        """Look a queue up for a command that needs exclusive access."""
+        q = self.s.queues.get(name)
+        if q is None:
+            raise _not_found("queue", name, ids)
+        if q.owner is not None and q.owner != chan.conn_id:
+            raise _locked(name, ids)
+        return q
+
+    def queue_declare(self, cmd: QueueDeclare) -> None:
+        s = self.s
+        if cmd.chan not in s.channels:
+            return
+        name = cmd.queue
+        generated = False
+        if name == "" and not cmd.passive:
+            s.counter += 1
+            name = _gen_name("amq.gen-", cmd.chan, s.counter)
+            generated = True
+        q = s.queues.get(name)
+        if q is None:
+            if cmd.passive:
+                raise _not_found("queue", name, QUEUE_DECLARE)
+            if name.startswith("amq.") and not generated:
+                raise _ChanErr(403, f"ACCESS_REFUSED - queue name '{name}' contains reserved "
+                                    f"prefix 'amq.*'", QUEUE_DECLARE)
+            args = _validate_queue_args(name, cmd.arguments)
+            owner = cmd.chan.conn_id if cmd.exclusive else None
+            q = Queue(name, cmd.durable, owner, cmd.auto_delete, args, cmd.chan.node, s.now)
+            s.queues[name] = q
+            if owner is not None:
+                s.exclusive.setdefault(owner, {})[name] = None
+            if q.expires is not None:
+                s.expires_index[name] = None
+        else:
+            if q.owner is not None and q.owner != cmd.chan.conn_id:
+                raise _locked(name, QUEUE_DECLARE)
+            if not cmd.passive:
+                if cmd.exclusive != q.exclusive:  # either way round, like RabbitMQ
+                    raise _locked(name, QUEUE_DECLARE)
+                self._check_equivalent(q, cmd)
+                q.last_used = s.now
+        if not cmd.nowait:
+            self.reply(cmd.chan, "Queue.DeclareOk",
+                       {"queue": name, "message_count": q.ready_count(),
+                        "consumer_count": len(q.consumers)})
+
+    def _check_equivalent(self, q: Queue, cmd: QueueDeclare) -> None:
+        def ineq(arg: str, why: str) -> _ChanErr:
+            return _ChanErr(406, f"PRECONDITION_FAILED - inequivalent arg '{arg}' for queue "
+                                 f"'{q.name}' in vhost '/': {why}", QUEUE_DECLARE)
+
+        for arg, got, cur in (("durable", cmd.durable, q.durable),
+                              ("auto_delete", cmd.auto_delete, q.auto_delete)):
+            if got != cur:
+                raise ineq(arg, f"received '{_b(got)}' but current is '{_b(cur)}'")
+        new = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in cmd.arguments.items()}
+        for arg in _EQUIV_ARGS:
+            got_v, cur_v = new.get(arg), q.arguments.get(arg)
+            if freeze(got_v) != freeze(cur_v):
+                if got_v is not None and _type_name(got_v) == _type_name(cur_v):
+                    raise ineq(arg, f"received '{got_v}' but current is '{cur_v}'")
+                raise ineq(arg, f"received {_fmt_arg(got_v)} but current is {_fmt_arg(cur_v)}")
+
+    def queue_bind(self, cmd: QueueBind) -> None:
+        s = self.s
+        if cmd.chan not in s.channels:
+            return
+        if cmd.exchange == "":
+            raise _default_x(QUEUE_BIND)
+        x = s.exchanges.get(cmd.exchange)
+        if x is None:
+            raise _not_found("exchange", cmd.exchange, QUEUE_BIND)
+        q = self._queue_for(cmd.chan, cmd.queue, QUEUE_BIND)
+        self._bind(x, (False, q.name), cmd.routing_key, cmd.arguments)
+        if not cmd.nowait:
+            self.reply(cmd.chan, "Queue.BindOk")
+
+    def queue_unbind(self, cmd: QueueUnbind) -> None:
+        s = self.s
+        if cmd.chan not in s.channels:
+            return
+        if cmd.exchange == "":
+            raise _default_x(QUEUE_UNBIND)
+        q = s.queues.get(cmd.queue)
+        if q is not None and q.owner is not None and q.owner != cmd.chan.conn_id:
+            raise _locked(q.name, QUEUE_UNBIND)
+        x = s.exchanges.get(cmd.exchange)
+        if x is not None:
+            self._unbind(x, (False, cmd.queue), cmd.routing_key, cmd.arguments)
+        self.reply(cmd.chan, "Queue.UnbindOk")
+
+    def queue_purge(self, cmd: QueuePurge) -> None:
+        s = self.s
+        if cmd.chan not in s.channels:
+            return
+        q = self._queue_for(cmd.chan, cmd.queue, QUEUE_PURGE)
+        msgs = q.take_all()
+        for m in msgs:
+            s.message_bytes -= m.size
+        if not cmd.nowait:
+            self.reply(cmd.chan, "Queue.PurgeOk", {"message_count": len(msgs)})
+
+    def queue_delete(self, cmd: QueueDelete) -> None:
+        s = self.s
+        if cmd.chan not in s.channels:
+            return
+        count = 0
+        if cmd.queue in s.queues:
+            q = self._queue_for(cmd.chan, cmd.queue, QUEUE_DELETE)
+            if cmd.if_unused and q.consumers:
+                raise _ChanErr(406, f"PRECONDITION_FAILED - queue '{q.name}' in vhost '/' "
+                                    f"in use", QUEUE_DELETE)
+            count = q.ready_count()
+            if cmd.if_empty and count:
+                raise _ChanErr(406, f"PRECONDITION_FAILED - queue '{q.name}' in vhost '/' "
+                                    f"not empty", QUEUE_DELETE)
+            self.delete_queue(q)
+        if not cmd.nowait:
+            self.reply(cmd.chan, "Queue.DeleteOk", {"message_count": count})
+
+    def delete_queue(self, q: Queue) -> None:
+        """Remove a queue. Its consumers are cancelled by the broker; its unacked
+        deliveries stay outstanding on their channels (a later ack is no error)."""
+        s = self.s
+        if q.deleted:
+            return
+        q.deleted = True
+        del s.queues[q.name]
+        self.dirty.pop(q.name, None)
+        for c in list(q.consumers.values()):
+            c.channel.consumers.pop(c.tag, None)
+            self.fx.append(ConsumerCancelled(c.chan, c.tag))
+        q.consumers.clear()
+        q.exclusive_consumer = None
+        for src_name, key in list(q.incoming):
+            x = s.exchanges.get(src_name)
+            if x is not None:
+                x.remove_binding(key)
+                self._maybe_autodelete_exchange(x)
+        q.incoming.clear()
+        s.message_bytes -= q.ready_bytes
+        q.take_all()
+        if q.owner is not None:
+            owned = s.exclusive.get(q.owner)
+            if owned is not None:
+                owned.pop(q.name, None)
+                if not owned:
+                    del s.exclusive[q.owner]
+        s.ttl_index.pop(q.name, None)
+        s.expires_index.pop(q.name, None)
+
+    # -- consumers ----------------------------------------------------------
+
+    def basic_qos(self, cmd: BasicQos) -> None:
+        ch = self.s.channels.get(cmd.chan)
+        if ch is None:
+            return
+        if cmd.global_:
+            ch.global_prefetch = cmd.prefetch_count
+        else:
+            ch.prefetch = cmd.prefetch_count
+        self.reply(cmd.chan, "Basic.QosOk")
+        self.mark_channel_queues(ch)
+
+    def basic_consume(self, cmd: BasicConsume) -> None:
+        s = self.s
+        ch = s.channels.get(cmd.chan)
+        if ch is None:
+            return
+        tag = cmd.consumer_tag
+        if tag in ch.consumers:
+            raise _ConnErr(530, f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'",
+                           BASIC_CONSUME)
+        q = self._queue_for(cmd.chan, cmd.queue, BASIC_CONSUME)
+        if tag == "":
+            s.counter += 1
+            tag = _gen_name("amq.ctag-", cmd.chan, s.counter)
+        if q.exclusive_consumer is not None or (cmd.exclusive and q.consumers):
+            raise _ChanErr(403, f"ACCESS_REFUSED - queue '{q.name}' in vhost '/' in "
+                                f"exclusive use", BASIC_CONSUME)
+        c = Consumer(ch, tag, q, cmd.no_ack, cmd.exclusive, cmd.credit)
+        ch.consumers[tag] = c
+        q.consumers[(cmd.chan, tag)] = c
+        if cmd.exclusive:
+            q.exclusive_consumer = c
+        if not cmd.nowait:
+            self.reply(cmd.chan, "Basic.ConsumeOk", {"consumer_tag": tag})
+        self.dirty[q.name] = q
+
+    def basic_cancel(self, cmd: BasicCancel) -> None:
+        ch = self.s.channels.get(cmd.chan)
+        if ch is None:
+            return
+        c = ch.consumers.get(cmd.consumer_tag)
+        if not cmd.nowait:
+            self.reply(cmd.chan, "Basic.CancelOk", {"consumer_tag": cmd.consumer_tag})
+        if c is not None:
+            self.remove_consumer(c)
+
+    def remove_consumer(self, c: Consumer) -> None:
+        q = c.queue
+        c.channel.consumers.pop(c.tag, None)
+        q.consumers.pop((c.chan, c.tag), None)
+        if q.exclusive_consumer is c:
+            q.exclusive_consumer = None
+        q.last_used = self.s.now
+        if q.auto_delete and not q.consumers and not q.deleted:
+            self.delete_queue(q)
+
+    def basic_credit(self, cmd: BasicCredit) -> None:
+        ch = self.s.channels.get(cmd.chan)
+        if ch is None:
+            return
+        c = ch.consumers.get(cmd.consumer_tag)
+        if c is not None:
+            c.credit += cmd.credit
+            self.dirty[c.queue.name] = c.queue
+
+    # -- delivery -----------------------------------------------------------
+
+    def pick(self, q: Queue) -> Consumer | None:
+        """Next consumer in round-robin order able to take a message."""
+        cons = q.consumers
+        for key, c in cons.items():
+            if c.can_take():
+                # rotate: the served consumer goes to the back
+                del cons[key]
+                cons[key] = c
+                return c
+        return None
+
+    def deliver(self, c: Consumer, q: Queue, m: Message) -> None:
+        ch = c.channel
+        tag = ch.next_tag
+        ch.next_tag = tag + 1
+        c.credit -= 1
+        if c.no_ack:
+            self.s.message_bytes -= m.size  # settled on delivery (S02)
+        else:
+            ch.unacked[tag] = (q, m, c)
+            c.unacked += 1
+            ch.limited_unacked += 1
+        self.fx.append(Deliver(c.chan, c.tag, tag, m.redelivered, m.exchange, m.routing_key,
+                               m.props, m.body))
+        m.redelivered = True
+
+    def service(self, q: Queue) -> None:
+        """Deliver ready messages while a consumer can take one; expire the head."""
+        if q.deleted:
+            return
+        now = self.s.now
+        cons = q.consumers
+        while True:
+            m = q.peek()
+            if m is None:
+                self.s.ttl_index.pop(q.name, None)
+                return
+            if m.expires_at is not None and m.expires_at <= now:
+                q.pop()
+                self.dead_letter(q, m, "expired")
+                continue
+            if not cons:
+                return
+            c = self.pick(q)
+            if c is None:
+                return
+            q.pop()
+            self.deliver(c, q, m)
+
+    def requeue(self, q: Queue, m: Message) -> None:
+        """Return a delivery to its original position (S04), or drop it if its
+        queue is gone."""
+        if q.deleted:
+            self.s.message_bytes -= m.size
+            return
+        q.requeue(m)
+        if m.expires_at is not None:
+            self.s.ttl_index[q.name] = None
+        self.dirty[q.name] = q
+
+    # -- publishing ---------------------------------------------------------
+
+    def basic_publish(self, cmd: BasicPublish) -> None:
+        s = self.s
+        if cmd.chan not in s.channels:
+            return
+        try:
+            names = self._route(cmd, BASIC_PUBLISH)
+            exp = _expiration_ms(cmd.props)
+        except _ChanErr:
+            if cmd.seq > 0:
+                self.fx.append(Confirm(cmd.chan, cmd.seq, False))
+            raise
+        self._publish(cmd, names, exp)
+
+    def _route(self, cmd: BasicPublish, ids: tuple[int, int]) -> list[str]:
+        s = self.s
+        xname = cmd.exchange
+        if xname == "":
+            return [cmd.routing_key] if cmd.routing_key in s.queues else []
+        x = s.exchanges.get(xname)
+        if x is None:
+            raise _not_found("exchange", xname, ids)
+        if x.internal:
+            raise _ChanErr(403, f"ACCESS_REFUSED - cannot publish to internal exchange "
+                                f"'{xname}' in vhost '/'", ids)
+        return route(s.exchanges, x, cmd.routing_key, cmd.props.get("headers"))
+
+    def _publish(self, cmd: BasicPublish, names: list[str], exp: int | None) -> None:
+        queues = self.s.queues
+        props = cmd.props
+        persistent = props.get("delivery_mode") == 2
+        accepted = True
+        for name in names:
+            if not self.enqueue(queues[name], cmd.exchange, cmd.routing_key, props, cmd.body,
+                                persistent, exp):
+                accepted = False
+        if not names and cmd.mandatory:
+            self.fx.append(Return(cmd.chan, 312, "NO_ROUTE", cmd.exchange, cmd.routing_key,
+                                  props, cmd.body))  # before its confirm (S17)
+        if cmd.seq > 0:
+            self.fx.append(Confirm(cmd.chan, cmd.seq, accepted))
+
+    def enqueue(self, q: Queue, exchange: str, rk: str, props: dict[str, Any], body: bytes,
+                persistent: bool, exp: int | None) -> bool:
+        """Put a message on a queue (or hand it straight to a consumer).
+        False when x-overflow reject-publish refused it."""
+        s = self.s
+        if q.overflow != "drop-head" and q.full():
+            if q.overflow == "reject-publish-dlx":
+                m = Message(0, exchange, rk, props, body, persistent, None)
+                s.message_bytes += m.size
+                self.dead_letter(q, m, "maxlen")
+            return False
+        ttl = q.message_ttl
+        if exp is not None and (ttl is None or exp < ttl):
+            ttl = exp
+        m = Message(0, exchange, rk, props, body, persistent,
+                    None if ttl is None else s.now + ttl / 1000.0)
+        s.message_bytes += m.size
+        if q.consumers and q.peek() is None:
+            # fast path: nothing queued ahead, hand it over directly (so even a
+            # TTL 0 message reaches a waiting consumer, as in RabbitMQ)
+            c = self.pick(q)
+            if c is not None:
+                m.seq = q.next_seq
+                q.next_seq += 1
+                self.deliver(c, q, m)
+                return True
+        q.push(m)
+        if m.expires_at is not None:
+            s.ttl_index[q.name] = None
+            self.service(q)
+        if (q.max_length is not None or q.max_length_bytes is not None) and q.over_limit():
+            while q.over_limit():
+                self.dead_letter(q, q.pop(), "maxlen")
+        return True
+
+    def dead_letter(self, q: Queue, m: Message, reason: str) -> None:
+        """Remove `m` from `q` for good, republishing it through the queue's DLX."""
+        s = self.s
+        s.message_bytes -= m.size
+        if q.dlx is None:
+            return
+        x = s.exchanges.get(q.dlx)
+        if x is None:
+            return
+        props = dict(m.props)
+        headers = dict(props.get("headers") or {})
+        deaths = [d for d in (headers.get("x-death") or []) if isinstance(d, dict)]
+        entry: dict[str, Any] | None = None
+        for i, d in enumerate(deaths):
+            if d.get("queue") == q.name and d.get("reason") == reason:
+                entry = dict(d)
+                entry["count"] = int(d.get("count", 1)) + 1
+                del deaths[i]
+                break
+        if entry is None:
+            rks = [m.routing_key]
+            cc = headers.get("CC")
+            if isinstance(cc, list):
+                rks.extend(str(k) for k in cc)
+            entry = {"count": 1, "reason": reason, "queue": q.name,
+                     "time": datetime.datetime.fromtimestamp(int(s.now), datetime.UTC),
+                     "exchange": m.exchange, "routing-keys": rks}
+            if "expiration" in props:
+                entry["original-expiration"] = props["expiration"]
+        props.pop("expiration", None)
+        deaths.insert(0, entry)
+        headers["x-death"] = deaths
+        headers.setdefault("x-first-death-reason", reason)
+        headers.setdefault("x-first-death-queue", q.name)
+        headers.setdefault("x-first-death-exchange", m.exchange)
+        props["headers"] = headers
+        rk = q.dlrk if q.dlrk is not None else m.routing_key
+        if x.name == "":  # the default exchange routes by queue name
+            targets = [rk] if rk in s.queues else []
+        else:
+            targets = route(s.exchanges, x, rk, headers)
+        for name in targets:
+            if reason != "rejected" and _is_cycle(name, deaths):
+                continue
+            t = s.queues[name]
+            self.enqueue(t, q.dlx, rk, props, m.body, m.persistent, None)
+
+    # -- acknowledgements ---------------------------------------------------
+
+    def _collect(self, ch: Channel, tag: int, multiple: bool,
+                 ids: tuple[int, int]) -> list[int]:
+        """Tags covered by an ack/nack (S05); unknown tag -> 406 (S06)."""
+        if multiple and tag == 0:
+            return list(ch.unacked)
+        if tag not in ch.unacked:
+            raise _ChanErr(406, f"PRECONDITION_FAILED - unknown delivery tag {tag}", ids)
+        if not multiple:
+            return [tag]
+        out = []
+        for t in ch.unacked:
+            if t > tag:
+                break
+            out.append(t)
+        return out
+
+    def _settle(self, ch: Channel, tag: int) -> tuple[Queue, Message]:
+        q, m, c = ch.unacked.pop(tag)
+        if c is not None:
+            c.unacked -= 1
+            ch.limited_unacked -= 1
+        return q, m
+
+    def basic_ack(self, cmd: BasicAck, ids: tuple[int, int] = BASIC_ACK) -> None:
+        ch = self.s.channels.get(cmd.chan)
+        if ch is None:
+            return
+        for tag in self._collect(ch, cmd.delivery_tag, cmd.multiple, ids):
+            _, m = self._settle(ch, tag)
+            self.s.message_bytes -= m.size
+        self.mark_channel_queues(ch)
+
+    def basic_nack(self, cmd: BasicNack, ids: tuple[int, int] | None = None) -> None:
+        ch = self.s.channels.get(cmd.chan)
+        if ch is None:
+            return
+        if ids is None:
+            ids = BASIC_REJECT if cmd.reject else BASIC_NACK
+        multiple = cmd.multiple and not cmd.reject
+        for tag in self._collect(ch, cmd.delivery_tag, multiple, ids):
+            q, m = self._settle(ch, tag)
+            if cmd.requeue:
+                self.requeue(q, m)
+            elif q.deleted:
+                self.s.message_bytes -= m.size
+            else:
+                self.dead_letter(q, m, "rejected")  # S03
+        self.mark_channel_queues(ch)
+
+    def basic_recover(self, cmd: BasicRecover) -> None:
+        ch = self.s.channels.get(cmd.chan)
+        if ch is None:
+            return
+        for tag in list(ch.unacked):  # S12
+            q, m = self._settle(ch, tag)
+            self.requeue(q, m)
+        self.reply(cmd.chan, "Basic.RecoverOk")
+        self.mark_channel_queues(ch)
+
+    def basic_get(self, cmd: BasicGet) -> None:
+        s = self.s
+        ch = s.channels.get(cmd.chan)
+        if ch is None:
+            return
+        q = self._queue_for(cmd.chan, cmd.queue, BASIC_GET)
+        q.last_used = s.now
+        now = s.now
+        while True:
+            m = q.peek()
+            if m is None or m.expires_at is None or m.expires_at > now:
+                break
+            q.pop()
+            self.dead_letter(q, m, "expired")
+        if m is None:
+            self.reply(cmd.chan, "Basic.GetEmpty")
+            return
+        q.pop()
+        tag = ch.next_tag  # shared with consumer deliveries (S01); no prefetch (S10)
+        ch.next_tag = tag + 1
+        if cmd.no_ack:
+            s.message_bytes -= m.size
+        else:
+            ch.unacked[tag] = (q, m, None)
+        self.fx.append(GetOk(cmd.chan, tag, m.redelivered, m.exchange, m.routing_key,
+                             q.ready_count(), m.props, m.body))
+        m.redelivered = True
+
+    # -- transactions, echo, time ---------------------------------------------
+
+    def tx_commit(self, cmd: TxCommit) -> None:
+        s = self.s
+        ch = s.channels.get(cmd.chan)
+        if ch is None:
+            return
+        # Validate everything first so the commit is all or nothing (S24).
+        outstanding = dict.fromkeys(ch.unacked)
+        for sub in cmd.commands:
+            if isinstance(sub, BasicPublish):
+                self._route(sub, TX_COMMIT)
+                try:
+                    _expiration_ms(sub.props)
+                except _ChanErr as e:
+                    raise _ChanErr(e.code, e.text, TX_COMMIT) from None
+            else:
+                multiple = sub.multiple and not (isinstance(sub, BasicNack) and sub.reject)
+                tag = sub.delivery_tag
+                if multiple and tag == 0:
+                    outstanding.clear()
+                    continue
+                if tag not in outstanding:
+                    raise _ChanErr(406, f"PRECONDITION_FAILED - unknown delivery tag {tag}",
+                                   TX_COMMIT)
+                for t in ([x for x in outstanding if x <= tag] if multiple else [tag]):
+                    del outstanding[t]
+        for sub in cmd.commands:
+            if isinstance(sub, BasicPublish):
+                self._publish(sub, self._route(sub, TX_COMMIT), _expiration_ms(sub.props))
+            elif isinstance(sub, BasicAck):
+                self.basic_ack(sub, TX_COMMIT)
+            else:
+                self.basic_nack(sub, TX_COMMIT)
+        self.reply(cmd.chan, "Tx.CommitOk")
+
+    def echo(self, cmd: Echo) -> None:
+        if cmd.chan in self.s.channels:
+            self.reply(cmd.chan, cmd.method, dict(cmd.fields))
+
+    def tick(self, cmd: Tick) -> None:
+        s = self.s
+        now = s.now
+        for name in list(s.ttl_index):
+            q = s.queues.get(name)
+            if q is None:
+                s.ttl_index.pop(name, None)
+            else:
+                self.service(q)
+        for name in list(s.expires_index):
+            q = s.queues.get(name)
+            if q is None:
+                s.expires_index.pop(name, None)
+            elif (not q.consumers and q.expires is not None
+                  and now >= q.last_used + q.expires / 1000.0):
+                self.delete_queue(q)
+
+
+def _is_cycle(queue: str, deaths: list[dict[str, Any]]) -> bool:
+    """RabbitMQ's rule: dead-lettering back into a queue the message already died
+    in is a cycle unless a client rejection happened along the way."""
+    for i, d in enumerate(deaths):
+        if d.get("queue") == queue:
+            return all(x.get("reason") != "rejected" for x in deaths[: i + 1])
+    return False
+
+
+_HANDLERS: dict[type, Callable[[_Applier, Any], None]] = {
+    ChannelOpen: _Applier.channel_open,
+    ChannelClose: _Applier.channel_close,
+    ChannelFlow: _Applier.channel_flow,
+    ConnectionClose: _Applier.connection_close,
+    ExchangeDeclare: _Applier.exchange_declare,
+    ExchangeDelete: _Applier.exchange_delete,
+    ExchangeBind: _Applier.exchange_bind,
+    ExchangeUnbind: _Applier.exchange_unbind,
+    QueueDeclare: _Applier.queue_declare,
+    QueueBind: _Applier.queue_bind,
+    QueueUnbind: _Applier.queue_unbind,
+    QueuePurge: _Applier.queue_purge,
+    QueueDelete: _Applier.queue_delete,
+    BasicQos: _Applier.basic_qos,
+    BasicConsume: _Applier.basic_consume,
+    BasicCancel: _Applier.basic_cancel,
+    BasicCredit: _Applier.basic_credit,
+    BasicGet: _Applier.basic_get,
+    BasicPublish: _Applier.basic_publish,
+    BasicAck: _Applier.basic_ack,
+    BasicNack: _Applier.basic_nack,
+    BasicRecover: _Applier.basic_recover,
+    TxCommit: _Applier.tx_commit,
+    Echo: _Applier.echo,
+    Tick: _Applier.tick,
+    NodeUp: _Applier.node_up,
+}

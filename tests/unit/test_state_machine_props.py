@@ -1,0 +1,178 @@
+"""Property test: random interleavings never lose or duplicate a message.
+
+A model follows the effects (deliveries, gets) and the commands (acks, nacks,
+recover, close) and, after every batch, checks the state against it: every
+published message is in exactly one place (ready in one queue, unacked on
+exactly one channel, or settled), and delivery tags per channel run 1, 2, 3...
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from node.replication.command import (
+    BasicCancel,
+    BasicCredit,
+    BasicQos,
+    BasicRecover,
+    ChannelClose,
+    ChannelOpen,
+    Command,
+)
+from node.replication.effect import ChannelError, Deliver, Effect, GetOk
+from node.replication.ids import ChanId
+from tests.unit.test_state_machine import (
+    Harness,
+    ack,
+    consume,
+    get,
+    nack,
+    pub,
+    qdecl,
+    reject,
+)
+
+QUEUES = ("q0", "q1")
+# weighted: publishes and gets often enough that several deliveries are outstanding
+OPS = ("publish",) * 5 + ("get",) * 2 + (
+    "consume", "cancel", "ack", "ack_multi", "nack", "reject", "recover", "close", "qos",
+    "credit")
+
+op_st = st.tuples(st.sampled_from(OPS), st.integers(0, 1), st.integers(0, 1),
+                  st.booleans(), st.integers(0, 4))
+
+
+class Model:
+    def __init__(self) -> None:
+        self.h = Harness()
+        self.serial = 0
+        self.slots: list[ChanId] = [self.new_chan(), self.new_chan()]
+        self.h.run(*(qdecl(self.slots[0], q) for q in QUEUES))
+        self.published: list[bytes] = []
+        self.settled: set[bytes] = set()
+        # chan -> tag -> body, for manual-ack deliveries the client holds
+        self.out: dict[ChanId, dict[int, bytes]] = {c: {} for c in self.slots}
+        self.last_tag: dict[ChanId, int] = {c: 0 for c in self.slots}
+        self.ctags = 0
+
+    def new_chan(self) -> ChanId:
+        self.serial += 1
+        c = ChanId("n1", 1, self.serial)
+        self.h.run(ChannelOpen(c))
+        return c
+
+    def reopen(self, slot: int) -> ChanId:
+        c = self.new_chan()
+        self.slots[slot] = c
+        self.out[c] = {}
+        self.last_tag[c] = 0
+        return c
+
+    def step(self, op: str, slot: int, qi: int, flag: bool, n: int) -> None:
+        c = self.slots[slot]
+        q = QUEUES[qi]
+        outstanding = list(self.out[c])
+        tag = outstanding[min(n, len(outstanding) - 1)] if outstanding and n < 4 else n + 50
+        cmd: Command
+        if op == "publish":
+            body = str(len(self.published)).encode()
+            self.published.append(body)
+            cmd = pub(c, q, body)
+        elif op == "consume":
+            self.ctags += 1
+            cmd = consume(c, q, f"t{self.ctags}", no_ack=flag, credit=n + 1)
+        elif op == "cancel":
+            ch = self.h.state.channels[c]
+            tags = list(ch.consumers)
+            cmd = BasicCancel(c, tags[n % len(tags)] if tags else "none", False)
+        elif op == "ack":
+            cmd = ack(c, tag)
+        elif op == "ack_multi":
+            cmd = ack(c, 0 if flag else tag, multiple=True)
+        elif op == "nack":
+            cmd = nack(c, tag, multiple=n % 2 == 0, requeue=flag)
+        elif op == "reject":
+            cmd = reject(c, tag, requeue=flag)
+        elif op == "recover":
+            cmd = BasicRecover(c)
+        elif op == "close":
+            cmd = ChannelClose(c, True)
+        elif op == "get":
+            cmd = get(c, q, no_ack=flag)
+        elif op == "qos":
+            cmd = BasicQos(c, n, flag)
+        else:
+            ch = self.h.state.channels[c]
+            tags = list(ch.consumers)
+            cmd = BasicCredit(c, tags[n % len(tags)] if tags else "none", n)
+        fx = self.h.run(cmd)
+        self.observe(cmd, op, fx)
+        if c not in self.h.state.channels:
+            self.reopen(slot)
+        self.check()
+
+    def observe(self, cmd: Command, op: str, fx: list[Effect]) -> None:
+        c = cmd.chan  # type: ignore[union-attr]
+        failed = any(isinstance(e, ChannelError) for e in fx)
+        if failed or op in ("close", "recover"):
+            self.out[c].clear()  # requeued (S06, S08, S12)
+        elif op in ("ack", "ack_multi", "nack", "reject"):
+            t, multiple = cmd.delivery_tag, cmd.multiple  # type: ignore[union-attr]
+            if op == "reject":
+                multiple = False
+            covered = [x for x in self.out[c]
+                       if (multiple and (t == 0 or x <= t)) or x == t]
+            requeue = op in ("nack", "reject") and cmd.requeue  # type: ignore[union-attr]
+            for x in covered:
+                body = self.out[c].pop(x)
+                if not requeue:
+                    self.settled.add(body)
+        for e in fx:
+            if isinstance(e, Deliver | GetOk):
+                assert e.delivery_tag == self.last_tag[e.chan] + 1, "tags grow by one (S01)"
+                self.last_tag[e.chan] = e.delivery_tag
+                no_ack = (isinstance(e, GetOk) and cmd.no_ack  # type: ignore[union-attr]
+                          ) or (isinstance(e, Deliver) and self.consumer_no_ack(e))
+                if no_ack:
+                    assert e.body not in self.settled
+                    self.settled.add(e.body)
+                else:
+                    self.out[e.chan][e.delivery_tag] = e.body
+
+    def consumer_no_ack(self, e: Deliver) -> bool:
+        ch = self.h.state.channels.get(e.chan)
+        if ch is not None and e.consumer_tag in ch.consumers:
+            return ch.consumers[e.consumer_tag].no_ack
+        # consumer gone in the same batch: not with single-command batches
+        raise AssertionError("delivery from an unknown consumer")
+
+    def check(self) -> None:
+        s = self.h.state
+        seen: Counter[bytes] = Counter()
+        for q in s.queues.values():
+            for _, m in q.returned:
+                seen[m.body] += 1
+            for m in q.ready:
+                seen[m.body] += 1
+        for cid, ch in s.channels.items():
+            held = {t: m.body for t, (_, m, _) in ch.unacked.items()}
+            assert held == self.out.get(cid, {}), "unacked matches what the client holds"
+            for b in held.values():
+                seen[b] += 1
+        for b in self.settled:
+            seen[b] += 1
+        dup = [b for b, k in seen.items() if k != 1]
+        assert not dup, f"duplicated: {dup}"
+        assert set(seen) == set(self.published), "lost or unknown messages"
+        assert s.message_bytes == sum(
+            len(b) for b in self.published if b not in self.settled)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(op_st, min_size=20, max_size=80))
+def test_no_message_lost_or_duplicated(ops: list[tuple[str, int, int, bool, int]]) -> None:
+    m = Model()
+    for op in ops:
+        m.step(*op)
