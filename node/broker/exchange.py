@@ -188,9 +188,30 @@ class Exchange:
 
 def route(exchanges: Mapping[str, Exchange], start: Exchange, routing_key: str,
           headers: Mapping[str, Any] | None) -> list[str]:
-    """Queue names a message reaches from `start`, following exchange-to-exchange
-    bindings transitively (each exchange visited once, so loops end), in a
-    deterministic order without duplicates."""
+    """Queue names a message reaches from `start` (see _route_from); when none,
+    tries the exchange's "alternate-exchange" chain like RabbitMQ."""
+    queues = _route_from(exchanges, start, routing_key, headers)
+    if queues or "alternate-exchange" not in start.arguments:
+        return queues
+    seen: dict[str, None] = {start.name: None}
+    x: Exchange | None = start
+    while not queues and x is not None:
+        ae = x.arguments.get("alternate-exchange")
+        if isinstance(ae, bytes):
+            ae = ae.decode()
+        if not isinstance(ae, str) or ae in seen:
+            break
+        seen[ae] = None
+        x = exchanges.get(ae)
+        if x is not None:
+            queues = _route_from(exchanges, x, routing_key, headers)
+    return queues
+
+
+def _route_from(exchanges: Mapping[str, Exchange], start: Exchange, routing_key: str,
+                headers: Mapping[str, Any] | None) -> list[str]:
+    """Follow exchange-to-exchange bindings transitively (each exchange visited
+    once, so loops end); deterministic order, no duplicates."""
     first = start.match(routing_key, headers)
     # Fast path: no exchange-to-exchange bindings hit.
     if all(not is_x for is_x, _ in first):

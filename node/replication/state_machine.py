@@ -900,7 +900,8 @@ class _Applier:
         q.push(m)
         if m.expires_at is not None:
             s.ttl_index[q.name] = None
-            self.service(q)
+        if q.name in s.ttl_index:
+            self.service(q)  # drop expired heads on enqueue
         if (q.max_length is not None or q.max_length_bytes is not None) and q.over_limit():
             while q.over_limit():
                 self.dead_letter(q, q.pop(), "maxlen")

@@ -132,3 +132,18 @@ def test_e2e_transitive_with_loop() -> None:
     bind(b, "qc", "k.x")  # reachable twice: still one copy
     assert route(xs, a, "k.x", None) == ["qa", "qc"]
     assert route(xs, a, "z", None) == ["qa"]
+
+
+def test_alternate_exchange_chain_used_only_when_unroutable() -> None:
+    a = Exchange("a", "direct", arguments={"alternate-exchange": "b"})
+    b = Exchange("b", "direct", arguments={"alternate-exchange": "a"})  # loop: ends
+    c = Exchange("c", "fanout")
+    xs = {"a": a, "b": b, "c": c}
+    bind(a, "qa", "k")
+    bind(b, "qb", "k2")
+    assert route(xs, a, "k", None) == ["qa"]
+    assert route(xs, a, "k2", None) == ["qb"]
+    assert route(xs, a, "zz", None) == []
+    b.arguments["alternate-exchange"] = "c"
+    bind(c, "qc")
+    assert route(xs, a, "zz", None) == ["qc"]

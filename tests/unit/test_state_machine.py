@@ -957,3 +957,119 @@ def test_determinism_same_batches_same_state_and_effects() -> None:
     s3 = pickle.loads(pickle.dumps(s1))
     assert pickle.dumps(s3) == pickle.dumps(s1)
     assert any(isinstance(e, Deliver) for fx in fx1 for e in fx)
+
+
+# -- more RabbitMQ parity (texts checked against RabbitMQ 3.10) ------------------------
+
+def test_error_exclusive_flag_mismatch_by_owner_405() -> None:
+    h = setup()
+    h.run(qdecl(C1, "ex", exclusive=True))
+    assert err(h.run(qdecl(C1, "ex")))[0] == 405
+    h.open(C1)
+    h.run(qdecl(C1, "plain"))
+    assert err(h.run(qdecl(C1, "plain", exclusive=True)))[0] == 405
+    h.open(C1)
+    assert not errors(h.run(qdecl(C1, "ex", exclusive=True), qdecl(C1, "ex", passive=True)))
+
+
+def test_error_passive_declare_default_exchange_403() -> None:
+    assert err(setup().run(xdecl(C1, "", passive=True)))[0] == 403
+
+
+def test_error_invalid_expiration_406() -> None:
+    h = setup("q")
+    fx = h.run(pub(C1, "q", seq=1, props={"expiration": "abc"}))
+    assert fx == [Confirm(C1, 1, False), ChannelError(
+        C1, 406, "PRECONDITION_FAILED - invalid expiration 'abc': no_integer", 60, 40)]
+    assert err(h.run(pub(C2, "q", props={"expiration": "-5"})))[1] == (
+        "PRECONDITION_FAILED - invalid expiration '-5': {value_negative,-5}")
+    assert h.state.queues["q"].ready_count() == 0
+
+
+def test_error_inequivalent_arg_same_type_text() -> None:
+    h = setup("q", args={"x-message-ttl": 10})
+    assert err(h.run(qdecl(C1, "q", arguments={"x-message-ttl": 20})))[1] == (
+        "PRECONDITION_FAILED - inequivalent arg 'x-message-ttl' for queue 'q' in vhost '/': "
+        "received '20' but current is '10'")
+    h.open(C1)
+    assert err(h.run(qdecl(C1, "q")))[1].endswith(
+        "received none but current is the value '10' of type 'signedint'")
+
+
+def test_overflow_reject_publish_dlx_dead_letters_refused() -> None:
+    h = setup("dl")
+    h.run(qdecl(C1, "q", arguments={"x-max-length": 1, "x-overflow": "reject-publish-dlx",
+                                    "x-dead-letter-exchange": "",
+                                    "x-dead-letter-routing-key": "dl"}))
+    fx = h.run(pub(C1, "q", b"a", seq=1), pub(C1, "q", b"b", seq=2))
+    assert confirms(fx) == [Confirm(C1, 1, True), Confirm(C1, 2, False)]
+    assert bodies(h.run(get(C1, "dl"))) == [b"b"]
+
+
+def test_reject_publish_routed_elsewhere_still_nacked() -> None:
+    h = setup("ok")
+    h.run(qdecl(C1, "full", arguments={"x-max-length": 0, "x-overflow": "reject-publish"}),
+          qbind(C1, "ok", "amq.fanout"), qbind(C1, "full", "amq.fanout"))
+    fx = h.run(pub(C1, "", exchange="amq.fanout", seq=1, mandatory=True))
+    assert fx == [Confirm(C1, 1, False)]  # routed: no Return
+    assert h.state.queues["ok"].ready_count() == 1
+
+
+def test_global_prefetch_not_counting_get() -> None:
+    h = setup("q")
+    h.run(BasicQos(C1, 1, True), pub(C1, "q"), pub(C1, "q"), get(C1, "q"))
+    assert len(delivers(h.run(consume(C1, "q", "t")))) == 1
+
+
+def test_exclusive_consumer_released_on_cancel() -> None:
+    h = setup("q")
+    h.run(consume(C1, "q", "a", exclusive=True), BasicCancel(C1, "a", False))
+    assert not errors(h.run(consume(C2, "q", "b")))
+
+
+def test_x_death_first_death_headers_kept_across_queues() -> None:
+    h = setup("c")
+    h.run(qdecl(C1, "b", arguments={"x-message-ttl": 0, "x-dead-letter-exchange": "",
+                                    "x-dead-letter-routing-key": "c"}),
+          qdecl(C1, "a", arguments={"x-dead-letter-exchange": "",
+                                    "x-dead-letter-routing-key": "b"}))
+    h.run(pub(C1, "a", props={"headers": {"k": 1}}), get(C1, "a"),
+          reject(C1, 1, requeue=False))
+    g = gets(h.run(get(C1, "c", no_ack=True)))[0]
+    hd = g.props["headers"]
+    assert [(d["queue"], d["reason"]) for d in hd["x-death"]] == [("b", "expired"),
+                                                                  ("a", "rejected")]
+    assert (hd["x-first-death-queue"], hd["x-first-death-reason"], hd["k"]) == (
+        "a", "rejected", 1)
+    assert h.state.message_bytes == 0
+
+
+def test_tick_cheap_without_ttl_queues() -> None:
+    h = setup("q")
+    h.run(*(pub(C1, "q") for _ in range(10)))
+    assert h.state.ttl_index == {} and h.state.expires_index == {}
+    assert h.run(Tick()) == []
+
+
+def test_unknown_consumer_credit_and_close_ignored() -> None:
+    h = setup()
+    assert h.run(BasicCredit(C1, "zz", 5), ChannelClose(chan(42), True)) == []
+
+
+def test_message_bytes_tracks_ready_and_unacked() -> None:
+    h = setup("q")
+    h.run(pub(C1, "q", b"aaaa"), pub(C1, "q", b"bb"), get(C1, "q"))
+    assert h.state.message_bytes == 6
+    h.run(ack(C1, 1))
+    assert h.state.message_bytes == 2
+    h.run(QueuePurge(C1, "q", False))
+    assert h.state.message_bytes == 0
+
+
+def test_snapshot_roundtrip_keeps_behaviour() -> None:
+    h = setup("q")
+    h.run(consume(C1, "q", "t", credit=1), pub(C1, "q", b"a"), pub(C1, "q", b"b"))
+    restored = pickle.loads(pickle.dumps(h.state))
+    b = Batch("n1", 1, 999, h.now, [BasicCredit(C1, "t", 1), ack(C1, 0, True)])
+    assert apply_batch(restored, b) == apply_batch(h.state, b)
+    assert pickle.dumps(restored) == pickle.dumps(h.state)

@@ -163,6 +163,18 @@ class Model:
                 seen[b] += 1
         for b in self.settled:
             seen[b] += 1
+        # internal counters agree with the records they summarise
+        for q in s.queues.values():
+            assert q.ready_bytes == sum(m.size for _, m in q.returned) + sum(
+                m.size for m in q.ready)
+            for c in q.consumers.values():
+                assert c.channel.consumers[c.tag] is c
+        for ch in s.channels.values():
+            per_consumer = Counter(c.tag for _, _, c in ch.unacked.values() if c is not None)
+            assert ch.limited_unacked == sum(per_consumer.values())
+            for tag, c in ch.consumers.items():
+                assert c.unacked == per_consumer[tag]
+                assert c.queue.consumers[(ch.id, tag)] is c
         dup = [b for b, k in seen.items() if k != 1]
         assert not dup, f"duplicated: {dup}"
         assert set(seen) == set(self.published), "lost or unknown messages"
