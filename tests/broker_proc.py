@@ -163,3 +163,17 @@ class NodeProcess(Broker):
     def restart(self) -> None:
         self.stop()
         self.start()
+
+
+def node_metric(broker: Broker, name: str) -> float | None:
+    """A value from the node's Prometheus endpoint (None for a remote broker)."""
+    port = getattr(broker, "metrics_port", None)
+    if port is None:
+        return None
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            key, _, value = line.partition(" ")
+            if key.split("{", 1)[0] == f"mirrorq_{name}":
+                return float(value)
+    raise AssertionError(f"metric mirrorq_{name} not exported")

@@ -95,12 +95,15 @@ class Binding:
 
 
 class Exchange:
-    __slots__ = ("name", "type", "durable", "auto_delete", "internal", "arguments",
+    __slots__ = ("name", "type", "durable", "auto_delete", "internal", "arguments", "home",
                  "bindings", "direct", "fanout", "incoming", "_topic_cache")
 
     def __init__(self, name: str, type_: str, durable: bool = True, auto_delete: bool = False,
-                 internal: bool = False, arguments: dict[str, Any] | None = None) -> None:
+                 internal: bool = False, arguments: dict[str, Any] | None = None,
+                 home: str = "") -> None:
         self.name = name
+        # the declaring node: a transient exchange dies with that node's restart
+        self.home = home
         self.type = type_
         self.durable = durable
         self.auto_delete = auto_delete

@@ -418,6 +418,8 @@ class _Applier:
                     s.message_bytes -= m.size
             for m in keep:  # heap order == seq order, so plain re-insertion keeps positions
                 q.requeue(m)
+        for x in [x for x in s.exchanges.values() if x.home == node and not x.durable]:
+            self.delete_exchange(x)
         for key in [k for k in s.dedup if k[0] == node and k[1] != cmd.incarnation]:
             del s.dedup[key]
 
@@ -445,7 +447,8 @@ class _Applier:
                     raise _ChanErr(403, f"ACCESS_REFUSED - exchange name '{name}' contains "
                                         f"reserved prefix 'amq.*'", EXCHANGE_DECLARE)
                 s.exchanges[name] = Exchange(name, cmd.exchange_type, cmd.durable,
-                                             cmd.auto_delete, cmd.internal, dict(cmd.arguments))
+                                             cmd.auto_delete, cmd.internal, dict(cmd.arguments),
+                                             home=cmd.chan.node)
             else:
                 for arg, got, cur in (("type", cmd.exchange_type, x.type),
                                       ("durable", cmd.durable, x.durable),

@@ -193,6 +193,8 @@ class RawClient:
     def __init__(self, broker: Broker, rcvbuf: int | None = None) -> None:
         self.broker = broker
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # like real clients: no Nagle, or every request/reply pair waits for a delayed ACK
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if rcvbuf:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.sock.settimeout(IO_TIMEOUT)

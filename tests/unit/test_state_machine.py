@@ -921,6 +921,18 @@ def test_s25_node_up_drops_its_channels_and_transient_state() -> None:
     assert ("n2", 1) not in h.state.dedup
 
 
+def test_s19_node_up_drops_transient_exchanges_it_declared() -> None:
+    h = setup()
+    remote = h.open(chan(1, conn=7, node="n2"))
+    h.run(xdecl(remote, "tx-n2"), xdecl(remote, "dx-n2", durable=True), xdecl(C1, "tx-n1"),
+          qdecl(C1, "dq", durable=True), qbind(C1, "dq", "tx-n2"), qbind(C1, "dq", "dx-n2"))
+    h.run(NodeUp("n2", 2), node="n2", incarnation=2)
+    assert "tx-n2" not in h.state.exchanges
+    assert {"dx-n2", "tx-n1"} <= set(h.state.exchanges)
+    # the binding from the dropped exchange is gone, the durable one still routes
+    assert bodies(h.run(pub(C1, "", b"d", exchange="dx-n2"), get(C1, "dq"))) == [b"d"]
+
+
 def test_failure_effects() -> None:
     b = Batch("n1", 1, 1, 0.0, [pub(C1, "q", seq=1), pub(C1, "q"), qdecl(C1, "q"),
                                 qdecl(C1, "r"), pub(C2, "q", seq=4),
