@@ -13,7 +13,7 @@ from pamqp import header as pheader
 from pika.exceptions import ChannelClosedByBroker, NackError, UnroutableError
 
 from tests.broker_proc import node_metric, uniq, wait_for
-from tests.integration.conftest import ON_RABBIT, Amqp, ConfirmTracker, RawClient
+from tests.integration.conftest import Amqp, ConfirmTracker, RawClient
 
 pytestmark = pytest.mark.rabbitmq_ok
 
