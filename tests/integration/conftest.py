@@ -293,7 +293,7 @@ class RawClient:
                 raise AssertionError(f"peer did not close within {timeout}s; got {out!r}") from exc
 
     # -- protocol
-    def handshake(self, frame_max: int = 131072) -> None:
+    def handshake(self, frame_max: int = 131072, heartbeat: int = 0) -> None:
         self.send(pframe.marshal(pheader.ProtocolHeader(), 0))
         self.expect(spec.Connection.Start)
         self.send_frame(spec.Connection.StartOk(
@@ -307,7 +307,7 @@ class RawClient:
         _, tune = self.expect(spec.Connection.Tune)
         self.frame_max = min(frame_max, tune.frame_max or frame_max)
         self.send_frame(spec.Connection.TuneOk(channel_max=tune.channel_max or 2047,
-                                               frame_max=self.frame_max, heartbeat=0))
+                                               frame_max=self.frame_max, heartbeat=heartbeat))
         self.send_frame(spec.Connection.Open(virtual_host="/"))
         self.expect(spec.Connection.OpenOk)
 

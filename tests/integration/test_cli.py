@@ -1,0 +1,109 @@
+"""The `mirrorq` command line: user errors are one line and exit code 2;
+a running node answers on its admin (gRPC) and metrics ports."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.broker_proc import REPO, NodeProcess, free_port
+
+pytestmark = pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")), reason="mirrorq's own CLI")
+
+
+def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "node.app", *args], cwd=str(REPO),
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def assert_usage_error(proc: subprocess.CompletedProcess[str], needle: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, f"expected one line, got: {proc.stderr!r}"
+    assert "Traceback" not in proc.stderr
+    assert lines[0].startswith("mirrorq: error:") and needle in lines[0], lines[0]
+
+
+def serve_args(tmp_path: Path, *extra: str) -> list[str]:
+    return ["serve", "--node-id", "c1", "--amqp-port", str(free_port()), "--raft-port",
+            str(free_port()), "--data-dir", str(tmp_path / "d"), *extra]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["serve", "--amqp-port", "5672", "--data-dir", "x"], "--node-id"),
+    (["serve", "--node-id", "a", "--amqp-port", "70000", "--data-dir", "x"], "invalid port"),
+    (["serve", "--node-id", "a", "--amqp-port", "5672", "--data-dir", "x", "--bogus"], "--bogus"),
+    (["frobnicate"], "invalid choice"),
+    ([], "required"),
+])
+def test_bad_flags_exit_2_with_one_line(argv: list[str], needle: str) -> None:
+    assert_usage_error(run_cli(*argv), needle)
+
+
+def test_bad_peers_and_node_id(tmp_path: Path) -> None:
+    assert_usage_error(run_cli(*serve_args(tmp_path, "--peers", "n2=nohostport")), "bad peer")
+    args = serve_args(tmp_path)
+    args[args.index("c1")] = "bad id!"
+    assert_usage_error(run_cli(*args), "node id")
+
+
+def test_port_in_use_exit_2(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        args = serve_args(tmp_path)
+        args[args.index("--amqp-port") + 1] = str(taken)
+        assert_usage_error(run_cli(*args), f":{taken}")
+
+
+def test_unwritable_data_dir_exit_2(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    args = serve_args(tmp_path)
+    args[args.index("--data-dir") + 1] = str(blocker / "data")  # root can't mkdir under a file
+    assert_usage_error(run_cli(*args), "not writable")
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("heartbeat = ", "not valid TOML"),
+    ("no_such_key = 1", "unknown key"),
+    ("frame_max = 100", "frame_max"),
+    ("heartbeat = -1", "heartbeat"),
+    ("[users]\nguest = 5", "users"),
+])
+def test_bad_config_file_exit_2(tmp_path: Path, text: str, needle: str) -> None:
+    cfg = tmp_path / "node.toml"
+    cfg.write_text(text)
+    assert_usage_error(run_cli(*serve_args(tmp_path, "--config", str(cfg))), needle)
+    assert_usage_error(run_cli(*serve_args(tmp_path, "--config", str(tmp_path / "missing.toml"))),
+                       "cannot read config")
+
+
+def test_admin_status_and_metrics(own_node: NodeProcess) -> None:
+    own_node.start()
+    proc = run_cli("status", "--admin-port", str(own_node.admin_port))
+    assert proc.returncode == 0, proc.stderr
+    status = json.loads(proc.stdout)
+    assert status["node_id"] == own_node.node_id and status["role"] == "leader"
+    assert status["amqp_port"] == own_node.amqp_port
+    with urllib.request.urlopen(f"http://127.0.0.1:{own_node.metrics_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    assert f'mirrorq_is_leader{{node="{own_node.node_id}"}} 1' in text
+    assert "mirrorq_journal_flushes" in text
+    own_node.kill9()
+    assert_usage_error(run_cli("status", "--admin-port", str(own_node.admin_port)), "cannot reach")
+
+
+def test_sigterm_stops_cleanly(own_node: NodeProcess) -> None:
+    own_node.start()
+    assert own_node.proc is not None
+    own_node.proc.terminate()
+    assert own_node.proc.wait(timeout=15) == 0
+    assert "Traceback" not in own_node.tail_log(200)
