@@ -246,12 +246,51 @@ class NodeUp(NamedTuple):
     incarnation: int
 
 
+class NodeDown(NamedTuple):
+    """The leader gave up on a member (unreachable or lagging past the bound):
+    drop that node's connections, channels and consumers; their unacked
+    deliveries return to their queues (redelivered=true, S25). The node itself,
+    when it applies this, gets ConnectionError 320 for each of its connections
+    so that its clients reconnect elsewhere."""
+
+    node: str
+
+
+class MarkOutOfSync(NamedTuple):
+    """Remove a member from the in-sync set (confirms stop waiting for it).
+    Refused (no-op) if the set would drop below a majority of members."""
+
+    node: str
+
+
+class MarkInSync(NamedTuple):
+    """A member caught up: confirms wait for it again."""
+
+    node: str
+
+
+class SetMember(NamedTuple):
+    """Record a Raft member: node id -> raft address "host:port". A new
+    member starts out of sync; members recorded at cluster bootstrap start in
+    sync."""
+
+    node: str
+    address: str
+    in_sync: bool
+
+
+class DropMember(NamedTuple):
+    """Forget a removed member (also leaves the in-sync set)."""
+
+    node: str
+
+
 Command = (
     ChannelOpen | ChannelClose | ChannelFlow | ConnectionClose | ExchangeDeclare |
     ExchangeDelete | ExchangeBind | ExchangeUnbind | QueueDeclare | QueueBind | QueueUnbind |
     QueuePurge | QueueDelete | BasicQos | BasicConsume | BasicCancel | BasicCredit |
     BasicGet | BasicPublish | BasicAck | BasicNack | BasicRecover | TxCommit | Echo | Tick |
-    NodeUp
+    NodeUp | NodeDown | MarkOutOfSync | MarkInSync | SetMember | DropMember
 )
 
 
@@ -268,3 +307,6 @@ class Batch(NamedTuple):
     seq: int
     now: float
     commands: list[Command]
+    # The proposer will never (re)send a seq below this: the state machine can
+    # forget dedup entries under it. Retried batches may apply out of order.
+    floor: int = 0
