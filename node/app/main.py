@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (AMQP, Raft, admin)")
     serve.add_argument("--raft-port", type=_port, help="default: AMQP port + 20000")
     serve.add_argument("--peers", default="", help="ID=HOST:RAFTPORT,... of the other members")
+    serve.add_argument("--join", action="store_true",
+                       help="joining an existing cluster: never campaign before hearing a leader")
     serve.add_argument("--admin-port", type=_port)
     serve.add_argument("--metrics-port", type=_port)
     serve.add_argument("--config", help="TOML file (users, frame_max, heartbeat, memory_high_watermark, raft...)")
@@ -70,6 +72,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
     cfg.raft.port = raft_port
     cfg.raft.peers = parse_peers(args.peers)
     cfg.raft.peers.pop(cfg.node_id, None)
+    cfg.raft.join = bool(args.join)
     validate(cfg)
     ports = [p for p in (cfg.amqp_port, cfg.raft.port, cfg.admin_port, cfg.metrics_port) if p]
     if len(set(ports)) != len(ports):

@@ -41,6 +41,7 @@ class RaftConfig:
     host: str = "127.0.0.1"
     port: int = 25672
     peers: dict[str, str] = field(default_factory=dict)  # node id -> host:port (others)
+    join: bool = False  # joining a running cluster: wait to hear a leader before campaigning
     password: str | None = None
     batch_max_commands: int = 128
     batch_max_bytes: int = 512 * 1024  # well under append_entries_batch_bytes
