@@ -9,12 +9,17 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
 StatusFn = Callable[[], dict[str, Any]]
 SERVICE = "mirrorq.Admin"
+
+
+class Membership(Protocol):
+    async def add_member(self, node_id: str, address: str) -> None: ...
+    async def remove_member(self, node_id: str) -> None: ...
 
 
 def _json_in(data: bytes) -> Any:
@@ -26,17 +31,38 @@ def _json_out(value: Any) -> bytes:
 
 
 class AdminServer:
-    def __init__(self, status: StatusFn) -> None:
+    def __init__(self, status: StatusFn, membership: Membership | None = None) -> None:
         self._status = status
+        self._membership = membership
+        # pysyncobj's one-change-at-a-time guard is dead code: serialize here
+        self._change_lock = asyncio.Lock()
         self._server: grpc.aio.Server | None = None
 
     async def start(self, host: str, port: int) -> None:
         async def status(_request: Any, _context: grpc.aio.ServicerContext) -> dict[str, Any]:
             return self._status()
 
+        async def add_member(request: Any, context: grpc.aio.ServicerContext) -> dict[str, Any]:
+            node_id, address = request.get("node_id"), request.get("address")
+            if not isinstance(node_id, str) or not isinstance(address, str) or ":" not in address:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    "AddMember needs node_id and address host:port")
+            return await self._change(context, lambda m: m.add_member(node_id, address))
+
+        async def remove_member(request: Any, context: grpc.aio.ServicerContext) -> dict[str, Any]:
+            node_id = request.get("node_id")
+            if not isinstance(node_id, str):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "RemoveMember needs node_id")
+            return await self._change(context, lambda m: m.remove_member(node_id))
+
+        def unary(fn: Any) -> grpc.RpcMethodHandler:
+            return grpc.unary_unary_rpc_method_handler(
+                fn, request_deserializer=_json_in, response_serializer=_json_out)
+
         handler = grpc.method_handlers_generic_handler(SERVICE, {
-            "Status": grpc.unary_unary_rpc_method_handler(
-                status, request_deserializer=_json_in, response_serializer=_json_out),
+            "Status": unary(status),
+            "AddMember": unary(add_member),
+            "RemoveMember": unary(remove_member),
         })
         self._server = grpc.aio.server()
         self._server.add_generic_rpc_handlers((handler,))
@@ -44,17 +70,42 @@ class AdminServer:
             raise OSError(f"cannot bind admin port {port}")
         await self._server.start()
 
+    async def _change(self, context: grpc.aio.ServicerContext, op: Any) -> dict[str, Any]:
+        if self._membership is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "membership changes not available")
+        async with self._change_lock:
+            try:
+                await op(self._membership)
+            except (TimeoutError, KeyError, RuntimeError) as exc:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                    f"{type(exc).__name__}: {exc}")
+        return {"ok": True, "status": self._status()}
+
     async def stop(self) -> None:
         if self._server is not None:
             await self._server.stop(grace=0.5)
 
 
-def call_status(host: str, port: int, timeout: float = 5.0) -> dict[str, Any]:
+def _call(host: str, port: int, method: str, request: dict[str, Any],
+          timeout: float) -> dict[str, Any]:
     with grpc.insecure_channel(f"{host}:{port}") as channel:
-        fn = channel.unary_unary(f"/{SERVICE}/Status", request_serializer=_json_out,
+        fn = channel.unary_unary(f"/{SERVICE}/{method}", request_serializer=_json_out,
                                  response_deserializer=_json_in)
-        result: dict[str, Any] = fn({}, timeout=timeout)
+        result: dict[str, Any] = fn(request, timeout=timeout)
         return result
+
+
+def call_status(host: str, port: int, timeout: float = 5.0) -> dict[str, Any]:
+    return _call(host, port, "Status", {}, timeout)
+
+
+def call_add_member(host: str, port: int, node_id: str, address: str,
+                    timeout: float = 60.0) -> dict[str, Any]:
+    return _call(host, port, "AddMember", {"node_id": node_id, "address": address}, timeout)
+
+
+def call_remove_member(host: str, port: int, node_id: str, timeout: float = 60.0) -> dict[str, Any]:
+    return _call(host, port, "RemoveMember", {"node_id": node_id}, timeout)
 
 
 class MetricsServer:

@@ -519,13 +519,17 @@ class Connection:
 
     # ------------------------------------------------------------ flow control
 
-    def set_blocked(self, blocked: bool) -> None:
-        """Memory alarm: Connection.Blocked/Unblocked to clients that asked."""
+    def set_blocked(self, reason: str | None) -> bool:
+        """An alarm (reason) or its end: Connection.Blocked/Unblocked to
+        clients that asked. True when something was written."""
+        blocked = reason is not None
         if blocked == self.blocked_sent or self.phase != RUNNING:
-            return
+            return False
         self.blocked_sent = blocked
-        if self.blocked_notify:
-            if blocked:
-                self.write(frame.encode_method(0, "Connection.Blocked", {"reason": "low on memory"}))
-            else:
-                self.write(frame.encode_method(0, "Connection.Unblocked"))
+        if not self.blocked_notify:
+            return False
+        if blocked:
+            self.write(frame.encode_method(0, "Connection.Blocked", {"reason": reason}))
+        else:
+            self.write(frame.encode_method(0, "Connection.Unblocked"))
+        return True

@@ -99,7 +99,7 @@ class AmqpServer:
         self.node_id = node_id
         self.config = config
         self.conns: dict[int, _Protocol] = {}
-        self.memory_alarm = False
+        self.alarm: str | None = None
         self._server: asyncio.base_events.Server | None = None
         self._timer: asyncio.Task[None] | None = None
         proposer.add_drain_listener(self._on_drain)
@@ -144,7 +144,7 @@ class AmqpServer:
     # ------------------------------------------------------------ flow control
 
     def publishers_must_wait(self) -> bool:
-        return self.memory_alarm or self.proposer.is_congested()
+        return self.alarm is not None or self.proposer.is_congested()
 
     def _on_drain(self) -> None:
         self._update_reading()
@@ -161,16 +161,21 @@ class AmqpServer:
                 proto.resume_reading()
 
     def _check_memory(self) -> None:
+        """Alarms that block publishers: memory high-watermark, or this node
+        cut off from the majority (it could not make a publish safe)."""
         mark = self.config.memory_high_watermark
-        alarm = mark > 0 and self.proposer.message_bytes() > mark
-        if alarm == self.memory_alarm:
-            return
-        self.memory_alarm = alarm
+        if mark > 0 and self.proposer.message_bytes() > mark:
+            alarm: str | None = "low on memory"
+        else:
+            alarm = self.proposer.blocked_reason()
+        changed = alarm != self.alarm
+        self.alarm = alarm
         for proto in list(self.conns.values()):
-            if proto.conn is not None:
-                proto.conn.set_blocked(alarm)
+            # every pass, so connections opened during an alarm learn of it too
+            if proto.conn is not None and proto.conn.set_blocked(alarm):
                 proto.flush()
-        self._update_reading()
+        if changed:
+            self._update_reading()
 
     async def _timer_loop(self) -> None:
         n = 0
@@ -192,7 +197,7 @@ class AmqpServer:
 
     # ------------------------------------------------------------ shutdown
 
-    async def close(self) -> None:
+    async def close(self, reason: str = "shutdown") -> None:
         if self._timer is not None:
             self._timer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -204,7 +209,7 @@ class AmqpServer:
             conn = proto.conn
             if conn is not None and conn.phase != CLOSED:
                 conn.force_close(320, "CONNECTION_FORCED - broker forced connection closure "
-                                      "with reason 'shutdown'")
+                                      f"with reason '{reason}'")
             proto.flush()
         if self._server is not None:
             with contextlib.suppress(asyncio.TimeoutError):
@@ -212,4 +217,4 @@ class AmqpServer:
             self._server = None
 
     def _debug(self) -> dict[str, Any]:
-        return {"connections": len(self.conns), "memory_alarm": self.memory_alarm}
+        return {"connections": len(self.conns), "alarm": self.alarm}

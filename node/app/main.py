@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="print a node's status (admin API)")
     status.add_argument("--admin-port", type=_port, required=True)
     status.add_argument("--host", default="127.0.0.1")
+    from node.app import local_cluster
+    local_cluster.add_parser(sub, _Parser)
     return parser
 
 
@@ -115,11 +117,18 @@ async def serve(cfg: NodeConfig) -> None:
         st["amqp_port"] = cfg.amqp_port
         return st
 
-    admin = AdminServer(status) if cfg.admin_port else None
+    admin = AdminServer(status, raft) if cfg.admin_port else None
     metrics = MetricsServer(status) if cfg.metrics_port else None
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+
+    def removed(why: str) -> None:
+        log.warning("node %s stops serving: %s", cfg.node_id, why)
+        holder["why"] = why
+        stop.set()
+
+    raft.on_removed = removed
     try:
         await raft.wait_ready()
         if admin is not None and cfg.admin_port:
@@ -131,7 +140,7 @@ async def serve(cfg: NodeConfig) -> None:
         await stop.wait()
         log.info("node %s shutting down", cfg.node_id)
     finally:
-        await amqp.close()
+        await amqp.close(holder.get("why", "shutdown"))
         if admin is not None:
             await admin.stop()
         if metrics is not None:
@@ -141,6 +150,9 @@ async def serve(cfg: NodeConfig) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "local-cluster":
+        from node.app import local_cluster
+        return local_cluster.run(args)
     if args.command == "status":
         from node.admin.server import call_status
         try:

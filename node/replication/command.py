@@ -298,7 +298,7 @@ class Batch(NamedTuple):
     """One Raft entry: commands of one node, in the order they were issued.
 
     (node, incarnation, seq) makes retries idempotent: the state machine
-    applies a batch at most once. `now` is the proposer's wall clock (seconds);
+    applies a node's batches once each, in seq order (from 1). `now` is the proposer's wall clock (seconds);
     apply never reads a clock itself.
     """
 
@@ -307,6 +307,3 @@ class Batch(NamedTuple):
     seq: int
     now: float
     commands: list[Command]
-    # The proposer will never (re)send a seq below this: the state machine can
-    # forget dedup entries under it. Retried batches may apply out of order.
-    floor: int = 0

@@ -31,6 +31,11 @@ class Proposer(Protocol):
         """Called on the event loop when congestion ends."""
         ...
 
+    def blocked_reason(self) -> str | None:
+        """Why publishers must be blocked (e.g. this node cannot reach a
+        majority), or None."""
+        ...
+
     def message_bytes(self) -> int:
         """Bytes of message bodies held in queues (memory high-watermark)."""
         ...

@@ -2,15 +2,33 @@
 
 Threads: the asyncio loop proposes commands (batched here) and receives
 effects; a dedicated raft thread ticks SyncObj, applies committed batches to
-the pure state machine and flushes the journal. Hand-off back to the loop is
-one call_soon_threadsafe per tick.
+the pure state machine, flushes the journal and hands effects back to the
+loop once per tick (call_soon_threadsafe).
 
-Durability: pysyncobj writes its journal through mmap and never syncs it. We
-flush it (msync) in an on-tick callback, which pysyncobj runs after
-appending the tick's new entries and before the next tick's commit step; so
-on a single node every entry is on disk before it is committed and before any
-effect of it (a confirm, a declare-ok) leaves the node. One flush per tick
-covers every entry appended in it: group commit.
+Durability (pysyncobj writes its journal through mmap and never syncs):
+- every node flushes (msync) its journal in an on-tick callback, which
+  pysyncobj runs after the tick's appends and before the next tick's commit
+  step; one flush covers every entry of the tick (group commit);
+- a follower holds its AppendEntries acknowledgements (next_node_idx) until
+  that flush, so the leader's matchIndex only counts entries on disk;
+- the term/vote meta file is written with fsync (FsyncMetaStorer).
+
+The confirm rule: effects of the entry at log index i (confirms, replies,
+deliveries) leave a node only once i is "mirrored": committed, applied
+there, and held (on disk) by every member of the replicated in-sync set. The
+leader computes mirrored = min(commit index, its own flushed index,
+matchIndex of every in-sync follower) and sends it to the followers in a
+custom transport message. The leader also maintains the in-sync set: a
+follower that lags or is unreachable for longer than `out_of_sync_after`
+is marked out of sync (never below a majority) and, if unreachable,
+declared down; it is marked in sync again once it has caught up.
+
+Ordering and retries: batches of one node apply in seq order; the state
+machine reports a batch that arrives after a gap, and a batch that fails
+(discarded by a leader change, unknown outcome) is resent with everything
+after it (go-back-N, same seqs: duplicates are dropped in apply). A publish
+that cannot be made safe within `nack_after` is nacked (S16/S26); its late
+confirm, if the batch applies after all, is dropped.
 """
 from __future__ import annotations
 
@@ -20,20 +38,43 @@ import os
 import pickle
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.journal import MetaStorer
+from pysyncobj.pickle import dumps as _pysyncobj_dumps
+from pysyncobj.transport import TCPTransport
 
-from node.replication.command import Batch, Command, NodeUp, Tick
-from node.replication.effect import Effect, effect_node
+from node.replication.command import (
+    BasicPublish,
+    Batch,
+    Command,
+    DropMember,
+    MarkInSync,
+    MarkOutOfSync,
+    NodeDown,
+    NodeUp,
+    SetMember,
+    Tick,
+)
+from node.replication.effect import Confirm, Effect, Return, effect_node
 from node.replication.port import EffectSink
-from node.replication.state_machine import BrokerState, apply_batch, default_state, failure_effects
+from node.replication.state_machine import (
+    BrokerState,
+    apply_batch,
+    batch_verdict,
+    default_state,
+)
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_PROTOCOL = pickle.HIGHEST_PROTOCOL  # protocol 5: bodies copied as raw bytes, not protocol-2 strings
+SNAPSHOT_PROTOCOL = pickle.HIGHEST_PROTOCOL  # protocol 5: bodies as raw bytes
+MIRRORED = "mq_mirrored"  # our transport message: leader -> followers
+APPLIED, DUPLICATE, GAP = "applied", "dup", "gap"
+STARTUP_GRACE = 2.0  # seconds a restarted member listens before it may campaign
 
 
 @dataclass
@@ -50,11 +91,66 @@ class RaftConfig:
     max_inflight_bytes: int = 32 * 1024 * 1024
     idle_tick: float = 0.02
     tick_interval: float = 1.0  # Tick command (TTL / x-expires)
-    election_min: float = 0.4
+    election_min: float = 0.5
     election_max: float = 1.0
-    leader_fallback: float = 5.0
-    compaction_min_entries: int = 2000
-    compaction_min_time: float = 120.0
+    leader_fallback: float = 2.5
+    out_of_sync_after: float = 5.0  # above the election timeout
+    nack_after: float = 10.0  # a publish not made safe by then is nacked
+    block_after: float = 2.0  # no leader / stuck batches this long: connection.blocked
+    compaction_min_entries: int = 5000
+    compaction_min_time: float = 300.0
+
+
+class FsyncMetaStorer(MetaStorer):  # type: ignore[misc]
+    """Term and vote must be durable before a vote is granted (Raft §5.2)."""
+
+    def storeMeta(self, meta: dict[str, Any]) -> None:  # noqa: N802 - pysyncobj's name
+        path = self.getPath()
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(_pysyncobj_dumps(meta))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(os.path.dirname(path) or ".")
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _Transport(TCPTransport):  # type: ignore[misc]
+    """Holds AppendEntries acks until the journal is flushed; carries the
+    leader's mirrored index to followers."""
+
+    def __init__(self, syncobj: _BrokerLog, self_node: Any, other_nodes: Any) -> None:
+        self._held: list[tuple[Any, dict[str, Any]]] = []
+        self._owner = syncobj._owner
+        super().__init__(syncobj, self_node, other_nodes)
+
+    def send(self, node: Any, message: Any) -> bool:
+        if isinstance(message, dict) and message.get("type") == "next_node_idx":
+            self._held.append((node, message))  # all of them, to keep their order
+            return True
+        return bool(super().send(node, message))
+
+    def release_held(self) -> None:
+        held, self._held = self._held, []
+        for node, message in held:
+            super().send(node, message)
+
+    def send_raw(self, node: Any, message: dict[str, Any]) -> None:
+        super().send(node, message)
+
+    def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
+        if isinstance(message, dict) and message.get("type") == MIRRORED:
+            self._owner._on_mirrored(int(message["index"]))
+            return
+        super()._onMessageReceived(node, message)
 
 
 class _BrokerLog(SyncObj):  # type: ignore[misc]
@@ -62,24 +158,50 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
 
     def __init__(self, owner: RaftNode, self_addr: str, others: list[str], conf: SyncObjConf) -> None:
         self._owner = owner
-        super().__init__(self_addr, others, conf)
+        super().__init__(self_addr, others, conf, transportClass=_Transport)
+        journal = self._SyncObj__raftLog
+        if hasattr(journal, "_FileJournal__metaStorer"):
+            old = journal._FileJournal__metaStorer
+            journal._FileJournal__metaStorer = FsyncMetaStorer(old.getPath())
 
     @replicated  # type: ignore[misc]
-    def apply(self, batch: Batch) -> None:
-        self._owner._apply(batch)
+    def apply(self, batch: Batch) -> str:
+        return self._owner._apply(batch)
 
+    # pysyncobj keeps these private; we read them, never write them.
     def journal_flush(self) -> None:
-        # The journal object is private to SyncObj; flush() is its public method.
         self._SyncObj__raftLog.flush()
-
-    def wake(self) -> None:
-        """Make the coming poll return at once (uncommitted entries wait for
-        the next tick's commit step, so sleeping there costs a full tick)."""
-        self._SyncObj__pipeNotifier.notify()
 
     def last_log_index(self) -> int:
         log_ = self._SyncObj__raftLog
         return int(log_[-1][1]) if len(log_) else 0
+
+    def wake(self) -> None:
+        """Make the coming poll return at once."""
+        self._SyncObj__pipeNotifier.notify()
+
+    def transport(self) -> _Transport:
+        return self._SyncObj__transport  # type: ignore[no-any-return]
+
+    def match_index(self) -> dict[Any, int]:
+        return self._SyncObj__raftMatchIndex  # type: ignore[no-any-return]
+
+    def last_response(self) -> dict[Any, float]:
+        return self._SyncObj__lastResponseTime  # type: ignore[no-any-return]
+
+
+@dataclass
+class _Pending:
+    batch: Batch
+    size: int
+    sent_at: float
+    abandoned: bool = False  # its publishes were nacked after nack_after
+
+
+@dataclass
+class _Lag:
+    target: int = 0
+    since: float = 0.0
 
 
 class RaftNode:
@@ -92,74 +214,107 @@ class RaftNode:
         self.loop = loop
         self.sink = sink
         self.config = config
+        self.address = f"{config.host}:{config.port}"
         self.incarnation = time.time_ns()
         self.state: BrokerState = default_state()
-        # loop-thread state
+        self.on_removed: Callable[[str], None] | None = None
+        # ---- loop-thread state
         self._batch: list[Command] = []
         self._batch_bytes = 0
         self._flush_scheduled = False
         self._seq = 0
-        self._inflight: dict[int, tuple[Batch, int]] = {}
-        self._inflight_bytes = 0
+        self._pending: dict[int, _Pending] = {}  # unresolved batches by seq (ordered)
+        self._pending_bytes = 0
+        self._resend_from: int | None = None
+        self._resend_handle: asyncio.TimerHandle | None = None
+        self._abandoned: set[int] = set()  # seqs whose publishes were nacked
         self._congested = False
         self._drain_listeners: list[Callable[[], None]] = []
         self._waiters: dict[int, asyncio.Future[None]] = {}
-        self._tick_handle: asyncio.TimerHandle | None = None
-        # raft-thread state, handed over once per tick
-        self._out_effects: list[Effect] = []
-        self._out_done: list[tuple[int, int]] = []  # (seq, fail reason)
+        self._timers: list[asyncio.TimerHandle] = []
+        self._no_leader_since: float | None = None
+        self._blocked: str | None = None
+        self._proposed_control: dict[tuple[str, str], float] = {}
+        self._removed = False
+        # ---- raft-thread state, handed over once per tick
+        self._held: deque[tuple[int, tuple[str, int, int], list[Effect]]] = deque()
+        self._out: list[tuple[tuple[str, int, int], list[Effect]]] = []
+        self._out_done: list[tuple[int, str]] = []  # (seq, verdict or failure)
         self._flushed_index = 0
+        self._mirrored = 0  # follower: as told by the leader
+        self._released = 0
+        self._sent_mirrored = (0, 0.0)
+        self._lag: dict[str, _Lag] = {}
+        self._bootstrapped = False
+        self._was_member = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._syncobj: _BrokerLog | None = None
+        self._restore_timeouts: tuple[float, float] | None = None
         self.flushes = 0
         self.applied_batches = 0
+        self.resends = 0
+        self.nacked_publishes = 0
 
     # ---------------------------------------------------------------- life
     def start(self) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
         c = self.config
+        election = (c.election_min, c.election_max)
+        # No pre-vote in pysyncobj: a node that campaigns before it has heard
+        # the leader deposes a healthy one. A joining node stays quiet until a
+        # leader contacts it; a (re)starting member waits a grace period first
+        # (a full-cluster restart elects after it).
+        if c.join:
+            election = (3600.0, 3601.0)
+        elif c.peers:
+            election = (c.election_min + STARTUP_GRACE, c.election_max + STARTUP_GRACE)
+        if election != (c.election_min, c.election_max):
+            self._restore_timeouts = (c.election_min, c.election_max)
         conf = SyncObjConf(
             autoTick=False,
-            appendEntriesUseBatch=False,  # wake the poller on every proposal: latency
+            appendEntriesUseBatch=False,  # send at once and wake the poller: latency
+            dynamicMembershipChange=True,
             journalFile=os.path.join(self.data_dir, "raft.journal"),
             fullDumpFile=os.path.join(self.data_dir, "raft.dump"),  # never journal without dump
             serializer=self._serialize,
             deserializer=self._deserialize,
             appendEntriesBatchSizeBytes=c.append_entries_batch_bytes,
-            raftMinTimeout=c.election_min,
-            raftMaxTimeout=c.election_max,
+            raftMinTimeout=election[0],
+            raftMaxTimeout=election[1],
             appendEntriesPeriod=min(0.1, c.election_min / 4),
             leaderFallbackTimeout=c.leader_fallback,
             logCompactionMinEntries=c.compaction_min_entries,
             logCompactionMinTime=c.compaction_min_time,
             password=c.password,
             commandsQueueSize=0,
+            # reconnect to a restarted peer well within its startup grace
+            connectionRetryTime=0.5,
         )
-        self_addr = f"{c.host}:{c.port}"
-        self._syncobj = _BrokerLog(self, self_addr, list(c.peers.values()), conf)
+        self._syncobj = _BrokerLog(self, self.address, list(c.peers.values()), conf)
         self._syncobj.addOnTickCallback(self._on_tick)
         self._thread = threading.Thread(target=self._run, name=f"raft-{self.node_id}", daemon=True)
         self._thread.start()
+        self._timers.append(self.loop.call_later(0.25, self._watch))
 
-    async def wait_ready(self, timeout: float = 30.0) -> None:
+    async def wait_ready(self, timeout: float = 60.0) -> None:
         """Leader known, log applied, and our NodeUp applied."""
         deadline = time.monotonic() + timeout
         so = self._syncobj
         assert so is not None
         while not (so.isReady() and so._getLeader() is not None):
             if time.monotonic() > deadline:
-                raise TimeoutError("raft did not become ready")
+                raise TimeoutError("raft did not become ready (no leader / quorum)")
             await asyncio.sleep(0.02)
         seq = self._send_now([NodeUp(self.node_id, self.incarnation)])
         fut: asyncio.Future[None] = self.loop.create_future()
         self._waiters[seq] = fut
         await asyncio.wait_for(fut, max(0.1, deadline - time.monotonic()))
-        self._tick_handle = self.loop.call_later(self.config.tick_interval, self._propose_tick)
+        self._timers.append(self.loop.call_later(self.config.tick_interval, self._propose_tick))
 
     def stop(self) -> None:
-        if self._tick_handle is not None:
-            self._tick_handle.cancel()
+        for t in self._timers:
+            t.cancel()
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -177,14 +332,27 @@ class RaftNode:
                 time.sleep(0.05)
 
     # ------------------------------------------------------- raft thread
-    def _apply(self, batch: Batch) -> None:
+    def _apply(self, batch: Batch) -> str:
+        so = self._syncobj
+        assert so is not None
+        verdict = batch_verdict(self.state, batch)
+        if verdict != APPLIED:
+            return verdict
         effects = apply_batch(self.state, batch)
         self.applied_batches += 1
         me = self.node_id
-        self._out_effects.extend(e for e in effects if effect_node(e) == me)
+        mine = [e for e in effects if effect_node(e) == me]
+        if mine:
+            index = so.raftLastApplied + 1  # pysyncobj counts it applied after we return
+            self._held.append((index, (batch.node, batch.incarnation, batch.seq), mine))
+        return verdict
 
-    def _on_result(self, seq: int, _res: Any, err: int) -> None:
-        self._out_done.append((seq, err))
+    def _on_result(self, seq: int, res: Any, err: int) -> None:
+        self._out_done.append((seq, str(res) if err == FAIL_REASON.SUCCESS else f"fail:{err}"))
+
+    def _on_mirrored(self, index: int) -> None:
+        if index > self._mirrored:
+            self._mirrored = index
 
     def _on_tick(self) -> None:
         so = self._syncobj
@@ -194,12 +362,103 @@ class RaftNode:
             so.journal_flush()
             self._flushed_index = last
             self.flushes += 1
-        if not self.config.peers and so.raftCommitIndex < last:
+        so.transport().release_held()  # acks only after the flush above
+        if self._restore_timeouts is not None and so._getLeader() is not None:
+            conf = so._getConf()
+            conf.raftMinTimeout, conf.raftMaxTimeout = self._restore_timeouts
+            self._restore_timeouts = None
+        if so._isLeader():
+            upto = self._leader_mirrored(so)
+            self._leader_duties(so)
+        else:
+            upto = min(self._mirrored, so.raftLastApplied)
+        if not so.otherNodes and so.raftCommitIndex < last:
             so.wake()  # alone, nothing else would wake us to commit
-        if self._out_effects or self._out_done:
-            effects, done = self._out_effects, self._out_done
-            self._out_effects, self._out_done = [], []
-            self.loop.call_soon_threadsafe(self._deliver, effects, done)
+        if upto > self._released:
+            self._released = upto
+        held = self._held
+        while held and held[0][0] <= self._released:
+            _i, key, effects = held.popleft()
+            self._out.append((key, effects))
+        if self._out or self._out_done:
+            out, done = self._out, self._out_done
+            self._out, self._out_done = [], []
+            self.loop.call_soon_threadsafe(self._deliver, out, done)
+        self._check_membership()
+
+    def _in_sync_others(self, so: _BrokerLog) -> list[Any]:
+        """Raft nodes of the in-sync followers (all of them before bootstrap)."""
+        st = self.state
+        if not st.in_sync:
+            return list(so.otherNodes)
+        addrs = {st.members[n] for n in st.in_sync if n != self.node_id and n in st.members}
+        return [node for node in so.otherNodes if node.address in addrs]
+
+    def _leader_mirrored(self, so: _BrokerLog) -> int:
+        match = so.match_index()
+        upto = min(so.raftCommitIndex, self._flushed_index)
+        for node in self._in_sync_others(so):
+            upto = min(upto, match.get(node, 0))
+        sent, at = self._sent_mirrored
+        now = time.monotonic()
+        if upto != sent or now - at > 0.1:
+            self._sent_mirrored = (upto, now)
+            transport = so.transport()
+            for node in so.otherNodes:
+                transport.send_raw(node, {"type": MIRRORED, "index": upto})
+        return upto
+
+    def _leader_duties(self, so: _BrokerLog) -> None:
+        st = self.state
+        now = time.monotonic()
+        if not st.members:
+            if not self._bootstrapped and so.isReady():
+                self._bootstrapped = True
+                cmds: list[Command] = [SetMember(self.node_id, self.address, True)]
+                cmds += [SetMember(n, a, True) for n, a in self.config.peers.items()]
+                self._control(cmds)
+            return
+        match, last_resp = so.match_index(), so.last_response()
+        by_addr = {node.address: node for node in so.otherNodes}
+        bound = self.config.out_of_sync_after
+        commit = so.raftCommitIndex
+        for member, addr in list(st.members.items()):
+            node = by_addr.get(addr)
+            if member == self.node_id or node is None:
+                continue
+            lag = self._lag.setdefault(member, _Lag(commit, now))
+            if match.get(node, 0) >= lag.target:
+                lag.target, lag.since = commit, now
+            silent = now - last_resp.get(node, now) > bound
+            lagging = now - lag.since > bound
+            if member in st.in_sync:
+                if silent or lagging:
+                    self._control([MarkOutOfSync(member)])
+                    if silent:
+                        self._control([NodeDown(member)])
+            elif not silent and match.get(node, 0) >= commit:
+                self._control([MarkInSync(member)])
+
+    def _control(self, cmds: list[Command]) -> None:
+        """Propose leader bookkeeping from the raft thread, at most once a
+        second per command kind and member."""
+        now = time.monotonic()
+        fresh = []
+        for cmd in cmds:
+            key = (type(cmd).__name__, getattr(cmd, "node", ""))
+            if now - self._proposed_control.get(key, 0.0) >= 1.0:
+                self._proposed_control[key] = now
+                fresh.append(cmd)
+        for cmd in fresh:
+            self.loop.call_soon_threadsafe(self.propose, cmd, 0)
+
+    def _check_membership(self) -> None:
+        members = self.state.members
+        if self.node_id in members:
+            self._was_member = True
+        elif self._was_member and members and not self._removed:
+            self._removed = True
+            self.loop.call_soon_threadsafe(self._on_removed)
 
     def _serialize(self, filename: str, raft_data: Any) -> None:
         # Runs in the raft thread between applies, so the state is consistent.
@@ -240,44 +499,146 @@ class RaftNode:
         self._seq += 1
         seq = self._seq
         batch = Batch(self.node_id, self.incarnation, seq, time.time(), cmds)
-        self._inflight[seq] = (batch, size)
-        self._inflight_bytes += size
-        so = self._syncobj
-        assert so is not None
-        so.apply(batch, callback=lambda res, err, s=seq: self._on_result(s, res, err))
-        if not self._congested and (len(self._inflight) > self.config.max_inflight_batches
-                                    or self._inflight_bytes > self.config.max_inflight_bytes):
+        self._pending[seq] = _Pending(batch, size, time.monotonic())
+        self._pending_bytes += size
+        if self._resend_from is None:  # while resending, keep order: it goes out with the rest
+            self._submit(batch)
+        if not self._congested and (len(self._pending) > self.config.max_inflight_batches
+                                    or self._pending_bytes > self.config.max_inflight_bytes):
             self._congested = True
         return seq
 
-    def _deliver(self, effects: list[Effect], done: list[tuple[int, int]]) -> None:
-        for seq, err in done:
-            entry = self._inflight.pop(seq, None)
-            if entry is None:
+    def _submit(self, batch: Batch) -> None:
+        so = self._syncobj
+        assert so is not None
+        so.apply(batch, callback=lambda res, err, s=batch.seq: self._on_result(s, res, err))
+
+    def _deliver(self, out: list[tuple[tuple[str, int, int], list[Effect]]],
+                 done: list[tuple[int, str]]) -> None:
+        effects: list[Effect] = []
+        me, inc = self.node_id, self.incarnation
+        for (node, incarnation, seq), group in out:
+            if node == me and incarnation == inc and seq in self._abandoned:
+                # already nacked: a late outcome must not confirm it too (S15)
+                group = [e for e in group if not isinstance(e, Confirm | Return)]
+            effects.extend(group)
+        for seq, verdict in done:
+            pending = self._pending.get(seq)
+            if pending is None:
                 continue
-            batch, size = entry
-            self._inflight_bytes -= size
-            if err != FAIL_REASON.SUCCESS:
-                log.warning("batch %d not committed (reason %s)", seq, err)
-                effects.extend(e for e in failure_effects(batch) if effect_node(e) == self.node_id)
-            fut = self._waiters.pop(seq, None)
-            if fut is not None and not fut.done():
-                if err == FAIL_REASON.SUCCESS:
+            if verdict in (APPLIED, DUPLICATE):
+                del self._pending[seq]
+                self._pending_bytes -= pending.size
+                fut = self._waiters.pop(seq, None)
+                if fut is not None and not fut.done():
                     fut.set_result(None)
-                else:
-                    fut.set_exception(RuntimeError(f"batch failed: {err}"))
+            else:
+                # a gap before it, or not committed: resend it and all after it
+                log.info("batch %d: %s, resending", seq, verdict)
+                if self._resend_from is None or seq < self._resend_from:
+                    self._resend_from = seq
+                if self._resend_handle is None:
+                    self._resend_handle = self.loop.call_later(0.05, self._resend)
         if effects:
             self.sink(effects)
-        if self._congested and len(self._inflight) <= self.config.max_inflight_batches // 2 \
-                and self._inflight_bytes <= self.config.max_inflight_bytes // 2:
+        if self._congested and len(self._pending) <= self.config.max_inflight_batches // 2 \
+                and self._pending_bytes <= self.config.max_inflight_bytes // 2:
             self._congested = False
             for cb in list(self._drain_listeners):
                 cb()
 
+    def _resend(self) -> None:
+        self._resend_handle = None
+        start, self._resend_from = self._resend_from, None
+        if start is None:
+            return
+        for seq, pending in self._pending.items():
+            if seq >= start:
+                self.resends += 1
+                self._submit(pending.batch)
+
+    def _watch(self) -> None:
+        """Every 250 ms: nack publishes that could not be made safe in time,
+        and block publishers while this node cannot reach a majority."""
+        self._timers = [t for t in self._timers if not t.cancelled()]
+        self._timers.append(self.loop.call_later(0.25, self._watch))
+        now = time.monotonic()
+        nacks: list[Effect] = []
+        stuck = False
+        for seq, pending in self._pending.items():
+            age = now - pending.sent_at
+            if age > self.config.block_after:
+                stuck = True
+            if age > self.config.nack_after and not pending.abandoned:
+                pending.abandoned = True
+                self._abandoned.add(seq)
+                for cmd in pending.batch.commands:
+                    if isinstance(cmd, BasicPublish) and cmd.seq:
+                        nacks.append(Confirm(cmd.chan, cmd.seq, False))
+        if nacks:
+            self.nacked_publishes += len(nacks)
+            log.warning("nacking %d publishes not made safe within %.0fs", len(nacks),
+                        self.config.nack_after)
+            self.sink(nacks)
+        so = self._syncobj
+        leader = so._getLeader() if so is not None else None
+        if leader is None:
+            if self._no_leader_since is None:
+                self._no_leader_since = now
+        else:
+            self._no_leader_since = None
+        leaderless = self._no_leader_since is not None and now - self._no_leader_since > self.config.block_after
+        self._blocked = "cluster unavailable: no quorum" if (stuck or leaderless) else None
+
     def _propose_tick(self) -> None:
         self.propose(Tick())
-        self._tick_handle = self.loop.call_later(self.config.tick_interval, self._propose_tick)
+        self._timers.append(self.loop.call_later(self.config.tick_interval, self._propose_tick))
 
+    def _on_removed(self) -> None:
+        if self.on_removed is not None:
+            self.on_removed("node removed from the cluster")
+
+    # ------------------------------------------------------- membership
+    async def add_member(self, node_id: str, address: str, timeout: float = 30.0) -> None:
+        """Record the member (out of sync), then change the Raft config.
+        Callers serialize changes (pysyncobj's own guard does not)."""
+        await self._commit([SetMember(node_id, address, False)], timeout)
+        await self._change(address, add=True, timeout=timeout)
+
+    async def remove_member(self, node_id: str, timeout: float = 30.0) -> None:
+        address = self.state.members.get(node_id) or self.config.peers.get(node_id)
+        if address is None:
+            raise KeyError(f"no member {node_id!r}")
+        await self._change(address, add=False, timeout=timeout)
+        await self._commit([DropMember(node_id)], timeout)
+
+    async def _commit(self, cmds: list[Command], timeout: float) -> None:
+        seq = self._send_now(cmds)
+        fut: asyncio.Future[None] = self.loop.create_future()
+        self._waiters[seq] = fut
+        await asyncio.wait_for(fut, timeout)
+
+    async def _change(self, address: str, add: bool, timeout: float) -> None:
+        so = self._syncobj
+        assert so is not None
+        fut: asyncio.Future[int] = self.loop.create_future()
+
+        def settle(err: int) -> None:
+            if not fut.done():
+                fut.set_result(err)
+
+        def done(res: Any, err: int) -> None:
+            self.loop.call_soon_threadsafe(settle, err)
+
+        if add:
+            so.addNodeToCluster(address, callback=done)
+        else:
+            so.removeNodeFromCluster(address, callback=done)
+        err = await asyncio.wait_for(fut, timeout)
+        if err != FAIL_REASON.SUCCESS:
+            raise RuntimeError(f"membership change refused (reason {err})")
+
+    # ------------------------------------------------------------ queries
     def is_congested(self) -> bool:
         return self._congested
 
@@ -287,19 +648,34 @@ class RaftNode:
     def message_bytes(self) -> int:
         return int(self.state.message_bytes)
 
+    def blocked_reason(self) -> str | None:
+        return self._blocked
+
     def status(self) -> dict[str, Any]:
         so = self._syncobj
         assert so is not None
         st = so.getStatus()
+        members = dict(self.state.members)
+        by_addr = {a: n for n, a in members.items()}
+        by_addr.update({a: n for n, a in self.config.peers.items()})
+        by_addr[self.address] = self.node_id
+        leader = st.get("leader")
         return {
             "node_id": self.node_id,
             "role": {0: "follower", 1: "candidate", 2: "leader"}.get(st.get("state"), str(st.get("state"))),
-            "leader": str(st.get("leader")) if st.get("leader") is not None else None,
+            "leader": by_addr.get(str(leader), str(leader)) if leader is not None else None,
             "term": st.get("raft_term"),
             "commit_index": st.get("commit_idx"),
             "last_applied": st.get("last_applied"),
             "log_len": st.get("log_len"),
-            "inflight_batches": len(self._inflight),
+            "members": list(members) or [self.node_id, *self.config.peers],
+            "in_sync": list(self.state.in_sync),
+            "has_quorum": bool(so.hasQuorum),
+            "mirrored_index": self._released,
+            "blocked": self._blocked is not None,
+            "pending_batches": len(self._pending),
+            "resends": self.resends,
+            "nacked_publishes": self.nacked_publishes,
             "journal_flushes": self.flushes,
             "applied_batches": self.applied_batches,
             "message_bytes": self.message_bytes(),

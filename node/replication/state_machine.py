@@ -32,17 +32,22 @@ from node.replication.command import (
     ChannelOpen,
     Command,
     ConnectionClose,
+    DropMember,
     Echo,
     ExchangeBind,
     ExchangeDeclare,
     ExchangeDelete,
     ExchangeUnbind,
+    MarkInSync,
+    MarkOutOfSync,
+    NodeDown,
     NodeUp,
     QueueBind,
     QueueDeclare,
     QueueDelete,
     QueuePurge,
     QueueUnbind,
+    SetMember,
     Tick,
     TxCommit,
 )
@@ -206,7 +211,8 @@ class BrokerState:
     """The whole replicated state (picklable: plain objects, dicts as ordered sets)."""
 
     __slots__ = ("now", "exchanges", "queues", "channels", "conns", "exclusive",
-                 "ttl_index", "expires_index", "dedup", "counter", "message_bytes")
+                 "ttl_index", "expires_index", "dedup", "counter", "message_bytes",
+                 "members", "in_sync")
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -220,12 +226,19 @@ class BrokerState:
         # queues that may hold expiring messages / that have x-expires (cheap Tick)
         self.ttl_index: dict[str, None] = {}
         self.expires_index: dict[str, None] = {}
-        # (node, incarnation) -> last applied batch seq
+        # (node, incarnation) -> which of its batches were applied
+        # (node, incarnation) -> next batch seq to apply (seqs start at 1)
         self.dedup: dict[tuple[str, int], int] = {}
         # feeds server-generated names
         self.counter = 0
         # body bytes of messages held (ready + unacked); read by other threads
         self.message_bytes = 0
+        # Raft members: node id -> raft address, and the in-sync set (ordered, in
+        # members order). Read by the Raft adapter from another thread: apply never
+        # mutates these dicts in place, it replaces them (copy on write), so a
+        # reader always iterates a consistent snapshot.
+        self.members: dict[str, str] = {}
+        self.in_sync: dict[str, None] = {}
 
 
 def default_state() -> BrokerState:
@@ -235,11 +248,26 @@ def default_state() -> BrokerState:
     return s
 
 
+APPLIED, DUPLICATE, GAP = "applied", "dup", "gap"
+
+
+def batch_verdict(state: BrokerState, batch: Batch) -> str:
+    """What apply_batch makes of `batch`: APPLIED (next in its proposer's
+    order), DUPLICATE (applied before: ignored) or GAP (an earlier batch of
+    the same (node, incarnation) has not applied yet: ignored, and the
+    proposer resends from the missing one). Each node's batches apply strictly
+    in order so that a channel's commands never overtake each other. Pure,
+    the same on every node."""
+    expected = state.dedup.get((batch.node, batch.incarnation), 1)
+    if batch.seq < expected:
+        return DUPLICATE
+    return GAP if batch.seq > expected else APPLIED
+
+
 def apply_batch(state: BrokerState, batch: Batch) -> list[Effect]:
-    key = (batch.node, batch.incarnation)
-    if batch.seq <= state.dedup.get(key, -1):
+    if batch_verdict(state, batch) != APPLIED:
         return []
-    state.dedup[key] = batch.seq
+    state.dedup[(batch.node, batch.incarnation)] = batch.seq + 1
     if batch.now > state.now:
         state.now = batch.now
     ap = _Applier(state)
@@ -422,6 +450,53 @@ class _Applier:
             self.delete_exchange(x)
         for key in [k for k in s.dedup if k[0] == node and k[1] != cmd.incarnation]:
             del s.dedup[key]
+
+    def node_down(self, cmd: NodeDown) -> None:
+        """Drop the node's connections (S25): their unacked deliveries return to
+        their queues redelivered and reach consumers on other nodes (flushed
+        after this command). Unlike NodeUp, queues and transient messages
+        stay: the node may come back, and every node holds every queue."""
+        s = self.s
+        node = cmd.node
+        conns = dict.fromkeys(c for c in s.conns if c.node == node)
+        for c in s.exclusive:
+            if c.node == node:
+                conns[c] = None
+        text = f"CONNECTION_FORCED - node {node} was declared down by the cluster"
+        for conn in conns:
+            self.close_connection(conn)
+            self.fx.append(ConnectionError(conn, 320, text, 0, 0))
+
+    # -- membership (copy on write: other threads read these dicts) -----------
+
+    def _in_sync_of(self, nodes: dict[str, None]) -> dict[str, None]:
+        return {n: None for n in self.s.members if n in nodes}
+
+    def set_member(self, cmd: SetMember) -> None:
+        s = self.s
+        members = dict(s.members)
+        members[cmd.node] = cmd.address
+        s.members = members
+        if cmd.in_sync and cmd.node not in s.in_sync:
+            s.in_sync = self._in_sync_of({**s.in_sync, cmd.node: None})
+
+    def drop_member(self, cmd: DropMember) -> None:
+        s = self.s
+        if cmd.node in s.members:
+            s.members = {n: a for n, a in s.members.items() if n != cmd.node}
+        if cmd.node in s.in_sync:
+            s.in_sync = {n: None for n in s.in_sync if n != cmd.node}
+
+    def mark_out_of_sync(self, cmd: MarkOutOfSync) -> None:
+        """Refused unless the rest of the set is still a majority of members."""
+        s = self.s
+        if cmd.node in s.in_sync and len(s.in_sync) - 1 >= len(s.members) // 2 + 1:
+            s.in_sync = {n: None for n in s.in_sync if n != cmd.node}
+
+    def mark_in_sync(self, cmd: MarkInSync) -> None:
+        s = self.s
+        if cmd.node in s.members and cmd.node not in s.in_sync:
+            s.in_sync = self._in_sync_of({**s.in_sync, cmd.node: None})
 
     # -- exchanges ----------------------------------------------------------
 
@@ -1140,4 +1215,9 @@ _HANDLERS: dict[type, Callable[[_Applier, Any], None]] = {
     Echo: _Applier.echo,
     Tick: _Applier.tick,
     NodeUp: _Applier.node_up,
+    NodeDown: _Applier.node_down,
+    SetMember: _Applier.set_member,
+    DropMember: _Applier.drop_member,
+    MarkOutOfSync: _Applier.mark_out_of_sync,
+    MarkInSync: _Applier.mark_in_sync,
 }

@@ -39,6 +39,9 @@ class FakeProposer:
     def message_bytes(self) -> int:
         return self.bytes
 
+    def blocked_reason(self) -> str | None:
+        return None
+
     def of(self, kind: type) -> list[Any]:
         return [c for c in self.cmds if isinstance(c, kind)]
 
@@ -512,10 +515,12 @@ def test_effects_for_old_channel_incarnation_dropped() -> None:
 def test_blocked_notification() -> None:
     c = Client()
     c.handshake()
-    c.conn.set_blocked(True)
-    c.conn.set_blocked(True)
-    assert c.names() == ["Connection.Blocked"]
-    c.conn.set_blocked(False)
+    assert c.conn.set_blocked("low on memory")
+    assert not c.conn.set_blocked("low on memory")
+    frames = [f for _, f in c.recv()]
+    assert [f.name for f in frames] == ["Connection.Blocked"]
+    assert frames[0].reason == "low on memory"
+    assert c.conn.set_blocked(None)
     assert c.names() == ["Connection.Unblocked"]
 
 

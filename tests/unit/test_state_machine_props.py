@@ -4,9 +4,17 @@ A model follows the effects (deliveries, gets) and the commands (acks, nacks,
 recover, close) and, after every batch, checks the state against it: every
 published message is in exactly one place (ready in one queue, unacked on
 exactly one channel, or settled), and delivery tags per channel run 1, 2, 3...
+
+Two channels live on node n1 and one on n2, which the leader may declare down
+(S25: its unacked deliveries go back and reach n1's consumers; its client
+reconnects). Batches are numbered per node like the Raft adapter does, with
+retries: already applied batches are delivered again, and a batch may arrive
+ahead of a missing one (a gap) and must change nothing; each batch applies
+exactly once, in its proposer's order.
 """
 from __future__ import annotations
 
+import pickle
 from collections import Counter
 
 from hypothesis import HealthCheck, given, settings
@@ -17,12 +25,22 @@ from node.replication.command import (
     BasicCredit,
     BasicQos,
     BasicRecover,
+    Batch,
     ChannelClose,
     ChannelOpen,
     Command,
+    NodeDown,
 )
-from node.replication.effect import ChannelError, Deliver, Effect, GetOk
+from node.replication.effect import ChannelError, ConnectionError, Deliver, Effect, GetOk
 from node.replication.ids import ChanId
+from node.replication.state_machine import (
+    APPLIED,
+    DUPLICATE,
+    GAP,
+    apply_batch,
+    batch_verdict,
+    default_state,
+)
 from tests.unit.test_state_machine import (
     Harness,
     ack,
@@ -38,18 +56,22 @@ QUEUES = ("q0", "q1")
 # weighted: publishes and gets often enough that several deliveries are outstanding
 OPS = ("publish",) * 5 + ("get",) * 2 + (
     "consume", "cancel", "ack", "ack_multi", "nack", "reject", "recover", "close", "qos",
-    "credit")
+    "credit", "node_down", "dup", "dup", "gap")
+NODES = ("n1", "n1", "n2")  # node of each channel slot
 
-op_st = st.tuples(st.sampled_from(OPS), st.integers(0, 1), st.integers(0, 1),
+op_st = st.tuples(st.sampled_from(OPS), st.integers(0, 2), st.integers(0, 1),
                   st.booleans(), st.integers(0, 4))
 
 
 class Model:
     def __init__(self) -> None:
         self.h = Harness()
+        self.next_seq = {"n1": 1, "n2": 1}
+        self.log: list[Batch] = []
         self.serial = 0
-        self.slots: list[ChanId] = [self.new_chan(), self.new_chan()]
-        self.h.run(*(qdecl(self.slots[0], q) for q in QUEUES))
+        self.conn = {"n1": 1, "n2": 100}
+        self.slots: list[ChanId] = [self.new_chan(n) for n in NODES]
+        self.apply(*(qdecl(self.slots[0], q) for q in QUEUES))
         self.published: list[bytes] = []
         self.settled: set[bytes] = set()
         # chan -> tag -> body, for manual-ack deliveries the client holds
@@ -57,14 +79,25 @@ class Model:
         self.last_tag: dict[ChanId, int] = {c: 0 for c in self.slots}
         self.ctags = 0
 
-    def new_chan(self) -> ChanId:
+    def apply(self, *cmds: Command, node: str = "n1") -> list[Effect]:
+        """One batch of `node`, numbered like the adapter numbers them."""
+        seq = self.next_seq[node]
+        self.next_seq[node] = seq + 1
+        b = Batch(node, 1, seq, self.h.now, list(cmds))
+        self.log.append(b)
+        assert batch_verdict(self.h.state, b) == APPLIED
+        fx = apply_batch(self.h.state, b)
+        assert self.h.state.dedup[(node, 1)] == self.next_seq[node]
+        return fx
+
+    def new_chan(self, node: str) -> ChanId:
         self.serial += 1
-        c = ChanId("n1", 1, self.serial)
-        self.h.run(ChannelOpen(c))
+        c = ChanId(node, self.conn[node], self.serial)
+        self.apply(ChannelOpen(c), node=node)
         return c
 
     def reopen(self, slot: int) -> ChanId:
-        c = self.new_chan()
+        c = self.new_chan(NODES[slot])
         self.slots[slot] = c
         self.out[c] = {}
         self.last_tag[c] = 0
@@ -72,6 +105,27 @@ class Model:
 
     def step(self, op: str, slot: int, qi: int, flag: bool, n: int) -> None:
         c = self.slots[slot]
+        node = NODES[slot]
+        if op == "gap":
+            # a batch ahead of one that has not arrived: ignored entirely
+            ahead = Batch(node, 1, self.next_seq[node] + 1 + n, self.h.now,
+                          [pub(c, QUEUES[qi], b"never")])
+            before = pickle.dumps(self.h.state)
+            assert batch_verdict(self.h.state, ahead) == GAP
+            assert apply_batch(self.h.state, ahead) == []
+            assert pickle.dumps(self.h.state) == before
+            return
+        if op == "dup":
+            if self.log:
+                b = self.log[(-1 - n if flag else n) % len(self.log)]
+                self.log.append(b)
+                assert batch_verdict(self.h.state, b) == DUPLICATE
+                assert apply_batch(self.h.state, b) == [], "a batch applies once"
+                self.check()
+            return
+        if op == "node_down":
+            self.node_down()
+            return
         q = QUEUES[qi]
         outstanding = list(self.out[c])
         tag = outstanding[min(n, len(outstanding) - 1)] if outstanding and n < 4 else n + 50
@@ -107,16 +161,34 @@ class Model:
             ch = self.h.state.channels[c]
             tags = list(ch.consumers)
             cmd = BasicCredit(c, tags[n % len(tags)] if tags else "none", n)
-        fx = self.h.run(cmd)
+        fx = self.apply(cmd, node=node)
         self.observe(cmd, op, fx)
         if c not in self.h.state.channels:
             self.reopen(slot)
         self.check()
 
-    def observe(self, cmd: Command, op: str, fx: list[Effect]) -> None:
-        c = cmd.chan  # type: ignore[union-attr]
+    def node_down(self) -> None:
+        """The leader (n1) declares n2 down: n2's client loses its deliveries
+        (returned, redelivered) and reconnects with a new connection."""
+        c = self.slots[2]
+        fx = self.apply(NodeDown("n2"))
+        assert [e for e in fx if isinstance(e, ConnectionError)] == [
+            ConnectionError(c.conn_id, 320,
+                            "CONNECTION_FORCED - node n2 was declared down by the cluster",
+                            0, 0)]
+        assert not any(e.chan.node == "n2" for e in fx if isinstance(e, Deliver))
+        self.out[c].clear()
+        self.conn["n2"] += 1
+        self.observe(None, "node_down", fx)
+        self.reopen(2)
+        self.check()
+
+    def observe(self, cmd: Command | None, op: str, fx: list[Effect]) -> None:
+        c = None if cmd is None else cmd.chan  # type: ignore[union-attr]
         failed = any(isinstance(e, ChannelError) for e in fx)
-        if failed or op in ("close", "recover"):
+        if c is None:
+            pass  # node_down: handled by the caller
+        elif failed or op in ("close", "recover"):
             self.out[c].clear()  # requeued (S06, S08, S12)
         elif op in ("ack", "ack_multi", "nack", "reject"):
             t, multiple = cmd.delivery_tag, cmd.multiple  # type: ignore[union-attr]
@@ -188,3 +260,8 @@ def test_no_message_lost_or_duplicated(ops: list[tuple[str, int, int, bool, int]
     m = Model()
     for op in ops:
         m.step(*op)
+    # determinism: another node folding the same log reaches the same state
+    other = default_state()
+    for b in m.log:
+        apply_batch(other, b)
+    assert pickle.dumps(other) == pickle.dumps(m.h.state)

@@ -1,0 +1,411 @@
+"""`mirrorq local-cluster up|status|down`: N node processes on one machine.
+
+Layout for `--nodes N --base-port P` (node i = 0..N-1 is called n{i+1}):
+    AMQP P+i, admin P+10000+i, metrics P+10020+i, Raft P+20000+i
+so `--base-port 5672` gives the single-node defaults (5672 / 15672 / 15692 /
+25672) to n1. Everything lives under --dir D: D/cluster.json (layout and
+pids), D/cluster.toml (generated Raft password, mode 0600), D/nI/ (data) and
+D/nI.log (stdout and stderr of the node).
+
+`down` stops the processes and forgets their pids; it removes no data, so a
+later `up` with the same layout restarts the same cluster with its queues.
+Every user error is one line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+EXIT_USAGE = 2
+MAX_NODES = 20  # metrics ports (P+10020+i) would reach the admin ports of node 21
+ADMIN_OFFSET = 10000
+METRICS_OFFSET = 10020
+RAFT_OFFSET = 20000
+STATE_FILE = "cluster.json"
+CONFIG_FILE = "cluster.toml"
+
+
+class ClusterError(Exception):
+    """A user-facing problem: one line, exit 2."""
+
+
+# ---------------------------------------------------------------- layout
+
+def layout(nodes: int, base_port: int, host: str = "127.0.0.1") -> list[dict[str, Any]]:
+    if not 1 <= nodes <= MAX_NODES:
+        raise ClusterError(f"--nodes must be between 1 and {MAX_NODES}, got {nodes}")
+    if base_port < 1:
+        raise ClusterError(f"--base-port must be positive, got {base_port}")
+    top = base_port + RAFT_OFFSET + nodes - 1
+    if top > 65535:
+        raise ClusterError(f"--base-port {base_port} is too high: node n{nodes}'s Raft port would be "
+                           f"{top} (> 65535); use a base port <= {65535 - RAFT_OFFSET - nodes + 1}")
+    out = []
+    for i in range(nodes):
+        out.append({
+            "id": f"n{i + 1}",
+            "host": host,
+            "amqp_port": base_port + i,
+            "admin_port": base_port + ADMIN_OFFSET + i,
+            "metrics_port": base_port + METRICS_OFFSET + i,
+            "raft_port": base_port + RAFT_OFFSET + i,
+            "pid": None,
+        })
+    return out
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def check_ports_free(nodes: list[dict[str, Any]]) -> None:
+    for n in nodes:
+        for kind in ("amqp_port", "admin_port", "metrics_port", "raft_port"):
+            if not port_free(n["host"], n[kind]):
+                raise ClusterError(f"port {n[kind]} ({n['id']} {kind.removesuffix('_port')}) on "
+                                   f"{n['host']} is in use")
+
+
+def peers_arg(nodes: list[dict[str, Any]], me: str) -> str:
+    return ",".join(f"{n['id']}={n['host']}:{n['raft_port']}" for n in nodes if n["id"] != me)
+
+
+def amqp_url(n: dict[str, Any]) -> str:
+    return f"amqp://guest:guest@{n['host']}:{n['amqp_port']}/"
+
+
+# ---------------------------------------------------------------- state file
+
+def load_state(d: Path) -> dict[str, Any] | None:
+    path = d / STATE_FILE
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ClusterError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
+        raise ClusterError(f"{path} is not a mirrorq local-cluster file")
+    return data
+
+
+def save_state(d: Path, state: dict[str, Any]) -> None:
+    path = d / STATE_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def pid_alive(pid: int | None, node_id: str | None = None) -> bool:
+    """The pid runs, is not a zombie, and (when readable) is our node."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, IndexError):
+        return True  # no /proc: trust kill(0)
+    if node_id is not None:
+        # pid reuse guard: it must be `... node.app serve --node-id <id> ...`
+        return b"node.app" in cmdline and node_id.encode() in cmdline
+    return True
+
+
+# ---------------------------------------------------------------- admin
+
+def node_status(n: dict[str, Any], timeout: float = 2.0) -> dict[str, Any] | None:
+    from node.admin.server import call_status
+    try:
+        return call_status(n["host"], n["admin_port"], timeout=timeout)
+    except Exception:  # noqa: BLE001 - unreachable is a status, not an error
+        return None
+
+
+def _leader_id(st: dict[str, Any], nodes: list[dict[str, Any]]) -> str | None:
+    """Status reports the leader as a node id (or, in older builds, HOST:RAFTPORT)."""
+    leader = st.get("leader")
+    if leader is None:
+        return None
+    for n in nodes:
+        if leader in (n["id"], f"{n['host']}:{n['raft_port']}"):
+            return str(n["id"])
+    return str(leader)
+
+
+def healthy(nodes: list[dict[str, Any]]) -> tuple[bool, str]:
+    """A leader that every node agrees on, and every node in the in-sync set."""
+    statuses = {}
+    for n in nodes:
+        st = node_status(n)
+        if st is None:
+            return False, f"{n['id']} admin API not answering"
+        statuses[n["id"]] = st
+    leaders = {_leader_id(st, nodes) for st in statuses.values()}
+    if None in leaders or len(leaders) != 1:
+        return False, f"no agreed leader yet ({sorted(str(x) for x in leaders)})"
+    leader = leaders.pop()
+    lst = statuses.get(str(leader))
+    if lst is None or lst.get("role") != "leader":
+        return False, f"{leader} does not report itself leader yet"
+    if "in_sync" in lst:
+        missing = sorted({n["id"] for n in nodes} - set(lst.get("in_sync") or []))
+        if missing:
+            return False, f"not in sync yet: {', '.join(missing)}"
+    return True, f"leader {leader}"
+
+
+# ---------------------------------------------------------------- commands
+
+def _spawn(d: Path, n: dict[str, Any], nodes: list[dict[str, Any]], config: Path,
+           log_level: str) -> int:
+    argv = [sys.executable, "-m", "node.app", "serve", "--node-id", n["id"], "--host", n["host"],
+            "--amqp-port", str(n["amqp_port"]), "--raft-port", str(n["raft_port"]),
+            "--admin-port", str(n["admin_port"]), "--metrics-port", str(n["metrics_port"]),
+            "--data-dir", str(d / n["id"]), "--config", str(config), "--log-level", log_level]
+    peers = peers_arg(nodes, n["id"])
+    if peers:
+        argv += ["--peers", peers]
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parent.parent.parent)  # the directory holding node/
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with open(d / f"{n['id']}.log", "ab") as log:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, env=env, cwd=str(d))
+    return proc.pid
+
+
+def _config_file(d: Path) -> Path:
+    path = d / CONFIG_FILE
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("# generated by `mirrorq local-cluster up`; shared by every node of this cluster\n"
+                    f"[raft]\npassword = \"{secrets.token_hex(16)}\"\n")
+    return path
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    d = Path(args.dir).resolve()
+    nodes = layout(args.nodes, args.base_port, args.host)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ClusterError(f"cannot create {d}: {exc.strerror}") from exc
+    if not os.access(d, os.W_OK):
+        raise ClusterError(f"{d} is not writable")
+    old = load_state(d)
+    if old is not None:
+        running = [n["id"] for n in old["nodes"] if pid_alive(n.get("pid"), n["id"])]
+        if running:
+            raise ClusterError(f"a cluster is already running in {d} ({', '.join(running)}); "
+                               f"run `mirrorq local-cluster down --dir {args.dir}` first")
+        same = [(n["id"], n["amqp_port"], n["raft_port"], n["host"]) for n in old["nodes"]] == \
+               [(n["id"], n["amqp_port"], n["raft_port"], n["host"]) for n in nodes]
+        if not same:
+            raise ClusterError(f"{d} holds a cluster with another layout ({len(old['nodes'])} nodes from "
+                               f"port {old['nodes'][0]['amqp_port']}); use another --dir or remove it")
+    check_ports_free(nodes)
+    config = Path(args.config).resolve() if args.config else _config_file(d)
+    state = {"nodes": nodes, "base_port": args.base_port, "host": args.host,
+             "config": str(config), "started_at": time.time()}
+    for n in nodes:
+        n["pid"] = _spawn(d, n, nodes, config, args.log_level)
+        save_state(d, state)  # record each pid as soon as it exists: `down` can always find it
+    deadline = time.monotonic() + args.timeout
+    why = "starting"
+    while time.monotonic() < deadline:
+        dead = [n["id"] for n in nodes if not pid_alive(n["pid"], n["id"])]
+        if dead:
+            tail = _tail(d / f"{dead[0]}.log")
+            _stop(d, state)
+            raise ClusterError(f"node {dead[0]} exited during start-up: {tail}")
+        ok, why = healthy(nodes)
+        if ok:
+            break
+        time.sleep(0.2)
+    else:
+        _stop(d, state)
+        raise ClusterError(f"cluster not healthy within {args.timeout:g}s ({why}); stopped it, "
+                           f"see {d}/n*.log")
+    print(f"mirrorq local cluster of {len(nodes)} nodes up in {d} ({why})")
+    for n in nodes:
+        print(f"  {n['id']}  {amqp_url(n)}  pid {n['pid']}  admin {n['host']}:{n['admin_port']}  "
+              f"metrics http://{n['host']}:{n['metrics_port']}/metrics  raft {n['raft_port']}")
+    sys.stdout.flush()
+    if args.foreground:
+        return _foreground(d, state)
+    return 0
+
+
+def _foreground(d: Path, state: dict[str, Any]) -> int:
+    print("Ctrl-C stops the cluster (data stays in " f"{d})", flush=True)
+    stop = {"now": False}
+
+    def on_signal(_sig: int, _frame: Any) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    reported: set[str] = set()
+    while not stop["now"]:
+        for n in state["nodes"]:
+            if n["id"] not in reported and not pid_alive(n["pid"], n["id"]):
+                reported.add(n["id"])
+                print(f"mirrorq: node {n['id']} exited (log: {d}/{n['id']}.log)", flush=True)
+        time.sleep(0.2)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not abort the stop
+    print("stopping the cluster...", flush=True)
+    _stop(d, state)
+    print("stopped", flush=True)
+    return 0
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return " | ".join(text[-lines:]) or "(empty log)"
+
+
+def _stop(d: Path, state: dict[str, Any], timeout: float = 10.0) -> list[str]:
+    """SIGTERM every live node, wait, SIGKILL leftovers; forget the pids."""
+    live = [n for n in state["nodes"] if pid_alive(n.get("pid"), n["id"])]
+    for n in live:
+        try:
+            os.kill(n["pid"], signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(pid_alive(n["pid"], n["id"]) for n in live):
+        _reap()
+        time.sleep(0.05)
+    killed = []
+    for n in live:
+        if pid_alive(n["pid"], n["id"]):
+            killed.append(n["id"])
+            try:
+                os.kill(n["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + 5
+    while killed and time.monotonic() < deadline and any(pid_alive(n["pid"], n["id"]) for n in live):
+        _reap()
+        time.sleep(0.05)
+    for n in state["nodes"]:
+        n["pid"] = None
+    state["stopped_at"] = time.time()
+    save_state(d, state)
+    return killed
+
+
+def _reap() -> None:
+    """Collect our own exited children (when `up` stops what it just started)."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    d = Path(args.dir).resolve()
+    state = load_state(d)
+    if state is None:
+        raise ClusterError(f"no local cluster in {d} (no {STATE_FILE})")
+    rows = []
+    for n in state["nodes"]:
+        alive = pid_alive(n.get("pid"), n["id"])
+        st = node_status(n) if alive else None
+        rows.append({
+            "id": n["id"], "pid": n.get("pid") if alive else None, "alive": alive,
+            "amqp_port": n["amqp_port"], "admin_port": n["admin_port"],
+            "metrics_port": n["metrics_port"], "raft_port": n["raft_port"], "url": amqp_url(n),
+            "role": str(st.get("role")) if st else "down",
+            "leader": _leader_id(st, state["nodes"]) if st else None,
+            "term": st.get("term") if st else None,
+            "in_sync": st.get("in_sync") if st else None,
+        })
+    if args.json:
+        print(json.dumps({"dir": str(d), "nodes": rows}, indent=2))
+    else:
+        print(f"{'id':<5} {'pid':>7} {'alive':<5} {'amqp':>5} {'admin':>5} {'role':<9} leader")
+        for r in rows:
+            print(f"{r['id']:<5} {r['pid'] or '-':>7} {'yes' if r['alive'] else 'no':<5} "
+                  f"{r['amqp_port']:>5} {r['admin_port']:>5} {r['role']:<9} {r['leader'] or '-'}")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    d = Path(args.dir).resolve()
+    state = load_state(d)
+    if state is None:
+        raise ClusterError(f"no local cluster in {d} (no {STATE_FILE})")
+    live = [n["id"] for n in state["nodes"] if pid_alive(n.get("pid"), n["id"])]
+    killed = _stop(d, state, timeout=args.timeout)
+    if not live:
+        print(f"no node of {d} was running")
+    else:
+        extra = f" ({', '.join(killed)} needed SIGKILL)" if killed else ""
+        print(f"stopped {', '.join(live)}{extra}; data kept in {d}")
+    return 0
+
+
+def add_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
+    """Wire `local-cluster up|status|down` into the `mirrorq` parser."""
+    from node.app.main import _port
+
+    lc = sub.add_parser("local-cluster", help="run N nodes on this machine (development, CI)")
+    lsub = lc.add_subparsers(dest="lc_command", required=True, parser_class=parser_class)
+    up = lsub.add_parser("up", help="start N nodes and wait until they form a healthy cluster")
+    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--base-port", type=_port, default=5672,
+                    help="AMQP port of n1; admin +10000, metrics +10020, raft +20000 (+i for node i)")
+    up.add_argument("--dir", required=True, help="where cluster.json, data and logs live")
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for a healthy cluster")
+    up.add_argument("--config", help="TOML given to every node (must set raft.password)")
+    up.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    up.add_argument("--foreground", action="store_true",
+                    help="stay in the foreground after start-up; Ctrl-C runs `down`")
+    status = lsub.add_parser("status", help="list the nodes: pid, alive, ports, role")
+    status.add_argument("--dir", required=True)
+    status.add_argument("--json", action="store_true")
+    down = lsub.add_parser("down", help="SIGTERM every node (SIGKILL after --timeout); keeps data")
+    down.add_argument("--dir", required=True)
+    down.add_argument("--timeout", type=float, default=10.0)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.lc_command == "up":
+            return cmd_up(args)
+        if args.lc_command == "status":
+            return cmd_status(args)
+        return cmd_down(args)
+    except ClusterError as exc:
+        sys.stderr.write(f"mirrorq: error: {exc}\n")
+        return EXIT_USAGE
