@@ -33,6 +33,7 @@ confirm, if the batch applies after all, is dropped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import pickle
@@ -44,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.journal import MetaStorer
 from pysyncobj.pickle import dumps as _pysyncobj_dumps
 from pysyncobj.transport import TCPTransport
@@ -251,6 +253,12 @@ class RaftNode:
         self._thread: threading.Thread | None = None
         self._syncobj: _BrokerLog | None = None
         self._restore_timeouts: tuple[float, float] | None = None
+        self._dump_path = os.path.join(data_dir, "raft.dump")
+        self._snap_pid: int | None = None
+        self._snap_started = 0.0
+        self.snapshots = 0
+        self.last_snapshot_seconds = 0.0
+        self.last_snapshot_bytes = 0
         self.flushes = 0
         self.applied_batches = 0
         self.resends = 0
@@ -276,9 +284,10 @@ class RaftNode:
             appendEntriesUseBatch=False,  # send at once and wake the poller: latency
             dynamicMembershipChange=True,
             journalFile=os.path.join(self.data_dir, "raft.journal"),
-            fullDumpFile=os.path.join(self.data_dir, "raft.dump"),  # never journal without dump
+            fullDumpFile=self._dump_path,  # never a journal without a dump
             serializer=self._serialize,
             deserializer=self._deserialize,
+            serializeChecker=self._check_snapshot,
             appendEntriesBatchSizeBytes=c.append_entries_batch_bytes,
             raftMinTimeout=election[0],
             raftMaxTimeout=election[1],
@@ -460,12 +469,47 @@ class RaftNode:
             self._removed = True
             self.loop.call_soon_threadsafe(self._on_removed)
 
-    def _serialize(self, filename: str, raft_data: Any) -> None:
-        # Runs in the raft thread between applies, so the state is consistent.
-        with open(filename, "wb") as f:
-            pickle.dump((self.state, raft_data), f, protocol=SNAPSHOT_PROTOCOL)
-            f.flush()
-            os.fsync(f.fileno())
+    def _serialize(self, tmp_path: str, raft_data: Any) -> None:
+        """Start a snapshot in a forked child (copy-on-write view of the state
+        between two applies), so the raft thread never stalls on a large
+        state. pysyncobj renames `tmp_path` as soon as we return; we leave
+        nothing there (its rename fails harmlessly) and install the child's
+        file ourselves in _check_snapshot, which pysyncobj polls; only then
+        does it drop the journal entries the snapshot covers."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_path)
+        part = self._dump_path + ".part"
+        self._snap_started = time.monotonic()
+        pid = os.fork()
+        if pid == 0:  # child: no threads, no loop; write, sync, leave
+            code = 1
+            try:
+                with open(part, "wb") as f:
+                    pickle.dump((self.state, raft_data), f, protocol=SNAPSHOT_PROTOCOL)
+                    f.flush()
+                    os.fsync(f.fileno())
+                code = 0
+            finally:
+                os._exit(code)
+        self._snap_pid = pid
+
+    def _check_snapshot(self) -> int:
+        pid = self._snap_pid
+        if pid is None:
+            return SERIALIZER_STATE.NOT_SERIALIZING
+        rpid, status = os.waitpid(pid, os.WNOHANG)
+        if rpid == 0:
+            return SERIALIZER_STATE.SERIALIZING
+        self._snap_pid = None
+        if status != 0:
+            log.error("snapshot child failed with status %d", status)
+            return SERIALIZER_STATE.FAILED
+        os.replace(self._dump_path + ".part", self._dump_path)
+        _fsync_dir(self.data_dir)
+        self.snapshots += 1
+        self.last_snapshot_seconds = time.monotonic() - self._snap_started
+        self.last_snapshot_bytes = os.path.getsize(self._dump_path)
+        return SERIALIZER_STATE.SUCCESS
 
     def _deserialize(self, filename: str) -> Any:
         with open(filename, "rb") as f:
@@ -677,6 +721,9 @@ class RaftNode:
             "resends": self.resends,
             "nacked_publishes": self.nacked_publishes,
             "journal_flushes": self.flushes,
+            "snapshots": self.snapshots,
+            "last_snapshot_seconds": round(self.last_snapshot_seconds, 3),
+            "last_snapshot_bytes": self.last_snapshot_bytes,
             "applied_batches": self.applied_batches,
             "message_bytes": self.message_bytes(),
         }
