@@ -197,6 +197,7 @@ class _Pending:
     batch: Batch
     size: int
     sent_at: float
+    resent_at: float = 0.0
     abandoned: bool = False  # its publishes were nacked after nack_after
 
 
@@ -228,7 +229,7 @@ class RaftNode:
         self._pending: dict[int, _Pending] = {}  # unresolved batches by seq (ordered)
         self._pending_bytes = 0
         self._resend_from: int | None = None
-        self._resend_handle: asyncio.TimerHandle | None = None
+        self._resend_handle: asyncio.Handle | None = None
         self._abandoned: set[int] = set()  # seqs whose publishes were nacked
         self._congested = False
         self._drain_listeners: list[Callable[[], None]] = []
@@ -596,9 +597,11 @@ class RaftNode:
         start, self._resend_from = self._resend_from, None
         if start is None:
             return
+        now = time.monotonic()
         for seq, pending in self._pending.items():
             if seq >= start:
                 self.resends += 1
+                pending.resent_at = now
                 self._submit(pending.batch)
 
     def _watch(self) -> None:
@@ -613,6 +616,11 @@ class RaftNode:
             age = now - pending.sent_at
             if age > self.config.block_after:
                 stuck = True
+                # no outcome yet (a forward lost with its leader?): go back to
+                # it; duplicates are dropped in apply
+                if now - pending.resent_at > self.config.block_after and self._resend_handle is None:
+                    self._resend_from = seq
+                    self._resend_handle = self.loop.call_soon(self._resend)
             if age > self.config.nack_after and not pending.abandoned:
                 pending.abandoned = True
                 self._abandoned.add(seq)
