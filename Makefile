@@ -15,9 +15,8 @@ $(STAMP): pyproject.toml
 
 run: $(STAMP)
 	@mkdir -p data
-	@echo "mirrorq: starting node n1; connect with amqp://guest:guest@127.0.0.1:$(AMQP_PORT)/ (Ctrl-C stops it)"
-	$(VENV)/bin/mirrorq serve --node-id n1 --amqp-port $(AMQP_PORT) --raft-port 25672 \
-		--admin-port 15672 --metrics-port 15692 --data-dir data/n1
+	@echo "mirrorq: starting a 3-node local cluster (n1..n3, AMQP on $(AMQP_PORT)..$$(($(AMQP_PORT)+2))); Ctrl-C stops it"
+	$(VENV)/bin/mirrorq local-cluster up --nodes 3 --base-port $(AMQP_PORT) --dir data/cluster --foreground
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check node tests bench

@@ -125,6 +125,21 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+class _Conf(SyncObjConf):  # type: ignore[misc]
+    """Validated with the normal election timeouts, then (for a starting or
+    joining node) switched to longer `quiet` ones until a leader is heard
+    (pysyncobj asserts connectionTimeout >= raftMaxTimeout at validation)."""
+
+    def __init__(self, quiet: tuple[float, float] | None, **kwargs: Any) -> None:
+        self._quiet = quiet
+        super().__init__(**kwargs)
+
+    def validate(self) -> None:
+        super().validate()
+        if self._quiet is not None:
+            self.raftMinTimeout, self.raftMaxTimeout = self._quiet
+
+
 class _Transport(TCPTransport):  # type: ignore[misc]
     """Holds AppendEntries acks until the journal is flushed; carries the
     leader's mirrored index to followers."""
@@ -149,9 +164,16 @@ class _Transport(TCPTransport):  # type: ignore[misc]
         super().send(node, message)
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
-        if isinstance(message, dict) and message.get("type") == MIRRORED:
-            self._owner._on_mirrored(int(message["index"]))
-            return
+        if isinstance(message, dict):
+            kind = message.get("type")
+            if kind == MIRRORED:
+                self._owner._on_mirrored(int(message["index"]))
+                return
+            if kind == "append_entries" and message.get("entries") and "prevLogIdx" in message \
+                    and "transmission" not in message:
+                message = self._owner._trim_append(node, message)
+                if message is None:
+                    return
         super()._onMessageReceived(node, message)
 
 
@@ -269,18 +291,19 @@ class RaftNode:
     def start(self) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
         c = self.config
-        election = (c.election_min, c.election_max)
         # No pre-vote in pysyncobj: a node that campaigns before it has heard
         # the leader deposes a healthy one. A joining node stays quiet until a
         # leader contacts it; a (re)starting member waits a grace period first
         # (a full-cluster restart elects after it).
+        quiet: tuple[float, float] | None = None
         if c.join:
-            election = (3600.0, 3601.0)
+            quiet = (3600.0, 3601.0)
         elif c.peers:
-            election = (c.election_min + STARTUP_GRACE, c.election_max + STARTUP_GRACE)
-        if election != (c.election_min, c.election_max):
+            quiet = (c.election_min + STARTUP_GRACE, c.election_max + STARTUP_GRACE)
+        if quiet is not None:
             self._restore_timeouts = (c.election_min, c.election_max)
-        conf = SyncObjConf(
+        conf = _Conf(
+            quiet,
             autoTick=False,
             appendEntriesUseBatch=False,  # send at once and wake the poller: latency
             dynamicMembershipChange=True,
@@ -290,8 +313,8 @@ class RaftNode:
             deserializer=self._deserialize,
             serializeChecker=self._check_snapshot,
             appendEntriesBatchSizeBytes=c.append_entries_batch_bytes,
-            raftMinTimeout=election[0],
-            raftMaxTimeout=election[1],
+            raftMinTimeout=c.election_min,
+            raftMaxTimeout=c.election_max,
             appendEntriesPeriod=min(0.1, c.election_min / 4),
             leaderFallbackTimeout=c.leader_fallback,
             logCompactionMinEntries=c.compaction_min_entries,
@@ -359,6 +382,40 @@ class RaftNode:
 
     def _on_result(self, seq: int, res: Any, err: int) -> None:
         self._out_done.append((seq, str(res) if err == FAIL_REASON.SUCCESS else f"fail:{err}"))
+
+    def _trim_append(self, node: Any, message: dict[str, Any]) -> dict[str, Any] | None:
+        """Raft: append the entries not already in the log; truncate only on a
+        conflict (same index, other term). pysyncobj truncates after
+        prevLogIdx on every append, so a retransmission briefly shrinks the
+        log below what this follower has acknowledged. Drop the entries we
+        hold identically; if that is all of them, acknowledge without
+        touching the log (the ack is held until the journal flush)."""
+        so = self._syncobj
+        assert so is not None
+        journal = so._SyncObj__raftLog
+        if not len(journal):
+            return message
+        first, last = journal[0][1], journal[-1][1]
+        entries = message["entries"]
+        same = 0
+        for entry in entries:
+            idx = entry[1]
+            if idx < first or idx > last or journal[idx - first][2] != entry[2]:
+                break
+            same += 1
+        if same == 0:
+            return message
+        if same == len(entries):
+            if message.get("term") != so.raftCurrentTerm or so._getLeader() != node:
+                return message  # term or leader news: let pysyncobj handle it
+            so.transport().send(node, {"type": "next_node_idx", "next_node_idx": entries[-1][1] + 1,
+                                       "reset": False, "success": True})
+            return None
+        prev = entries[same - 1]
+        trimmed = dict(message)
+        trimmed["prevLogIdx"], trimmed["prevLogTerm"] = prev[1], prev[2]
+        trimmed["entries"] = entries[same:]
+        return trimmed
 
     def _on_mirrored(self, index: int) -> None:
         if index > self._mirrored:
@@ -658,11 +715,25 @@ class RaftNode:
         await self._change(address, add=True, timeout=timeout)
 
     async def remove_member(self, node_id: str, timeout: float = 30.0) -> None:
+        """Replicate DropMember first, while the node still receives the log,
+        so that it learns it was removed and stops serving; then change the
+        Raft configuration (pysyncobj stops replicating to it at once)."""
         address = self.state.members.get(node_id) or self.config.peers.get(node_id)
         if address is None:
             raise KeyError(f"no member {node_id!r}")
-        await self._change(address, add=False, timeout=timeout)
+        if node_id == self.node_id:
+            raise RuntimeError("a node cannot remove itself; ask another member")
         await self._commit([DropMember(node_id)], timeout)
+        so = self._syncobj
+        assert so is not None
+        target = so.raftCommitIndex
+        deadline = time.monotonic() + min(timeout, 5.0)
+        while time.monotonic() < deadline:  # best effort: a dead node never answers
+            node = next((n for n in so.otherNodes if n.address == address), None)
+            if node is None or so.match_index().get(node, 0) >= target:
+                break
+            await asyncio.sleep(0.05)
+        await self._change(address, add=False, timeout=timeout)
 
     async def _commit(self, cmds: list[Command], timeout: float) -> None:
         seq = self._send_now(cmds)

@@ -1,0 +1,138 @@
+"""`mirrorq local-cluster up | status --json | down`, and its one-line errors (exit 2)."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pika
+import pytest
+
+from node.app import local_cluster as lc
+from tests.broker_proc import REPO
+
+
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "node.app", "local-cluster", *args], cwd=str(REPO),
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def _free_base(nodes: int) -> int:
+    for _ in range(50):
+        base = random.randrange(21000, 35000)
+        try:
+            lc.check_ports_free(lc.layout(nodes, base))
+            return base
+        except lc.ClusterError:
+            continue
+    pytest.skip("no free port block found")
+
+
+def _assert_usage_error(res: subprocess.CompletedProcess[str], needle: str) -> None:
+    assert res.returncode == 2, f"exit {res.returncode}: {res.stdout!r} {res.stderr!r}"
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mirrorq: error:"), res.stderr
+    assert needle in lines[0], lines[0]
+
+
+def _kill_recorded(d: Path) -> None:
+    """Last-resort clean-up: SIGKILL every pid cluster.json still records."""
+    try:
+        state = json.loads((d / "cluster.json").read_text())
+    except (OSError, ValueError):
+        return
+    for n in state["nodes"]:
+        if lc.pid_alive(n.get("pid"), n["id"]):
+            os.kill(n["pid"], signal.SIGKILL)
+
+
+def test_local_cluster_up_status_down_round_trip(tmp_path: Path) -> None:
+    d = tmp_path / "lc"
+    base = _free_base(3)
+    try:
+        up = _cli("up", "--nodes", "3", "--base-port", str(base), "--dir", str(d), "--timeout", "60")
+        assert up.returncode == 0, f"up failed: {up.stderr}\n{up.stdout}"
+        for i in range(3):
+            assert f"amqp://guest:guest@127.0.0.1:{base + i}/" in up.stdout, up.stdout
+        state = json.loads((d / "cluster.json").read_text())
+        pids = [n["pid"] for n in state["nodes"]]
+        assert all(lc.pid_alive(p) for p in pids), state
+
+        st = _cli("status", "--dir", str(d), "--json")
+        assert st.returncode == 0, st.stderr
+        rows = json.loads(st.stdout)["nodes"]
+        assert [r["id"] for r in rows] == ["n1", "n2", "n3"]
+        assert [r["pid"] for r in rows] == pids
+        assert [r["amqp_port"] for r in rows] == [base, base + 1, base + 2]
+        assert [r["admin_port"] for r in rows] == [base + 10000, base + 10001, base + 10002]
+        assert all(r["alive"] for r in rows)
+        roles = sorted(r["role"] for r in rows)
+        assert roles == ["follower", "follower", "leader"], rows
+        leader = next(r["id"] for r in rows if r["role"] == "leader")
+        assert all(r["leader"] == leader for r in rows), rows
+        human = _cli("status", "--dir", str(d))
+        assert human.returncode == 0 and "leader" in human.stdout
+
+        # every node serves AMQP: publish on n1, get on n3
+        c1 = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", base, heartbeat=0))
+        ch = c1.channel()
+        ch.queue_declare("lc-cli", durable=True)
+        ch.confirm_delivery()
+        ch.basic_publish("", "lc-cli", b"hello", pika.BasicProperties(delivery_mode=2))
+        c1.close()
+        c3 = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", base + 2, heartbeat=0))
+        m, _p, body = c3.channel().basic_get("lc-cli", auto_ack=True)
+        assert m is not None and body == b"hello"
+        c3.close()
+
+        # a second `up` on a running cluster is refused
+        _assert_usage_error(_cli("up", "--nodes", "3", "--base-port", str(base), "--dir", str(d)),
+                            "already running")
+
+        down = _cli("down", "--dir", str(d), timeout=60)
+        assert down.returncode == 0, down.stderr
+        assert not any(lc.pid_alive(p) for p in pids), "processes left after down"
+        state = json.loads((d / "cluster.json").read_text())
+        assert [n["pid"] for n in state["nodes"]] == [None, None, None]
+        assert all((d / f"n{i}").is_dir() and (d / f"n{i}.log").exists() for i in (1, 2, 3)), \
+            "down removes nothing but the pids"
+        st = json.loads(_cli("status", "--dir", str(d), "--json").stdout)["nodes"]
+        assert [(r["alive"], r["role"]) for r in st] == [(False, "down")] * 3
+        # the data is kept: the same layout comes back with the queue and its message
+        up2 = _cli("up", "--nodes", "3", "--base-port", str(base), "--dir", str(d), "--timeout", "60")
+        assert up2.returncode == 0, up2.stderr
+        c2 = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", base + 1, heartbeat=0))
+        q = c2.channel().queue_declare("lc-cli", passive=True)
+        assert q.method.message_count == 0  # consumed above: stays consumed
+        c2.close()
+        assert _cli("down", "--dir", str(d), timeout=60).returncode == 0
+        # another layout on the same dir is refused
+        _assert_usage_error(_cli("up", "--nodes", "2", "--base-port", str(base), "--dir", str(d)),
+                            "another layout")
+    finally:
+        _kill_recorded(d)
+
+
+def test_local_cluster_bad_args_exit_2(tmp_path: Path) -> None:
+    d = str(tmp_path / "bad")
+    _assert_usage_error(_cli("up", "--nodes", "0", "--dir", d), "--nodes")
+    _assert_usage_error(_cli("up", "--nodes", "21", "--dir", d), "--nodes")
+    _assert_usage_error(_cli("up", "--nodes", "x", "--dir", d), "--nodes")
+    _assert_usage_error(_cli("up", "--nodes", "3", "--base-port", "50000", "--dir", d), "65535")
+    _assert_usage_error(_cli("up", "--nodes", "3", "--base-port", "0", "--dir", d), "port")
+    _assert_usage_error(_cli("up", "--nodes", "3"), "--dir")
+    _assert_usage_error(_cli("status", "--dir", d), "no local cluster")
+    _assert_usage_error(_cli("down", "--dir", d), "no local cluster")
+    _assert_usage_error(_cli("sideways", "--dir", d), "invalid choice")
+    # a port of the layout already taken: refused before anything starts
+    base = _free_base(2)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", base + 10001))  # n2's admin port
+        s.listen(1)
+        _assert_usage_error(_cli("up", "--nodes", "2", "--base-port", str(base), "--dir", d), "in use")
+    assert not (Path(d) / "cluster.json").exists(), "nothing is recorded when the ports are taken"
