@@ -34,7 +34,8 @@ _WIRE_KEYS = {"frame_max", "channel_max", "heartbeat", "memory_high_watermark", 
               "max_message_size", "inflight_publish_bytes"}
 _RAFT_KEYS = {"password", "batch_max_commands", "batch_max_bytes", "max_inflight_batches",
               "max_inflight_bytes", "election_min", "election_max", "leader_fallback",
-              "compaction_min_entries", "compaction_min_time", "tick_interval"}
+              "compaction_min_entries", "compaction_min_time", "tick_interval",
+              "out_of_sync_after", "nack_after", "block_after"}
 
 
 def _int(name: str, value: Any, lo: int, hi: int) -> int:
