@@ -102,8 +102,14 @@ def validate(cfg: NodeConfig) -> None:
     _int("heartbeat", w.heartbeat, 0, 65535)
     if not cfg.node_id or not all(c.isalnum() or c in "-_." for c in cfg.node_id):
         raise ConfigError(f"node id {cfg.node_id!r} must be non-empty and use only letters, digits, - _ .")
-    if cfg.raft.election_max <= cfg.raft.election_min:
+    r = cfg.raft
+    if r.election_max <= r.election_min:
         raise ConfigError("raft.election_max must exceed raft.election_min")
+    if r.out_of_sync_after <= r.election_max:
+        raise ConfigError("raft.out_of_sync_after must exceed raft.election_max (a new leader "
+                          "must be able to win before mirrors are dropped)")
+    if r.nack_after <= r.block_after:
+        raise ConfigError("raft.nack_after must exceed raft.block_after")
 
 
 def check_data_dir(path: str) -> None:
