@@ -726,11 +726,15 @@ class RaftNode:
         await self._commit([DropMember(node_id)], timeout)
         so = self._syncobj
         assert so is not None
-        target = so.raftCommitIndex
+        # Every AppendEntries sent from now on carries a commit index covering
+        # DropMember, and a follower answers only after the tick that applied
+        # what it learned. So an answer well after now means the node has
+        # applied its own removal. Best effort: a dead node never answers.
+        since = time.monotonic() + 3 * so._getConf().appendEntriesPeriod
         deadline = time.monotonic() + min(timeout, 5.0)
-        while time.monotonic() < deadline:  # best effort: a dead node never answers
+        while time.monotonic() < deadline:
             node = next((n for n in so.otherNodes if n.address == address), None)
-            if node is None or so.match_index().get(node, 0) >= target:
+            if node is None or so.last_response().get(node, 0.0) > since:
                 break
             await asyncio.sleep(0.05)
         await self._change(address, add=False, timeout=timeout)
