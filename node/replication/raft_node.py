@@ -147,10 +147,20 @@ class _Transport(TCPTransport):  # type: ignore[misc]
     def __init__(self, syncobj: _BrokerLog, self_node: Any, other_nodes: Any) -> None:
         self._held: list[tuple[Any, dict[str, Any]]] = []
         self._owner = syncobj._owner
+        self._syncobj_ref = syncobj
         super().__init__(syncobj, self_node, other_nodes)
 
     def send(self, node: Any, message: Any) -> bool:
         if isinstance(message, dict) and message.get("type") == "next_node_idx":
+            if message.get("reset") and not message.get("success"):
+                # pysyncobj answers a mismatch with "my last index + 1" or "one
+                # before yours"; under load, answers to older in-flight appends
+                # keep resetting the leader's nextIndex up again and the walk
+                # back never ends. Everything up to our commit index is in the
+                # leader's log (Raft), so send it straight there.
+                floor = self._syncobj_ref.raftCommitIndex + 1
+                if message["next_node_idx"] > floor:
+                    message = dict(message, next_node_idx=floor)
             self._held.append((node, message))  # all of them, to keep their order
             return True
         return bool(super().send(node, message))
@@ -778,6 +788,18 @@ class RaftNode:
     def blocked_reason(self) -> str | None:
         return self._blocked
 
+    def _has_quorum(self, so: _BrokerLog, state: Any) -> bool:
+        """Raft's view, not TCP's (a link cut by a firewall stays 'connected'
+        for a while): a leader hears from a majority within the fallback
+        bound; a follower knows a leader (it stops knowing one when it misses
+        the election timeout)."""
+        if state == 2:
+            now = time.monotonic()
+            fresh = sum(1 for t in list(so.last_response().values())
+                        if now - t < self.config.leader_fallback)
+            return fresh + 1 > (len(so.otherNodes) + 1) / 2
+        return state == 0 and so._getLeader() is not None
+
     def status(self) -> dict[str, Any]:
         so = self._syncobj
         assert so is not None
@@ -797,7 +819,7 @@ class RaftNode:
             "log_len": st.get("log_len"),
             "members": list(members) or [self.node_id, *self.config.peers],
             "in_sync": list(self.state.in_sync),
-            "has_quorum": bool(so.hasQuorum),
+            "has_quorum": self._has_quorum(so, st.get("state")),
             "mirrored_index": self._released,
             "blocked": self._blocked is not None,
             "pending_batches": len(self._pending),
