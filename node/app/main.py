@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import socket
 import sys
@@ -75,6 +76,8 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
     cfg.raft.peers = parse_peers(args.peers)
     cfg.raft.peers.pop(cfg.node_id, None)
     cfg.raft.join = bool(args.join)
+    if os.environ.get("MIRRORQ_UNSAFE_EARLY_CONFIRM") == "1":
+        cfg.raft.unsafe_early_confirm = True
     validate(cfg)
     ports = [p for p in (cfg.amqp_port, cfg.raft.port, cfg.admin_port, cfg.metrics_port) if p]
     if len(set(ports)) != len(ports):
@@ -171,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("pysyncobj").setLevel(logging.WARNING)
+    if cfg.raft.unsafe_early_confirm:
+        log.critical("MIRRORQ_UNSAFE_EARLY_CONFIRM=1: confirming publishes BEFORE replication; "
+                     "confirmed messages WILL be lost on failures (chaos-suite self-test only)")
     try:
         asyncio.run(serve(cfg))
     except OSError as exc:  # a port taken between the check and the bind

@@ -99,6 +99,10 @@ class RaftConfig:
     out_of_sync_after: float = 5.0  # above the election timeout
     nack_after: float = 10.0  # a publish not made safe by then is nacked
     block_after: float = 2.0  # no leader / stuck batches this long: connection.blocked
+    # BROKEN ON PURPOSE, for the chaos suite's proof that it catches loss:
+    # confirm publishes on receipt, before replication (env
+    # MIRRORQ_UNSAFE_EARLY_CONFIRM=1). Never set it otherwise.
+    unsafe_early_confirm: bool = False
     compaction_min_entries: int = 5000
     compaction_min_time: float = 300.0
 
@@ -263,6 +267,7 @@ class RaftNode:
         self._resend_from: int | None = None
         self._resend_handle: asyncio.Handle | None = None
         self._abandoned: set[int] = set()  # seqs whose publishes were nacked
+        self._early: set[tuple[Any, int]] = set()  # unsafe_early_confirm: already acked
         self._congested = False
         self._drain_listeners: list[Callable[[], None]] = []
         self._waiters: dict[int, asyncio.Future[None]] = {}
@@ -587,6 +592,10 @@ class RaftNode:
 
     # --------------------------------------------------------- loop thread
     def propose(self, cmd: Command, size: int = 0) -> None:
+        if self.config.unsafe_early_confirm and isinstance(cmd, BasicPublish) and cmd.seq:
+            self._early.add((cmd.chan, cmd.seq))
+            early: list[Effect] = [Confirm(cmd.chan, cmd.seq, True)]
+            self.loop.call_soon(self.sink, early)
         self._batch.append(cmd)
         self._batch_bytes += size
         if len(self._batch) >= self.config.batch_max_commands or self._batch_bytes >= self.config.batch_max_bytes:
@@ -633,6 +642,8 @@ class RaftNode:
             if node == me and incarnation == inc and seq in self._abandoned:
                 # already nacked: a late outcome must not confirm it too (S15)
                 group = [e for e in group if not isinstance(e, Confirm | Return)]
+            if self._early:
+                group = self._drop_early_confirms(group)
             effects.extend(group)
         for seq, verdict in done:
             pending = self._pending.get(seq)
@@ -658,6 +669,15 @@ class RaftNode:
             self._congested = False
             for cb in list(self._drain_listeners):
                 cb()
+
+    def _drop_early_confirms(self, group: list[Effect]) -> list[Effect]:
+        kept: list[Effect] = []
+        for e in group:
+            if isinstance(e, Confirm) and (e.chan, e.seq) in self._early:
+                self._early.discard((e.chan, e.seq))  # acked on receipt already
+                continue
+            kept.append(e)
+        return kept
 
     def _resend(self) -> None:
         self._resend_handle = None
