@@ -183,6 +183,8 @@ class _Transport(TCPTransport):  # type: ignore[misc]
             if kind == MIRRORED:
                 self._owner._on_mirrored(int(message["index"]))
                 return
+            if kind == "append_entries":
+                self._owner._leader_contact = time.monotonic()
             if kind == "append_entries" and message.get("entries") and "prevLogIdx" in message \
                     and "transmission" not in message:
                 message = self._owner._trim_append(node, message)
@@ -272,7 +274,8 @@ class RaftNode:
         self._drain_listeners: list[Callable[[], None]] = []
         self._waiters: dict[int, asyncio.Future[None]] = {}
         self._timers: list[asyncio.TimerHandle] = []
-        self._no_leader_since: float | None = None
+        self._no_leader_since: float | None = None  # since when without quorum
+        self._leader_contact = 0.0  # last AppendEntries received (raft thread writes)
         self._blocked: str | None = None
         self._proposed_control: dict[tuple[str, str], float] = {}
         self._removed = False
@@ -720,8 +723,7 @@ class RaftNode:
                         self.config.nack_after)
             self.sink(nacks)
         so = self._syncobj
-        leader = so._getLeader() if so is not None else None
-        if leader is None:
+        if so is None or not self._has_quorum(so):
             if self._no_leader_since is None:
                 self._no_leader_since = now
         else:
@@ -808,17 +810,21 @@ class RaftNode:
     def blocked_reason(self) -> str | None:
         return self._blocked
 
-    def _has_quorum(self, so: _BrokerLog, state: Any) -> bool:
+    def _has_quorum(self, so: _BrokerLog) -> bool:
         """Raft's view, not TCP's (a link cut by a firewall stays 'connected'
-        for a while): a leader hears from a majority within the fallback
-        bound; a follower knows a leader (it stops knowing one when it misses
-        the election timeout)."""
-        if state == 2:
-            now = time.monotonic()
+        for seconds, and pysyncobj starts no election while it is connected
+        to nobody, so a cut-off follower keeps its old leader): a leader has
+        heard from a majority within the fallback bound, a follower has heard
+        from its leader within twice the election timeout."""
+        now = time.monotonic()
+        if so._isLeader():
             fresh = sum(1 for t in list(so.last_response().values())
                         if now - t < self.config.leader_fallback)
             return fresh + 1 > (len(so.otherNodes) + 1) / 2
-        return state == 0 and so._getLeader() is not None
+        if not so.otherNodes:
+            return True
+        return so._getLeader() is not None and \
+            now - self._leader_contact < 2 * self.config.election_max
 
     def status(self) -> dict[str, Any]:
         so = self._syncobj
@@ -839,7 +845,7 @@ class RaftNode:
             "log_len": st.get("log_len"),
             "members": list(members) or [self.node_id, *self.config.peers],
             "in_sync": list(self.state.in_sync),
-            "has_quorum": self._has_quorum(so, st.get("state")),
+            "has_quorum": self._has_quorum(so),
             "mirrored_index": self._released,
             "blocked": self._blocked is not None,
             "pending_batches": len(self._pending),

@@ -244,8 +244,9 @@ def test_s26_minority_node_never_confirms_and_nacks_within_bound(ns_cluster: Clu
         healthy(c)
         t_in_sync = time.monotonic() - t_heal
         how = probe.await_unblock(HEAL_TIMEOUT)
-        st = status_of(minority)
-        assert st.get("has_quorum") is True and st.get("blocked") is False, st
+        # its batches from the cut still have to go through before it unblocks
+        wait_for(lambda: (lambda st: st.get("has_quorum") is True and st.get("blocked") is False)(
+            status_of(minority)), timeout=20, what=f"{minority.node_id} to report quorum, unblocked")
         wave3 = probe.publish(50)
         assert probe.pump(lambda: probe.settled(wave3), 30), \
             f"publishes on the healed node not settled in 30 s: {describe(c)}"
