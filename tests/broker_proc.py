@@ -8,54 +8,25 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlparse
 
 import pytest
+from chaosmirrorq.cluster import free_port, port_open, wait_for  # one copy: the harness package
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(cond: Callable[[], T], timeout: float = 20.0, interval: float = 0.05,
-             what: str = "condition") -> T:
-    """Poll `cond` until it returns something truthy; fail after `timeout`."""
-    deadline = time.monotonic() + timeout
-    last_exc: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = cond()
-            if value:
-                return value
-        except Exception as exc:  # noqa: BLE001 - keep polling, report the last one
-            last_exc = exc
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last error: {last_exc!r}")
 
 
 def uniq(prefix: str = "q") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
-
-def port_open(port: int, host: str = "127.0.0.1") -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 class Broker:

@@ -1,0 +1,508 @@
+"""chaostoolkit actions for a local mirrorq cluster (chaosmirrorq.cluster + netns).
+
+`chaos run` executes every activity of one experiment in one Python process, so the
+cluster, the network lab, the workload and the run's history dir live in `_STATE`.
+Every fault action writes one `fault` event (name, start_ts, end_ts) to
+RUN_DIR/faults.jsonl when its fault window closes (the window ends when the cluster
+is healthy again, or when the fault is lifted for a fault that is held open).
+Durations and counts accept strings (configuration values from the environment).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from chaosmirrorq.cluster import Cluster, ClusterNode
+from chaosmirrorq.workload import HistoryWriter, Workload, declare_queues, parse_endpoints
+
+__all__ = ["start_cluster", "stop_cluster", "kill_node", "restart_node", "pause_node",
+           "partition_node", "partition_minority", "heal_all", "restart_cluster",
+           "rolling_restart", "add_member", "remove_member", "start_workload",
+           "stop_workload", "stop_workload_and_drain"]
+
+_STATE: dict[str, Any] = {}
+HEAL_TIMEOUT = 90.0
+
+
+# ------------------------------------------------------------------ helpers
+
+def _f(x: Any) -> float:
+    return float(x)
+
+
+def _i(x: Any) -> int:
+    return int(float(x))
+
+
+def _b(x: Any) -> bool:
+    if isinstance(x, str):
+        return x.strip().lower() in ("1", "true", "yes", "on")
+    return bool(x)
+
+
+def _cluster() -> Cluster:
+    c = _STATE.get("cluster")
+    if c is None:
+        raise RuntimeError("no cluster: start_cluster first")
+    return c
+
+
+def _run_dir() -> Path:
+    d = _STATE.get("run_dir")
+    if d is None:
+        raise RuntimeError("no run dir: start_cluster first")
+    return Path(d)
+
+
+def _faults() -> HistoryWriter:
+    w = _STATE.get("faults")
+    if w is None:
+        w = _STATE["faults"] = HistoryWriter(_run_dir() / "faults.jsonl")
+    return w
+
+
+def record_fault(name: str, start_ts: float, end_ts: float | None) -> None:
+    _faults().write({"type": "fault", "run": _STATE.get("run_id", ""), "name": name,
+                     "start_ts": start_ts, "end_ts": end_ts})
+    _STATE.setdefault("fault_log", []).append({"name": name, "start_ts": start_ts, "end_ts": end_ts})
+
+
+def _pick(target: str) -> ClusterNode:
+    c = _cluster()
+    if target == "leader":
+        return c.leader(timeout=30)
+    if target == "follower":
+        return random.choice(c.followers(timeout=30))
+    if target == "random":
+        return random.choice(c.live())
+    return c.node(target)
+
+
+def _wait_healthy(timeout: float = HEAL_TIMEOUT) -> bool:
+    try:
+        _cluster().wait_healthy(timeout=timeout)
+        return True
+    except AssertionError as exc:
+        _STATE.setdefault("errors", []).append(str(exc))
+        return False
+
+
+def _lab_index(node: ClusterNode) -> int:
+    lab = _STATE.get("lab")
+    if lab is None:
+        raise RuntimeError("partitions need start_cluster(netns=True) (root, ip netns, iptables)")
+    return lab.node(node.host).index
+
+
+# ------------------------------------------------------------------ cluster life
+
+def start_cluster(nodes: int = 3, netns: bool = True, base_dir: str | None = None,
+                  experiment: str = "", config: str = "", baseline: bool = True,
+                  spare: int = 2) -> dict[str, Any]:
+    """Start `nodes` mirrorq processes (each in its own network namespace when
+    netns=True, plus `spare` empty namespaces for add_member), wait until healthy,
+    and open the run's history dir BASE_DIR/history. With baseline=True a short
+    publish+drain run goes to BASE_DIR/baseline: the steady-state check before the
+    method judges it (the main run is only complete after its drain)."""
+    stop_cluster()
+    nodes, netns, baseline = _i(nodes), _b(netns), _b(baseline)
+    base = Path(base_dir or os.environ.get("CHAOS_BASE_DIR") or tempfile.mkdtemp(prefix="mirrorq-chaos-"))
+    base.mkdir(parents=True, exist_ok=True)
+    run_id = f"{experiment or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
+    _STATE.clear()
+    _STATE.update(base_dir=base, run_dir=base / "history", run_id=run_id, experiment=experiment,
+                  check_target=None)
+    hosts = ns_names = None
+    if netns:
+        from chaosmirrorq.netns import NetLab, ensure_iptables, netns_unavailable_reason
+        reason = netns_unavailable_reason()
+        if reason:
+            raise RuntimeError(f"netns=True but {reason}")
+        ensure_iptables()
+        lab = NetLab(nodes + _i(spare)).__enter__()
+        _STATE["lab"] = lab
+        # for the suite's clean-up should this process be killed
+        (base / "netlab.json").write_text(json.dumps({"namespaces": lab._created_ns,
+                                                      "links": lab._created_links}))
+        hosts = [n.addr for n in lab.nodes[:nodes]]
+        ns_names = [n.ns for n in lab.nodes[:nodes]]
+    cluster = Cluster(base / "cluster", n=nodes, hosts=hosts, netns=ns_names, config=config)
+    _STATE["cluster"] = cluster
+    cluster.start(timeout=90)
+    (base / "history").mkdir(parents=True, exist_ok=True)
+    (base / "history" / "run.json").write_text(json.dumps(
+        {"run": run_id, "experiment": experiment, "started": time.time(), "ended": None}))
+    out: dict[str, Any] = {"base_dir": str(base), "nodes": [repr(n) for n in cluster.nodes],
+                           "netns": netns, "leader": cluster.leader().node_id}
+    if baseline:
+        out["baseline"] = run_baseline()
+    return out
+
+
+def _ensure_external_run(experiment: str = "external") -> None:
+    if _STATE.get("run_dir") is None:
+        base = Path(os.environ.get("CHAOS_BASE_DIR") or tempfile.mkdtemp(prefix="mirrorq-chaos-"))
+        _STATE.update(base_dir=base, run_dir=base / "history", experiment=experiment,
+                      run_id=f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def run_baseline(seconds: float = 2.0, amqp: str | None = None) -> dict[str, Any]:
+    """A short workload + drain into BASE_DIR/baseline (the before-method history),
+    on the local cluster or on `amqp` endpoints ("id=host:port,...")."""
+    if amqp:
+        _ensure_external_run()
+        eps = parse_endpoints(amqp)
+        nodes_fn: Callable[[], list[Any]] = lambda: eps  # noqa: E731
+        first: Any = eps[0]
+        last: Any = eps[0]
+    else:
+        c = _cluster()
+        nodes_fn = lambda: list(c.nodes)  # noqa: E731
+        first = c.leader()
+        last = None
+    bdir = Path(_STATE["base_dir"]) / "baseline"
+    rid = f"{_STATE['run_id']}-baseline"
+    bdir.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    queues = ["chaos-baseline"]
+    declare_queues(first, queues)
+    wl = Workload(bdir, rid, nodes_fn, queues=queues, publishers=1, consumers=1,
+                  rate=300, crash_every=0)
+    wl.start()
+    time.sleep(seconds)
+    wl.stop_publishers()
+    wl.stop_consumers()
+    n = wl.drain(last or _cluster().leader(), idle=1.0, min_time=1.0)
+    wl.close()
+    (bdir / "run.json").write_text(json.dumps({"run": rid, "experiment": f"{_STATE['experiment']}-baseline",
+                                               "started": t0, "ended": time.time()}))
+    _STATE["check_target"] = bdir
+    return {"drained": n, **wl.summary()}
+
+
+def stop_cluster() -> dict[str, Any]:
+    """SIGCONT + SIGKILL every node, tear the namespaces down. Idempotent."""
+    out: dict[str, Any] = {}
+    wl = _STATE.get("workload")
+    if wl is not None and _STATE.get("workload_running"):
+        for t in [*wl.publishers, *wl.consumers]:
+            t.stop()
+        _STATE["workload_running"] = False
+    c = _STATE.get("cluster")
+    if c is not None:
+        for n in c.nodes + c.removed:
+            if n.paused:
+                n.resume()
+        c.kill_all()
+        out["stopped"] = [n.node_id for n in c.nodes + c.removed]
+        _STATE["cluster"] = None
+    lab = _STATE.get("lab")
+    if lab is not None:
+        lab.close()
+        _STATE["lab"] = None
+    w = _STATE.get("faults")
+    if w is not None:
+        w.close()
+        _STATE["faults"] = None
+    return out
+
+
+# ------------------------------------------------------------------ process faults
+
+def kill_node(target: str = "leader", down_seconds: float = 2.0, restart: bool = True,
+              times: int = 1, interval: float = 3.0, stall_followers: float = 0.0) -> list[dict[str, Any]]:
+    """SIGKILL `target` (leader | follower | random | node id), keep it down for
+    `down_seconds`, restart it (restart=True) and wait until the cluster is healthy;
+    `times` rounds, `interval` seconds apart.
+
+    stall_followers > 0 (target "leader"): first SIGSTOP every follower for that many
+    seconds, so the leader keeps taking publishes it cannot replicate, then SIGKILL the
+    leader and SIGCONT the followers (who elect a new leader). A correct build confirms
+    none of those publishes; a build that confirms before replication loses them."""
+    c = _cluster()
+    out = []
+    for i in range(_i(times)):
+        if i:
+            time.sleep(_f(interval))
+        node = _pick(target)
+        t0 = time.time()
+        stalled = []
+        if _f(stall_followers) > 0:
+            stalled = [n for n in c.live() if n is not node]
+            for n in stalled:
+                n.pause()
+            time.sleep(_f(stall_followers))
+        node.kill9()
+        for n in stalled:
+            n.resume()
+        name = f"kill-{target} {node.node_id}" + (" (followers stalled)" if stalled else "")
+        time.sleep(_f(down_seconds))
+        if _b(restart):
+            node.start(wait=True, timeout=60)
+            healthy = _wait_healthy()
+            record_fault(name, t0, time.time())
+        else:
+            healthy = None
+            _STATE.setdefault("open_faults", {})[node.node_id] = (name, t0)
+        out.append({"killed": node.node_id, "stalled": [n.node_id for n in stalled],
+                    "healthy_after": healthy, "leader": c.leader().node_id if healthy else None})
+    return out
+
+
+def restart_node(target: str) -> dict[str, Any]:
+    """Start a node that kill_node(restart=False) left down; closes its fault window."""
+    node = _cluster().node(target)
+    if not node.alive():
+        node.start(wait=True, timeout=60)
+    healthy = _wait_healthy()
+    opened = _STATE.setdefault("open_faults", {}).pop(node.node_id, None)
+    if opened:
+        record_fault(opened[0], opened[1], time.time())
+    return {"restarted": node.node_id, "healthy": healthy}
+
+
+def pause_node(target: str = "leader", seconds: float = 4.0) -> dict[str, Any]:
+    """SIGSTOP `target` for `seconds` (longer than the 0.5-1 s election timeout), SIGCONT."""
+    node = _pick(target)
+    t0 = time.time()
+    node.pause()
+    try:
+        time.sleep(_f(seconds))
+    finally:
+        node.resume()
+    healthy = _wait_healthy()
+    record_fault(f"pause-{target} {node.node_id}", t0, time.time())
+    return {"paused": node.node_id, "seconds": _f(seconds), "healthy_after": healthy}
+
+
+def restart_cluster(down_seconds: float = 1.0) -> dict[str, Any]:
+    """SIGKILL every node, then start them all and wait until healthy."""
+    c = _cluster()
+    t0 = time.time()
+    for n in c.nodes:
+        if n.paused:
+            n.resume()
+        n.kill9()
+    time.sleep(_f(down_seconds))
+    for n in c.nodes:
+        n.start(wait=False)
+    for n in c.nodes:
+        n.wait_serving(90)
+    healthy = _wait_healthy()
+    record_fault("restart-cluster", t0, time.time())
+    return {"healthy_after": healthy, "leader": c.leader().node_id if healthy else None}
+
+
+def rolling_restart(graceful: bool = False, pause_between: float = 1.0) -> list[dict[str, Any]]:
+    """One node at a time (followers first, the leader last): stop (SIGTERM when
+    graceful, else SIGKILL), start, wait until healthy before the next."""
+    c = _cluster()
+    leader = c.leader()
+    order = [n for n in c.nodes if n is not leader] + [leader]
+    out = []
+    for node in order:
+        t0 = time.time()
+        if _b(graceful):
+            node.stop()
+        else:
+            node.kill9()
+        node.start(wait=True, timeout=60)
+        healthy = _wait_healthy()
+        record_fault(f"rolling-restart {node.node_id}", t0, time.time())
+        out.append({"node": node.node_id, "healthy_after": healthy})
+        time.sleep(_f(pause_between))
+    return out
+
+
+# ------------------------------------------------------------------ network faults
+
+def partition_node(target: str = "follower", seconds: float = 6.0) -> dict[str, Any]:
+    """Cut `target`'s Raft links to every other member (iptables inside its namespace;
+    clients still reach it) for `seconds`, heal, wait until healthy."""
+    c = _cluster()
+    node = _pick(target)
+    lab = _STATE["lab"] if _STATE.get("lab") else None
+    me = _lab_index(node)
+    others = [_lab_index(n) for n in c.nodes if n is not node]
+    t0 = time.time()
+    assert lab is not None
+    lab.partition(me, others)
+    try:
+        time.sleep(_f(seconds))
+    finally:
+        lab.heal(me)
+    healthy = _wait_healthy()
+    record_fault(f"partition-{target} {node.node_id}", t0, time.time())
+    return {"partitioned": node.node_id, "healthy_after": healthy}
+
+
+def partition_minority(seconds: float = 6.0, include_leader: bool = False) -> dict[str, Any]:
+    """Split the members into a minority (floor((n-1)/2) nodes; the leader among them
+    when include_leader) and a majority for `seconds`, heal, wait until healthy."""
+    c = _cluster()
+    lab = _STATE.get("lab")
+    if lab is None:
+        raise RuntimeError("partitions need start_cluster(netns=True)")
+    leader = c.leader()
+    size = max(1, (len(c.nodes) - 1) // 2)
+    pool = [n for n in c.nodes if n is not leader]
+    random.shuffle(pool)
+    minority = ([leader] + pool[:size - 1]) if _b(include_leader) else pool[:size]
+    majority = [n for n in c.nodes if n not in minority]
+    t0 = time.time()
+    lab.partition_groups([_lab_index(n) for n in minority], [_lab_index(n) for n in majority])
+    try:
+        time.sleep(_f(seconds))
+    finally:
+        lab.heal(None)
+    healthy = _wait_healthy()
+    ids = ",".join(n.node_id for n in minority)
+    record_fault(f"partition-minority {ids}" + (" (leader)" if _b(include_leader) else ""), t0, time.time())
+    return {"minority": [n.node_id for n in minority], "healthy_after": healthy}
+
+
+def heal_all(wait: bool = True) -> dict[str, Any]:
+    """Rollback: flush every partition rule, bring isolated links up, SIGCONT paused
+    nodes, start nodes that are down, close open fault windows; wait until healthy."""
+    c = _STATE.get("cluster")
+    lab = _STATE.get("lab")
+    if lab is not None:
+        lab.heal(None)
+        for nd in lab.nodes:
+            lab.unisolate(nd)
+    if c is None:
+        return {"cluster": None}
+    for n in c.nodes:
+        if n.paused:
+            n.resume()
+        if not n.alive():
+            n.start(wait=True, timeout=60)
+    for nid, (name, t0) in list(_STATE.get("open_faults", {}).items()):
+        record_fault(name, t0, time.time())
+        _STATE["open_faults"].pop(nid, None)
+    healthy = _wait_healthy() if _b(wait) else None
+    return {"healthy": healthy}
+
+
+# ------------------------------------------------------------------ membership
+
+def add_member(timeout: float = 90.0) -> dict[str, Any]:
+    """AddMember through the leader's admin API, start the new node with --join (in a
+    spare namespace under netns), wait until every member is in sync."""
+    c = _cluster()
+    lab = _STATE.get("lab")
+    host, ns = "127.0.0.1", None
+    if lab is not None:
+        used = {n.host for n in c.nodes + c.removed}
+        free = [nd for nd in lab.nodes if nd.addr not in used]
+        if not free:
+            raise RuntimeError("no spare namespace left (start_cluster(spare=...))")
+        host, ns = free[0].addr, free[0].ns
+    t0 = time.time()
+    node = c.add_node(host=host, netns=ns, timeout=_f(timeout))
+    healthy = _wait_healthy()
+    record_fault(f"add-member {node.node_id}", t0, time.time())
+    return {"added": node.node_id, "healthy_after": healthy, "members": [n.node_id for n in c.nodes]}
+
+
+def remove_member(target: str = "follower", timeout: float = 90.0) -> dict[str, Any]:
+    """RemoveMember through the leader's admin API; the removed process is expected to
+    exit by itself (it is SIGKILLed after 30 s otherwise); wait until healthy."""
+    c = _cluster()
+    node = _pick(target)
+    t0 = time.time()
+    res = c.remove_node(node, timeout=_f(timeout))
+    deadline = time.monotonic() + 30
+    while node.alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    exited = not node.alive()
+    node.kill9()
+    healthy = _wait_healthy()
+    record_fault(f"remove-member {node.node_id}", t0, time.time())
+    return {"removed": node.node_id, "exited_by_itself": exited, "healthy_after": healthy,
+            "members": [n.node_id for n in c.nodes], "result": res}
+
+
+# ------------------------------------------------------------------ workload
+
+def start_workload(publishers: int = 3, consumers: int = 3, rate: float = 200.0,
+                   window: int = 100, queues: str = "chaos-a,chaos-b", warmup: float = 2.0,
+                   pin_publishers_to: str | None = None, amqp: str | None = None,
+                   publish_timeout: float = 15.0, crash_every: int = 150) -> dict[str, Any]:
+    """Start the history-writing publishers/consumers (RUN_DIR/pub-*.jsonl, con-*.jsonl)
+    over the cluster's nodes (or over `amqp` = "id=host:port,..." for a cluster we did
+    not start, e.g. through a Kubernetes Service). pin_publishers_to="leader" makes
+    every publisher prefer the current leader (e.g. to kill it under load)."""
+    qs = [q.strip() for q in queues.split(",") if q.strip()]
+    if amqp:
+        eps = parse_endpoints(amqp)
+        nodes_fn: Callable[[], list[Any]] = lambda: eps  # noqa: E731
+        _ensure_external_run()
+        declare_node: Any = eps[0]
+    else:
+        c = _cluster()
+        nodes_fn = lambda: list(c.nodes)  # noqa: E731
+        declare_node = c.leader()
+    pin = None
+    if pin_publishers_to:
+        pin = _pick(pin_publishers_to).node_id if not amqp else pin_publishers_to
+    run_dir = _run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rj = run_dir / "run.json"
+    if not rj.exists():
+        rj.write_text(json.dumps({"run": _STATE["run_id"], "experiment": _STATE.get("experiment", ""),
+                                  "started": time.time(), "ended": None}))
+    declare_queues(declare_node, qs)
+    wl = Workload(run_dir, _STATE["run_id"], nodes_fn, queues=qs, publishers=_i(publishers),
+                  consumers=_i(consumers), rate=_f(rate), window=_i(window),
+                  publish_timeout=_f(publish_timeout), crash_every=_i(crash_every),
+                  pin_publishers_to=pin)
+    wl.start()
+    _STATE.update(workload=wl, workload_running=True, check_target=run_dir, drain_node=declare_node)
+    time.sleep(_f(warmup))
+    return {"queues": qs, "pinned_to": pin, **wl.summary()}
+
+
+def stop_workload() -> dict[str, Any]:
+    """Rollback: stop the workload's clients without draining (the run stays incomplete)."""
+    wl: Workload | None = _STATE.get("workload")
+    if wl is None or not _STATE.get("workload_running"):
+        return {"workload": None}
+    for pub in wl.publishers:
+        pub.stop()
+    for con in wl.consumers:
+        con.stop()
+    for thread in [*wl.publishers, *wl.consumers]:
+        thread.join(30)
+    wl.close()
+    _STATE["workload_running"] = False
+    return wl.summary()
+
+
+def stop_workload_and_drain(heal: bool = True, idle: float = 3.0, min_time: float = 6.0) -> dict[str, Any]:
+    """After the faults: (heal everything and wait until healthy), stop the publishers
+    (outstanding publishes settle or time out), stop the consumers, drain every queue
+    through the leader (phase "drain"), write drain_done and close run.json."""
+    wl: Workload | None = _STATE.get("workload")
+    if wl is None:
+        raise RuntimeError("no workload running")
+    c = _STATE.get("cluster")
+    if c is not None and _b(heal):
+        heal_all(wait=True)
+    wl.stop_publishers()
+    wl.stop_consumers()
+    _STATE["workload_running"] = False
+    node = c.leader(timeout=60) if c is not None else _STATE["drain_node"]
+    drained = wl.drain(node, idle=_f(idle), min_time=_f(min_time))
+    wl.close()
+    rj = _run_dir() / "run.json"
+    meta = json.loads(rj.read_text()) if rj.exists() else {"run": _STATE["run_id"]}
+    meta["ended"] = time.time()
+    rj.write_text(json.dumps(meta))
+    return {"drained": drained, "drain_node": node.node_id, **wl.summary()}

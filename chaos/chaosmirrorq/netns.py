@@ -1,0 +1,263 @@
+"""Network namespaces for partition tests on one machine (needs root and `ip netns`).
+
+    with NetLab(3) as lab:                 # 3 namespaces + a bridge in the root namespace
+        lab.nodes[0].addr                  # "10.213.X.10": node 0 listens here
+        lab.exec_argv(0, [sys.executable, "-m", "node.app", ...])   # run inside node 0's namespace
+        lab.partition(0, [1, 2])           # node 0 drops every packet from/to nodes 1 and 2
+        lab.heal(0)                        # flush node 0's rules
+        lab.isolate(2)                     # node 2's veth down: nobody reaches it, clients neither
+        lab.unisolate(2)
+
+Layout: a bridge `mqb<suffix>` in the root namespace carries 10.213.X.0/24 (X picked at
+random among the /24s no local route uses); the bridge holds 10.213.X.1, so clients in the
+root namespace reach every node directly; node i lives in namespace `mqn<suffix>-<i>`
+with `eth0` = 10.213.X.(10+i) (the other end of veth `mqv<suffix><i>`, a bridge port)
+and `lo` up. A partition is a pair of iptables DROP rules inside the node's own namespace
+(INPUT from the peer, OUTPUT to the peer), so traffic from the bridge address (the
+clients) still passes. Everything is removed in `close()` / on leaving the `with`, even
+when setting up failed half way; processes still running inside a namespace at that
+point are SIGKILLed by pid (they can only have been started through this lab).
+
+Only addresses of this subnet are ever used; nothing leaves the machine.
+
+`require_netns()` skips the calling test when not root or `ip netns` is unusable.
+The Debian package `iptables` is needed for partition(); if it is missing,
+`ensure_iptables()` installs it (apt-get) once.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+import signal
+import subprocess
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+SUBNET_PREFIX = "10.213"
+IPTABLES_APT_PACKAGES = ("iptables",)  # Debian 12: iptables (nft backend) pulls libnftables etc.
+
+
+class NetnsError(RuntimeError):
+    pass
+
+
+def _run(*argv: str, check: bool = True, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise NetnsError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc
+
+
+def netns_unavailable_reason() -> str | None:
+    """Why namespaces cannot be used here, or None when they can."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if shutil.which("ip") is None:
+        return "`ip` (iproute2) is not installed"
+    probe = f"mqprobe{uuid.uuid4().hex[:6]}"
+    try:
+        res = _run("ip", "netns", "add", probe, check=False)
+        if res.returncode != 0:
+            return f"`ip netns add` does not work here: {res.stderr.strip()}"
+        res = _run("ip", "netns", "exec", probe, "ip", "link", "set", "lo", "up", check=False)
+        if res.returncode != 0:
+            return f"`ip netns exec` does not work here: {res.stderr.strip()}"
+    finally:
+        _run("ip", "netns", "del", probe, check=False)
+    return None
+
+
+def require_netns() -> None:
+    """pytest.skip the caller when not root or `ip netns` is unavailable."""
+    reason = netns_unavailable_reason()
+    if reason is not None:
+        import pytest
+        pytest.skip(reason)
+
+
+_iptables_checked = False
+
+
+def ensure_iptables() -> str:
+    """Path of iptables, installing the Debian package if it is missing."""
+    global _iptables_checked
+    path = shutil.which("iptables")
+    if path is None and not _iptables_checked:
+        _iptables_checked = True
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "install", "-y", "-qq", *IPTABLES_APT_PACKAGES],
+                       capture_output=True, env=env, timeout=600)
+        path = shutil.which("iptables")
+    if path is None:
+        raise NetnsError("iptables is not installed (apt-get install -y iptables)")
+    return path
+
+
+def _pick_subnet() -> ipaddress.IPv4Network:
+    """A random 10.213.X.0/24 that no address or route of the root namespace overlaps."""
+    used = _run("ip", "-4", "route", "show", "table", "all", check=False).stdout \
+        + _run("ip", "-4", "addr", "show", check=False).stdout
+    free = [x for x in range(1, 255) if f"{SUBNET_PREFIX}.{x}." not in used]
+    if not free:
+        raise NetnsError(f"no free {SUBNET_PREFIX}.X.0/24 subnet")
+    x = free[int.from_bytes(os.urandom(2), "big") % len(free)]
+    return ipaddress.IPv4Network(f"{SUBNET_PREFIX}.{x}.0/24")
+
+
+@dataclass
+class NsNode:
+    index: int
+    ns: str          # namespace name
+    veth: str        # root-namespace end of the veth pair (a bridge port)
+    addr: str        # the node's address inside its namespace (eth0)
+
+
+
+class NetLab:
+    """N namespaces on a private bridge. Use as a context manager (or call close())."""
+
+    def __init__(self, n: int) -> None:
+        if n < 1:
+            raise ValueError("need at least one namespace")
+        self.n = n
+        self.suffix = uuid.uuid4().hex[:6]
+        self.bridge = f"mqb{self.suffix}"
+        self.subnet: ipaddress.IPv4Network | None = None
+        self.bridge_addr = ""
+        self.nodes: list[NsNode] = []
+        self._created_ns: list[str] = []
+        self._created_links: list[str] = []
+        self._closed = False
+
+    # ------------------------------------------------------------- life
+    def __enter__(self) -> NetLab:
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _build(self) -> None:
+        self.subnet = _pick_subnet()
+        hosts = list(self.subnet.hosts())
+        self.bridge_addr = str(hosts[0])  # .1
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        self._created_links.append(self.bridge)
+        _run("ip", "addr", "add", f"{self.bridge_addr}/24", "dev", self.bridge)
+        _run("ip", "link", "set", self.bridge, "up")
+        for i in range(self.n):
+            ns = f"mqn{self.suffix}-{i}"
+            veth = f"mqv{self.suffix}{i}"
+            peer = f"mqp{self.suffix}{i}"
+            addr = str(hosts[9 + i])  # .10, .11, ...
+            _run("ip", "netns", "add", ns)
+            self._created_ns.append(ns)
+            _run("ip", "link", "add", veth, "type", "veth", "peer", "name", peer)
+            self._created_links.append(veth)
+            _run("ip", "link", "set", peer, "netns", ns)
+            _run("ip", "link", "set", veth, "master", self.bridge)
+            _run("ip", "link", "set", veth, "up")
+            nsx = ("ip", "netns", "exec", ns)
+            _run(*nsx, "ip", "link", "set", "lo", "up")
+            _run(*nsx, "ip", "link", "set", peer, "name", "eth0")
+            _run(*nsx, "ip", "addr", "add", f"{addr}/24", "dev", "eth0")
+            _run(*nsx, "ip", "link", "set", "eth0", "up")
+            self.nodes.append(NsNode(i, ns, veth, addr))
+
+    def close(self) -> None:
+        """Kill what still runs inside the namespaces (by pid), delete namespaces, veths, bridge."""
+        if self._closed:
+            return
+        self._closed = True
+        errors: list[str] = []
+        for ns in self._created_ns:
+            res = _run("ip", "netns", "pids", ns, check=False)
+            for tok in res.stdout.split():
+                if tok.isdigit():
+                    try:
+                        os.kill(int(tok), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+        for ns in self._created_ns:
+            res = _run("ip", "netns", "del", ns, check=False)
+            if res.returncode != 0:
+                errors.append(f"netns del {ns}: {res.stderr.strip()}")
+        for link in reversed(self._created_links):  # veths first, bridge last
+            res = _run("ip", "link", "del", link, check=False)
+            # deleting a namespace removes its veth pair asynchronously: gone is fine
+            if res.returncode != 0 and "Cannot find device" not in res.stderr:
+                errors.append(f"link del {link}: {res.stderr.strip()}")
+        if errors:
+            raise NetnsError("; ".join(errors))
+
+    # ------------------------------------------------------------ access
+    def node(self, ref: int | NsNode | str) -> NsNode:
+        if isinstance(ref, NsNode):
+            return ref
+        if isinstance(ref, int):
+            return self.nodes[ref]
+        for nd in self.nodes:
+            if ref in (nd.ns, nd.addr):
+                return nd
+        raise KeyError(ref)
+
+    def addr(self, ref: int | NsNode | str) -> str:
+        return self.node(ref).addr
+
+    def ns(self, ref: int | NsNode | str) -> str:
+        return self.node(ref).ns
+
+    def exec_argv(self, ref: int | NsNode | str, argv: list[str]) -> list[str]:
+        """argv wrapped so that it runs inside the node's namespace."""
+        return ["ip", "netns", "exec", self.ns(ref), *argv]
+
+    def run_in(self, ref: int | NsNode | str, *argv: str, check: bool = True,
+               timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
+        return _run(*self.exec_argv(ref, list(argv)), check=check, timeout=timeout)
+
+    # ------------------------------------------------------------ faults
+    def partition(self, ref: int | NsNode | str, from_nodes: list[int | NsNode | str]) -> None:
+        """Inside `ref`'s namespace drop every packet from and to each of `from_nodes`.
+
+        The link is cut in both directions at one end; the bridge address (clients in
+        the root namespace) keeps reaching the node."""
+        iptables = ensure_iptables()
+        me = self.node(ref)
+        for other in from_nodes:
+            peer = self.node(other)
+            if peer.index == me.index:
+                continue
+            self.run_in(me, iptables, "-w", "-A", "INPUT", "-s", peer.addr, "-j", "DROP")
+            self.run_in(me, iptables, "-w", "-A", "OUTPUT", "-d", peer.addr, "-j", "DROP")
+
+    def partition_groups(self, *groups: list[int]) -> None:
+        """Cut every link between different groups, e.g. partition_groups([0], [1, 2])."""
+        for gi, group in enumerate(groups):
+            others = [o for gj, g in enumerate(groups) if gj != gi for o in g]
+            for ref in group:
+                self.partition(ref, list(others))
+
+    def heal(self, ref: int | NsNode | str | None = None) -> None:
+        """Flush the DROP rules of one node (or of every node when ref is None)."""
+        targets = self.nodes if ref is None else [self.node(ref)]
+        if shutil.which("iptables") is None:
+            return  # nothing can have been partitioned
+        for nd in targets:
+            self.run_in(nd, "iptables", "-w", "-F", "INPUT")
+            self.run_in(nd, "iptables", "-w", "-F", "OUTPUT")
+
+    def rules(self, ref: int | NsNode | str) -> str:
+        return self.run_in(ref, "iptables", "-w", "-S").stdout
+
+    def isolate(self, ref: int | NsNode | str) -> None:
+        """Take the node's veth down: it reaches nobody and nobody (clients included) reaches it."""
+        _run("ip", "link", "set", self.node(ref).veth, "down")
+
+    def unisolate(self, ref: int | NsNode | str) -> None:
+        _run("ip", "link", "set", self.node(ref).veth, "up")

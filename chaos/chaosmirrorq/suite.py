@@ -1,0 +1,216 @@
+"""Run the chaos experiments with `chaos run`, judge each from its journal and its
+history check, print a table, exit non-zero on any failure.
+
+    python -m chaosmirrorq.suite                      # every experiment (make chaos)
+    python -m chaosmirrorq.suite --subset ci          # the CI subset (<= ~8 min on 2 cores)
+    python -m chaosmirrorq.suite --only leader-pause,full-restart --out /tmp/chaos
+
+`chaos run` exits 0 even when the steady-state hypothesis failed before the method,
+so the verdict comes from the journal: status "completed", not deviated, the
+hypothesis met before AND after, every method activity succeeded; and from the
+history report: drained, lost == 0. Short durations are the defaults here (each
+experiment about a minute); any CHAOS_* variable already set wins.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from chaosmirrorq.cluster import REPO
+
+EXPERIMENTS_DIR = REPO / "chaos" / "experiments"
+ORDER = ["leader-kill-loop", "follower-kill", "leader-pause", "minority-partition",
+         "leader-in-minority", "full-restart", "rolling-restart", "scale-out-in"]
+SUBSETS = {
+    "all": ORDER,
+    "ci": ["leader-kill-loop", "minority-partition", "full-restart"],
+}
+SHORT = {  # make chaos: short faults
+    "CHAOS_RATE": "150",
+    "CHAOS_WARMUP_SECONDS": "3",
+    "CHAOS_FAULT_SECONDS": "5",
+    "CHAOS_KILLS": "2",
+    "CHAOS_DOWN_SECONDS": "2",
+    "CHAOS_INTERVAL_SECONDS": "3",
+}
+
+
+def chaos_cli() -> str:
+    exe = Path(sys.executable).parent / "chaos"
+    return str(exe) if exe.exists() else (shutil.which("chaos") or "chaos")
+
+
+def needs_netns(path: Path) -> bool:
+    return "netns" in json.loads(path.read_text()).get("tags", [])
+
+
+def judge_journal(journal: dict[str, Any]) -> tuple[bool, list[str]]:
+    """(passed, reasons) from a chaostoolkit journal."""
+    why = []
+    if journal.get("status") != "completed":
+        why.append(f"status={journal.get('status')}")
+    if journal.get("deviated"):
+        why.append("deviated")
+    ss = journal.get("steady_states") or {}
+    for when in ("before", "after"):
+        met = (ss.get(when) or {}).get("steady_state_met")
+        if met is not True:
+            why.append(f"steady state {when}: {met}")
+    for run in journal.get("run") or []:
+        if run.get("status") != "succeeded":
+            why.append(f"{run['activity'].get('name')}: {run.get('status')} "
+                       f"{(run.get('exception') or [''])[-1].strip()[:200]}")
+    return not why, why
+
+
+def run_one(name: str, out: Path, env: dict[str, str], timeout: float) -> dict[str, Any]:
+    from chaosmirrorq.probes import history_report, report_passed
+
+    exp = EXPERIMENTS_DIR / f"{name}.json"
+    if not exp.exists():
+        exp = Path(name)
+        name = exp.stem
+    base = out / name
+    if base.exists():
+        shutil.rmtree(base)
+    base.mkdir(parents=True)
+    journal_path = base / "journal.json"
+    t0 = time.monotonic()
+    row: dict[str, Any] = {"experiment": name, "confirmed": None, "lost": None, "duplicates": None,
+                           "p99_during_ms": None, "verdict": "FAIL", "reasons": [], "dir": str(base)}
+    with open(base / "chaos.log", "w") as log:
+        proc = subprocess.Popen([chaos_cli(), "--no-log-file", "run", "--journal-path", str(journal_path),
+                                 str(exp)], cwd=str(base), env=dict(env, CHAOS_BASE_DIR=str(base)),
+                                stdout=log, stderr=subprocess.STDOUT)
+        try:
+            row["chaos_exit"] = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            row["reasons"].append(f"chaos run timed out after {timeout}s")
+            proc.send_signal(signal.SIGINT)  # chaostoolkit: interrupt, rollbacks, controls
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            cleanup_leftovers(base)
+    row["seconds"] = round(time.monotonic() - t0, 1)
+    if journal_path.exists():
+        ok, why = judge_journal(json.loads(journal_path.read_text()))
+        row["reasons"] += why
+    else:
+        ok = False
+        row["reasons"].append("no journal")
+    run_dir = base / "history"
+    report_file = base / "history-report.json"
+    report: dict[str, Any] | None = None
+    if report_file.exists():  # written by the after-method probe
+        report = json.loads(report_file.read_text())
+    elif run_dir.exists():
+        report = history_report(run_dir, report_file)
+    if report is None:
+        row["reasons"].append("no history")
+        ok = False
+    else:
+        for k in ("confirmed", "lost", "duplicates", "unexpected", "recovered", "redeliveries",
+                  "p99_during_ms"):
+            row[k] = report.get(k)
+        if not report_passed(report):
+            ok = False
+            row["reasons"].append(f"history check: lost={report.get('lost')} complete={report.get('complete')}")
+    row["verdict"] = "PASS" if ok else "FAIL"
+    return row
+
+
+def cleanup_leftovers(base: Path) -> None:
+    """After a killed `chaos run`: SIGKILL (by pid) the node processes it started (their
+    command line holds BASE), delete the namespaces and links it recorded."""
+    for proc_dir in Path("/proc").iterdir():
+        if not proc_dir.name.isdigit():
+            continue
+        try:
+            cmd = (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "node.app" in cmd and str(base) in cmd:
+            try:
+                os.kill(int(proc_dir.name), signal.SIGKILL)
+            except OSError:
+                pass
+    rec = base / "netlab.json"
+    if rec.exists():
+        lab = json.loads(rec.read_text())
+        for ns in lab.get("namespaces", []):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        for link in reversed(lab.get("links", [])):
+            subprocess.run(["ip", "link", "del", link], capture_output=True)
+
+
+def fmt_table(rows: list[dict[str, Any]]) -> str:
+    head = ["experiment", "confirmed", "lost", "duplicates", "p99 confirm ms (fault)", "seconds", "verdict"]
+    lines = [head]
+    for r in rows:
+        p99 = r.get("p99_during_ms")
+        lines.append([r["experiment"], str(r.get("confirmed")), str(r.get("lost")), str(r.get("duplicates")),
+                      f"{p99:.0f}" if isinstance(p99, int | float) else "-", str(r.get("seconds", "-")),
+                      r["verdict"]])
+    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
+    out = []
+    for i, row in enumerate(lines):
+        out.append("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
+        if i == 0:
+            out.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--subset", choices=sorted(SUBSETS), default="all")
+    ap.add_argument("--only", default="", help="comma-separated experiment names (or .json paths)")
+    ap.add_argument("--out", default=os.environ.get("CHAOS_OUT", str(REPO / "data" / "chaos")))
+    ap.add_argument("--timeout", type=float, default=420.0, help="per experiment, seconds")
+    ap.add_argument("--long", action="store_true", help="do not apply the short CHAOS_* defaults")
+    args = ap.parse_args(argv)
+
+    names = [n for n in args.only.split(",") if n] or SUBSETS[args.subset]
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    if not args.long:
+        for k, v in SHORT.items():
+            env.setdefault(k, v)
+    from chaosmirrorq.netns import netns_unavailable_reason
+    no_netns = netns_unavailable_reason()
+    if no_netns:
+        env["CHAOS_NETNS"] = "false"
+    rows = []
+    t0 = time.monotonic()
+    for name in names:
+        path = EXPERIMENTS_DIR / f"{name}.json"
+        if no_netns and path.exists() and needs_netns(path):
+            rows.append({"experiment": name, "verdict": "SKIP", "reasons": [no_netns]})
+            print(f"[chaos] {name}: SKIP ({no_netns})", flush=True)
+            continue
+        print(f"[chaos] {name} ...", flush=True)
+        row = run_one(name, out, env, args.timeout)
+        rows.append(row)
+        print(f"[chaos] {name}: {row['verdict']} in {row.get('seconds')}s confirmed={row.get('confirmed')} "
+              f"lost={row.get('lost')} {'; '.join(row['reasons'])}", flush=True)
+    total = round(time.monotonic() - t0, 1)
+    (out / "summary.json").write_text(json.dumps({"rows": rows, "seconds": total}, indent=2, default=str))
+    print()
+    print(fmt_table(rows))
+    failed = [r for r in rows if r["verdict"] == "FAIL"]
+    print(f"\n{len(rows) - len(failed)}/{len(rows)} passed or skipped in {total}s; details in {out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""The suite catches a broken build: with MIRRORQ_UNSAFE_EARLY_CONFIRM=1 the node
+confirms publishes on receipt, before replication. Every publisher is pinned to the
+leader; its followers are SIGSTOPped for 2 s (the leader keeps taking publishes it
+cannot replicate, and this build confirms them), then the leader is SIGKILLed: what it
+confirmed but never replicated is gone, the history check reports lost > 0, the
+hypothesis after the method fails and the suite's verdict is FAIL. The very same
+scenario passes on the correct build (test_experiment_e2e)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from chaosmirrorq import suite
+from chaosmirrorq.cluster import REPO
+
+from tests.chaos.conftest import KILL_UNDER_BACKLOG, short_env
+
+
+def _node_has_unsafe_flag() -> bool:
+    return any("MIRRORQ_UNSAFE_EARLY_CONFIRM" in p.read_text(errors="replace")
+               for p in (REPO / "node").rglob("*.py"))
+
+
+def test_unsafe_early_confirm_makes_the_suite_fail(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    if not _node_has_unsafe_flag():
+        pytest.skip("this node build has no MIRRORQ_UNSAFE_EARLY_CONFIRM flag")
+    env = short_env(MIRRORQ_UNSAFE_EARLY_CONFIRM="1", **KILL_UNDER_BACKLOG)
+    for k in list(env):
+        monkeypatch.setenv(k, env[k])
+    code = suite.main(["--only", "leader-kill-loop", "--out", str(tmp_path), "--long"])
+    row = json.loads((tmp_path / "summary.json").read_text())["rows"][0]
+    print(f"\n{suite.fmt_table([row])}\n{row['reasons']}")
+    assert row["lost"] is not None and row["lost"] > 0, row
+    assert row["verdict"] == "FAIL", row
+    assert code != 0
+    assert any("steady state after" in r for r in row["reasons"]), row["reasons"]
