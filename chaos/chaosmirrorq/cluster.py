@@ -60,6 +60,14 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return False
 
 
+def confirmed_tags(outstanding: dict[int, Any], confirm: Any) -> list[int]:
+    """The publish seqs a basic.ack / basic.nack settles, in order (S05/S14:
+    multiple covers every outstanding seq up to its tag)."""
+    if confirm.multiple:
+        return sorted(t for t in outstanding if t <= confirm.delivery_tag)
+    return [confirm.delivery_tag]
+
+
 def wait_for(cond: Callable[[], T | None], timeout: float = 20.0, interval: float = 0.05,
              what: str = "condition") -> T:
     """Poll `cond` until it returns something truthy; fail after `timeout`."""
@@ -666,8 +674,7 @@ class StreamPublisher(threading.Thread):
                         now = time.monotonic()
                         for _ch, v in conn.frames():
                             if isinstance(v, spec.Basic.Ack | spec.Basic.Nack):
-                                tags = ([t for t in outstanding if t <= v.delivery_tag]
-                                        if v.multiple else [v.delivery_tag])
+                                tags = confirmed_tags(outstanding, v)
                                 for t in tags:
                                     mid = outstanding.pop(t, None)
                                     if mid is None:

@@ -35,7 +35,7 @@ from pamqp import frame as pframe
 from pamqp import header as pheader
 from pamqp.body import ContentBody
 
-from chaosmirrorq.cluster import ConnLost, RawConn, _frame
+from chaosmirrorq.cluster import ConnLost, RawConn, _frame, confirmed_tags
 
 
 @dataclass
@@ -205,8 +205,7 @@ class Publisher(threading.Thread):
                         ts = time.time()
                         for _ch, v in conn.frames():
                             if isinstance(v, spec.Basic.Ack | spec.Basic.Nack):
-                                tags = ([t for t in outstanding if t <= v.delivery_tag]
-                                        if v.multiple else [v.delivery_tag])
+                                tags = confirmed_tags(outstanding, v)
                                 outcome = "ack" if isinstance(v, spec.Basic.Ack) else "nack"
                                 for t in sorted(tags):
                                     item = outstanding.pop(t, None)
