@@ -560,6 +560,10 @@ class RaftNode:
         if pid == 0:  # child: no threads, no loop; write, sync, leave
             code = 1
             try:
+                # every member compacts at about the same entry count: at full
+                # priority three children starve the raft threads on a small
+                # machine into missed heartbeats and an election
+                os.nice(19)
                 with open(part, "wb") as f:
                     pickle.dump((self.state, raft_data), f, protocol=SNAPSHOT_PROTOCOL)
                     f.flush()

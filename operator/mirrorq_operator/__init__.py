@@ -1,0 +1,1 @@
+"""Kubernetes operator for mirrorq: pure planning and builders, thin kopf handlers."""

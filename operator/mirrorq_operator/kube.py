@@ -1,0 +1,153 @@
+"""The only module doing I/O: the Kubernetes API (kubernetes client) and the admin API."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from node.admin.server import _call, call_add_member, call_remove_member, call_status
+
+from .builders import build_all, build_configmap, build_statefulset
+from .model import (
+    ADMIN_PORT,
+    Action,
+    AddMember,
+    CreateResources,
+    DrainMember,
+    MarkFormed,
+    NodeStatus,
+    Observed,
+    PodObs,
+    RemoveMember,
+    ScaleStatefulSet,
+    Spec,
+    TransferLeadership,
+    UpdateStatus,
+    WaitFor,
+    headless_name,
+    pod_name,
+)
+
+
+def load() -> None:
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
+def _host(name: str, namespace: str, ordinal: int) -> str:
+    return f"{pod_name(name, ordinal)}.{headless_name(name)}.{namespace}.svc"
+
+
+def _get(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def observe(name: str, namespace: str, generation: int, status: Mapping[str, Any]) -> Observed:
+    apps, core = client.AppsV1Api(), client.CoreV1Api()
+    sts = _get(apps.read_namespaced_stateful_set, name, namespace)
+    cm = _get(core.read_namespaced_config_map, name, namespace)
+    pods: list[PodObs] = []
+    replicas = ready = 0
+    if sts is not None:
+        replicas, ready = sts.spec.replicas or 0, sts.status.ready_replicas or 0
+        for k in range(max(replicas, len(status.get("members") or ()))):
+            pod = _get(core.read_namespaced_pod, pod_name(name, k), namespace)
+            pvc = _get(core.read_namespaced_persistent_volume_claim,
+                       f"data-{pod_name(name, k)}", namespace)
+            node = None
+            if pod is not None:
+                try:
+                    node = NodeStatus.from_admin(call_status(_host(name, namespace, k),
+                                                             ADMIN_PORT, 2.0))
+                except Exception:  # unreachable node: observed as such
+                    node = None
+            is_ready = pod is not None and any(
+                c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or ()))
+            pods.append(PodObs(ordinal=k, ready=is_ready, node=node,
+                               pvc_uid=pvc.metadata.uid if pvc is not None else None))
+    pending = status.get("pendingChange")
+    members = {m for p in pods if p.node for m in p.node.members}
+    if pending and _settled(pending, members):
+        pending = None
+    return Observed(name=name, namespace=namespace, exists=sts is not None, sts_replicas=replicas,
+                    sts_ready=ready, generation=generation, pods=tuple(pods),
+                    volumes=dict(status.get("volumes") or {}), pending_change=pending,
+                    formed=cm is not None and (cm.data or {}).get("formed") == "true")
+
+
+def _settled(pending: str, members: set[str]) -> bool:
+    kind, _, node = pending.partition(" ")
+    return (kind == "AddMember") == (node in members)
+
+
+def _leader_host(obs: Observed) -> tuple[str, int]:
+    for p in obs.pods:
+        if p.node is not None and p.node.role == "leader":
+            return _host(obs.name, obs.namespace, p.ordinal), p.ordinal
+    raise RuntimeError("no leader to send the change to")
+
+
+def execute(action: Action, spec: Spec, obs: Observed, patch_status: dict[str, Any]) -> None:
+    name, ns = obs.name, obs.namespace
+    apps, core = client.AppsV1Api(), client.CoreV1Api()
+    if isinstance(action, CreateResources):
+        for manifest in build_all(spec, name, ns):
+            _create(manifest)
+    elif isinstance(action, ScaleStatefulSet):
+        apps.patch_namespaced_stateful_set(name, ns, {"spec": {"replicas": action.replicas}})
+        # the template tracks the spec (image, resources...) but keeps the planned replicas
+        apps.patch_namespaced_stateful_set(
+            name, ns, build_statefulset(spec, name, ns, action.replicas))
+    elif isinstance(action, AddMember | RemoveMember):
+        host, _ = _leader_host(obs)
+        patch_status["pendingChange"] = f"{type(action).__name__} {action.node}"
+        if isinstance(action, AddMember):
+            result = call_add_member(host, ADMIN_PORT, action.node, action.address)
+        else:
+            result = call_remove_member(host, ADMIN_PORT, action.node)
+        patch_status["pendingChange"] = None
+        members = sorted((result.get("status") or {}).get("members") or ())
+        cm = build_configmap(spec, name, ns, members, formed=obs.formed)
+        core.patch_namespaced_config_map(name, ns, {"data": {"members": cm["data"]["members"]}})
+    elif isinstance(action, TransferLeadership | DrainMember):
+        # needs node support (admin TransferLeadership / Drain): UNIMPLEMENTED until then
+        node = action.from_node if isinstance(action, TransferLeadership) else action.node
+        method = "TransferLeadership" if isinstance(action, TransferLeadership) else "Drain"
+        _call(_host(name, ns, int(node.rsplit("-", 1)[1])), ADMIN_PORT, method, {}, 30.0)
+    elif isinstance(action, MarkFormed):
+        core.patch_namespaced_config_map(name, ns, {"data": {"formed": "true"}})
+    elif isinstance(action, UpdateStatus):
+        patch_status.update({
+            "members": list(action.members), "leader": action.leader,
+            "inSync": list(action.in_sync), "observedGeneration": action.observed_generation,
+            "volumes": dict(action.volumes),
+            "conditions": [{"type": c.type, "status": c.status, "reason": c.reason,
+                            "message": c.message} for c in action.conditions],
+        })
+    elif isinstance(action, WaitFor):
+        pass
+
+
+def _create(manifest: dict[str, Any]) -> None:
+    kind, ns = manifest["kind"], manifest["metadata"]["namespace"]
+    create: Any = {
+        "ConfigMap": client.CoreV1Api().create_namespaced_config_map,
+        "Service": client.CoreV1Api().create_namespaced_service,
+        "StatefulSet": client.AppsV1Api().create_namespaced_stateful_set,
+        "PodDisruptionBudget": client.PolicyV1Api().create_namespaced_pod_disruption_budget,
+        "NetworkPolicy": client.NetworkingV1Api().create_namespaced_network_policy,
+    }[kind]
+    try:
+        create(ns, manifest)
+    except ApiException as exc:
+        if exc.status != 409:  # already exists: idempotent
+            raise
