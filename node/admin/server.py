@@ -20,6 +20,7 @@ SERVICE = "mirrorq.Admin"
 class Membership(Protocol):
     async def add_member(self, node_id: str, address: str) -> None: ...
     async def remove_member(self, node_id: str) -> None: ...
+    async def transfer_leadership(self, node_id: str | None = None) -> str: ...
 
 
 def _json_in(data: bytes) -> Any:
@@ -55,6 +56,13 @@ class AdminServer:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "RemoveMember needs node_id")
             return await self._change(context, lambda m: m.remove_member(node_id))
 
+        async def transfer_leadership(request: Any,
+                                      context: grpc.aio.ServicerContext) -> dict[str, Any]:
+            target = request.get("node_id")
+            if target is not None and not isinstance(target, str):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "node_id must be a string")
+            return await self._change(context, lambda m: m.transfer_leadership(target))
+
         def unary(fn: Any) -> grpc.RpcMethodHandler:
             return grpc.unary_unary_rpc_method_handler(
                 fn, request_deserializer=_json_in, response_serializer=_json_out)
@@ -63,6 +71,7 @@ class AdminServer:
             "Status": unary(status),
             "AddMember": unary(add_member),
             "RemoveMember": unary(remove_member),
+            "TransferLeadership": unary(transfer_leadership),
         })
         self._server = grpc.aio.server()
         self._server.add_generic_rpc_handlers((handler,))
@@ -106,6 +115,11 @@ def call_add_member(host: str, port: int, node_id: str, address: str,
 
 def call_remove_member(host: str, port: int, node_id: str, timeout: float = 60.0) -> dict[str, Any]:
     return _call(host, port, "RemoveMember", {"node_id": node_id}, timeout)
+
+
+def call_transfer_leadership(host: str, port: int, node_id: str | None = None,
+                             timeout: float = 30.0) -> dict[str, Any]:
+    return _call(host, port, "TransferLeadership", {"node_id": node_id}, timeout)
 
 
 class MetricsServer:

@@ -290,6 +290,7 @@ class RaftNode:
         self._lag: dict[str, _Lag] = {}
         self._bootstrapped = False
         self._was_member = False
+        self._raft_tasks: deque[Callable[[], None]] = deque()  # run on the raft thread
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._syncobj: _BrokerLog | None = None
@@ -442,6 +443,8 @@ class RaftNode:
     def _on_tick(self) -> None:
         so = self._syncobj
         assert so is not None
+        while self._raft_tasks:  # pysyncobj calls that touch Raft state directly
+            self._raft_tasks.popleft()()
         last = so.last_log_index()
         if last != self._flushed_index:
             so.journal_flush()
@@ -800,6 +803,49 @@ class RaftNode:
         err = await asyncio.wait_for(fut, timeout)
         if err != FAIL_REASON.SUCCESS:
             raise RuntimeError(f"membership change refused (reason {err})")
+
+    async def transfer_leadership(self, node_id: str | None = None, timeout: float = 10.0) -> str:
+        """Hand leadership to `node_id` (or the most caught-up follower) with
+        Raft's TimeoutNow, e.g. before this node is removed; returns the new
+        leader's id. Must be asked of the leader."""
+        so = self._syncobj
+        assert so is not None
+        address = None
+        if node_id is not None:
+            address = self.state.members.get(node_id) or self.config.peers.get(node_id)
+            if address is None:
+                raise KeyError(f"no member {node_id!r}")
+        deadline = time.monotonic() + timeout
+        err = FAIL_REASON.REQUEST_DENIED
+        # pysyncobj sends TimeoutNow only when the target's matchIndex equals
+        # the leader's last index: under load, retry until a moment it does
+        while err == FAIL_REASON.REQUEST_DENIED and time.monotonic() < deadline:
+            fut: asyncio.Future[int] = self.loop.create_future()
+
+            def settle(result: int, fut: asyncio.Future[int] = fut) -> None:
+                if not fut.done():
+                    fut.set_result(result)
+
+            def done(_res: Any, result: int, settle: Callable[[int], None] = settle) -> None:
+                self.loop.call_soon_threadsafe(settle, result)
+
+            def request(done: Callable[[Any, int], None] = done) -> None:
+                so.transferLeadership(address, callback=done)
+
+            self._raft_tasks.append(request)
+            err = await asyncio.wait_for(fut, max(0.1, deadline - time.monotonic()))
+            if err == FAIL_REASON.REQUEST_DENIED:
+                await asyncio.sleep(0.02)
+        if err != FAIL_REASON.SUCCESS:
+            raise RuntimeError(f"leadership transfer refused (reason {err}): ask the leader, "
+                               "and the target must be caught up")
+        deadline = max(deadline, time.monotonic() + 5.0)
+        while time.monotonic() < deadline:  # the request was sent; wait for the outcome
+            leader = self.status()["leader"]
+            if leader not in (None, self.node_id) and (node_id is None or leader == node_id):
+                return str(leader)
+            await asyncio.sleep(0.05)
+        raise TimeoutError("no new leader after the transfer request")
 
     # ------------------------------------------------------------ queries
     def is_congested(self) -> bool:
