@@ -93,6 +93,7 @@ class Probe:
         self.blocked_at: list[float] = []
         self.unblocked_at: list[float] = []
         self.lost: str | None = None
+        self.registered: set[int] = set()
 
     def publish(self, n: int) -> list[int]:
         ids, out, now = [], bytearray(), time.monotonic()
@@ -144,19 +145,32 @@ class Probe:
         self.seq = 0
         self.sent.clear()
 
-    def await_unblock(self, timeout: float) -> str:
-        """After healing: 'unblocked' when connection.unblocked arrived on the same
-        connection, 'forced-close: ...' when the node closed it with 320
-        CONNECTION_FORCED (RabbitMQ's pause_minority also drops its clients) and a new
-        connection to it works. Anything else fails."""
+    def register(self, n: int = 5, timeout: float = 30.0) -> None:
+        """Publish `n` and wait for their acks, so this connection's channel is in
+        the replicated state before a fault (batches from one node commit in order);
+        a node later declared down then always drops it (NodeDown)."""
+        ids = self.publish(n)
+        assert self.pump(lambda: self.settled(ids), timeout), f"{n} warm-up publishes not settled in {timeout}s"
+        assert all(i in self.acked for i in ids), f"warm-up publishes nacked: {sorted(self.nacked)}"
+        self.registered.update(ids)   # confirmed: the final drain must hold them
+        self.acked.clear()
+
+    def await_declared_down(self, timeout: float) -> float:
+        """After healing: the node, once it applies the majority's NodeDown for
+        itself, closes this connection with 320 CONNECTION_FORCED (its unacked
+        deliveries went to other consumers meanwhile; RabbitMQ's pause_minority
+        also drops its clients). A connection.unblocked may come first. Returns
+        the seconds waited; reconnects to the same node."""
+        t0 = time.monotonic()
         try:
-            if self.pump(lambda: bool(self.unblocked_at), timeout):
-                return "unblocked"
+            self.pump(lambda: False, timeout)
         except ProbeLost as exc:
-            assert "320" in str(exc), f"connection ended without a proper close: {exc}"
+            assert "320" in str(exc) and "declared down" in str(exc), \
+                f"connection ended without the NodeDown close: {exc}"
             self.reconnect()
-            return f"forced-close: {exc}"
-        raise AssertionError(f"no connection.unblocked within {timeout}s after healing")
+            return time.monotonic() - t0
+        raise AssertionError(f"{self.node.node_id} kept the connection {timeout}s after healing although "
+                             f"the majority declared it down")
 
     def settled(self, ids: list[int]) -> bool:
         return all(i in self.acked or i in self.nacked for i in ids)
@@ -202,6 +216,7 @@ def test_s26_minority_node_never_confirms_and_nacks_within_bound(ns_cluster: Clu
     assert maj.error is None, maj.summary()
 
     probe = Probe(minority, q, "min")
+    probe.register()
     try:
         # ---- cut the minority's Raft links (clients still reach it)
         t_cut = time.monotonic()
@@ -243,7 +258,8 @@ def test_s26_minority_node_never_confirms_and_nacks_within_bound(ns_cluster: Clu
         lab.heal(idx(c, minority))
         healthy(c)
         t_in_sync = time.monotonic() - t_heal
-        how = probe.await_unblock(HEAL_TIMEOUT)
+        waited = probe.await_declared_down(HEAL_TIMEOUT)
+        how = f"closed 320 after {waited:.2f}s, reconnected"
         # its batches from the cut still have to go through before it unblocks
         wait_for(lambda: (lambda st: st.get("has_quorum") is True and st.get("blocked") is False)(
             status_of(minority)), timeout=20, what=f"{minority.node_id} to report quorum, unblocked")
@@ -262,7 +278,7 @@ def test_s26_minority_node_never_confirms_and_nacks_within_bound(ns_cluster: Clu
 
     assert maj.error is None, maj.summary()
     got = drain(leader, q)
-    res = check_delivered({"maj": maj.confirmed, "min": set(probe.acked)}, got)
+    res = check_delivered({"maj": maj.confirmed, "min": set(probe.acked) | probe.registered}, got)
     print(f"  drain via {leader.node_id}: delivered={res['delivered']} dup={res['duplicates']} "
           f"lost={res['lost_count']}")
     assert res["lost_count"] == 0, f"confirmed but missing: { {k: v[:20] for k, v in res['lost'].items()} }"
@@ -285,6 +301,7 @@ def test_s25_leader_in_minority(ns_cluster: Cluster) -> None:
     assert maj.error is None, maj.summary()
 
     probe = Probe(old, q, "old")
+    probe.register()
     try:
         t_cut = time.monotonic()
         lab.partition(idx(c, old), [idx(c, f1), idx(c, f2)])
@@ -316,7 +333,8 @@ def test_s25_leader_in_minority(ns_cluster: Cluster) -> None:
         lab.heal(idx(c, old))
         healthy_leader = healthy(c)
         t_healthy = time.monotonic() - t_heal
-        how = probe.await_unblock(HEAL_TIMEOUT)
+        waited = probe.await_declared_down(HEAL_TIMEOUT)
+        how = f"closed 320 after {waited:.2f}s, reconnected"
         wave3 = probe.publish(20)
         assert probe.pump(lambda: probe.settled(wave3), 30)
         assert all(i in probe.acked for i in wave3), f"nacks after healing: {probe.nacked}"
@@ -347,6 +365,6 @@ def test_s25_leader_in_minority(ns_cluster: Cluster) -> None:
     assert len(set(depths.values())) == 1, f"nodes disagree on the queue depth: {depths}"
 
     got = drain(f1, q)
-    res = check_delivered({"maj": maj.confirmed, "old": set(probe.acked)}, got)
+    res = check_delivered({"maj": maj.confirmed, "old": set(probe.acked) | probe.registered}, got)
     print(f"  drain: delivered={res['delivered']} dup={res['duplicates']} lost={res['lost_count']}")
     assert res["lost_count"] == 0, f"confirmed but missing: { {k: v[:20] for k, v in res['lost'].items()} }"
