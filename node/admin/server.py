@@ -21,6 +21,7 @@ class Membership(Protocol):
     async def add_member(self, node_id: str, address: str) -> None: ...
     async def remove_member(self, node_id: str) -> None: ...
     async def transfer_leadership(self, node_id: str | None = None) -> str: ...
+    async def set_draining(self, node_id: str | None = None, draining: bool = True) -> None: ...
 
 
 def _json_in(data: bytes) -> Any:
@@ -63,6 +64,14 @@ class AdminServer:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "node_id must be a string")
             return await self._change(context, lambda m: m.transfer_leadership(target))
 
+        def maintenance(draining: bool) -> Any:
+            async def handler(request: Any, context: grpc.aio.ServicerContext) -> dict[str, Any]:
+                node_id = request.get("node_id")
+                if node_id is not None and not isinstance(node_id, str):
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "node_id must be a string")
+                return await self._change(context, lambda m: m.set_draining(node_id, draining))
+            return handler
+
         def unary(fn: Any) -> grpc.RpcMethodHandler:
             return grpc.unary_unary_rpc_method_handler(
                 fn, request_deserializer=_json_in, response_serializer=_json_out)
@@ -72,6 +81,8 @@ class AdminServer:
             "AddMember": unary(add_member),
             "RemoveMember": unary(remove_member),
             "TransferLeadership": unary(transfer_leadership),
+            "Drain": unary(maintenance(True)),
+            "Revive": unary(maintenance(False)),
         })
         self._server = grpc.aio.server()
         self._server.add_generic_rpc_handlers((handler,))
@@ -120,6 +131,18 @@ def call_remove_member(host: str, port: int, node_id: str, timeout: float = 60.0
 def call_transfer_leadership(host: str, port: int, node_id: str | None = None,
                              timeout: float = 30.0) -> dict[str, Any]:
     return _call(host, port, "TransferLeadership", {"node_id": node_id}, timeout)
+
+
+def call_drain(host: str, port: int, timeout: float = 30.0,
+               node_id: str | None = None) -> dict[str, Any]:
+    """Maintenance mode for `node_id` (default: the node asked): its clients
+    are closed with 320, it accepts no new ones and leaves the in-sync set."""
+    return _call(host, port, "Drain", {"node_id": node_id}, timeout)
+
+
+def call_revive(host: str, port: int, timeout: float = 30.0,
+                node_id: str | None = None) -> dict[str, Any]:
+    return _call(host, port, "Revive", {"node_id": node_id}, timeout)
 
 
 class MetricsServer:

@@ -33,6 +33,9 @@ class _Protocol(asyncio.Protocol):
         self.transport = transport
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         srv = self.server
+        if srv.proposer.draining():  # maintenance mode: no new clients (the listener closes too)
+            transport.abort()
+            return
         conn = Connection(srv.proposer, ConnId(srv.node_id, next_serial()), srv.config)
         self.conn = conn
         srv.conns[conn.id.serial] = self
@@ -102,13 +105,50 @@ class AmqpServer:
         self.alarm: str | None = None
         self._server: asyncio.base_events.Server | None = None
         self._timer: asyncio.Task[None] | None = None
+        self._listen: tuple[str, int] | None = None
+        self._relisten: asyncio.Task[None] | None = None
         proposer.add_drain_listener(self._on_drain)
 
     async def start(self, host: str, port: int) -> None:
+        self._listen = (host, port)
+        if not self.proposer.draining():  # a node restarted in maintenance mode stays closed
+            await self._open_listener()
+        self._timer = asyncio.create_task(self._timer_loop())
+
+    async def _open_listener(self) -> None:
+        assert self._listen is not None
         loop = asyncio.get_running_loop()
+        host, port = self._listen
         self._server = await loop.create_server(lambda: _Protocol(self), host, port,
                                                 reuse_address=True)
-        self._timer = asyncio.create_task(self._timer_loop())
+
+    def _check_draining(self) -> None:
+        """Maintenance mode (replicated SetDraining): close the listener and
+        every client connection (registered ones were already closed by the
+        state machine); reopen the listener when revived."""
+        if self.proposer.draining():
+            if self._server is not None:
+                log.warning("node %s is draining: closing the AMQP listener and %d connection(s)",
+                            self.node_id, len(self.conns))
+                self._server.close()
+                self._server = None
+            for proto in list(self.conns.values()):
+                conn = proto.conn
+                if conn is not None and conn.phase != CLOSED:
+                    conn.force_close(320, f"CONNECTION_FORCED - node {self.node_id} is draining "
+                                          "(maintenance mode)")
+                    proto.flush()
+        elif self._server is None and self._listen is not None and self._relisten is None:
+            log.info("node %s revived: reopening the AMQP listener", self.node_id)
+            self._relisten = asyncio.create_task(self._reopen())
+
+    async def _reopen(self) -> None:
+        try:
+            await self._open_listener()
+        except OSError as exc:
+            log.warning("cannot reopen the AMQP listener yet: %s", exc)
+        finally:
+            self._relisten = None
 
     def connection_count(self) -> int:
         return len(self.conns)
@@ -183,6 +223,7 @@ class AmqpServer:
             await asyncio.sleep(TIMER_INTERVAL)
             n += 1
             try:
+                self._check_draining()
                 self._check_memory()
                 if not self.publishers_must_wait():
                     self._update_reading()
@@ -198,6 +239,7 @@ class AmqpServer:
     # ------------------------------------------------------------ shutdown
 
     async def close(self, reason: str = "shutdown") -> None:
+        self._listen = None  # no reopening from here on
         if self._timer is not None:
             self._timer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -58,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="print a node's status (admin API)")
     status.add_argument("--admin-port", type=_port, required=True)
     status.add_argument("--host", default="127.0.0.1")
+    for name, what in (("drain", "maintenance mode: close clients, refuse new ones, leave the in-sync set"),
+                       ("revive", "leave maintenance mode")):
+        cmd = sub.add_parser(name, help=what)
+        cmd.add_argument("--admin-port", type=_port, required=True)
+        cmd.add_argument("--host", default="127.0.0.1")
+        cmd.add_argument("--node-id", help="the member to change (default: the node asked)")
     from node.app import local_cluster
     local_cluster.add_parser(sub, _Parser)
     return parser
@@ -151,21 +157,41 @@ async def serve(cfg: NodeConfig) -> None:
         raft.stop()
 
 
+def _admin_command(args: argparse.Namespace) -> int:
+    import json
+
+    import grpc
+
+    from node.admin.server import call_drain, call_revive, call_status
+    try:
+        if args.command == "status":
+            out = call_status(args.host, args.admin_port)
+        else:
+            fn = call_drain if args.command == "drain" else call_revive
+            out = fn(args.host, args.admin_port, node_id=args.node_id)
+    except grpc.RpcError as exc:
+        code = exc.code()
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            sys.stderr.write(f"mirrorq: error: cannot reach admin API on {args.host}:{args.admin_port}: "
+                             f"{code.name}\n")
+        else:
+            sys.stderr.write(f"mirrorq: error: {args.command} refused: {exc.details()}\n")
+        return EXIT_USAGE
+    except Exception as exc:  # noqa: BLE001 - one line for any transport error
+        sys.stderr.write(f"mirrorq: error: cannot reach admin API on {args.host}:{args.admin_port}: "
+                         f"{type(exc).__name__}\n")
+        return EXIT_USAGE
+    print(json.dumps(out, indent=2, sort_keys=True))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "local-cluster":
         from node.app import local_cluster
         return local_cluster.run(args)
-    if args.command == "status":
-        from node.admin.server import call_status
-        try:
-            import json
-            print(json.dumps(call_status(args.host, args.admin_port), indent=2, sort_keys=True))
-        except Exception as exc:  # noqa: BLE001 - one line for any transport error
-            sys.stderr.write(f"mirrorq: error: cannot reach admin API on {args.host}:{args.admin_port}: "
-                             f"{type(exc).__name__}\n")
-            return EXIT_USAGE
-        return 0
+    if args.command in ("status", "drain", "revive"):
+        return _admin_command(args)
     try:
         cfg = config_from_args(args)
     except ConfigError as exc:

@@ -279,6 +279,17 @@ class SetMember(NamedTuple):
     in_sync: bool
 
 
+class SetDraining(NamedTuple):
+    """Maintenance mode for a member (RabbitMQ's `rabbitmq-upgrade drain`):
+    while draining, its connections are closed (320; their unacked deliveries
+    return to their queues, redelivered), it stops accepting clients, and it
+    leaves the in-sync set and stays out (never below a majority), so it can
+    be removed or stopped without pausing confirms. draining=False revives it."""
+
+    node: str
+    draining: bool
+
+
 class DropMember(NamedTuple):
     """Forget a removed member (also leaves the in-sync set)."""
 
@@ -290,7 +301,7 @@ Command = (
     ExchangeDelete | ExchangeBind | ExchangeUnbind | QueueDeclare | QueueBind | QueueUnbind |
     QueuePurge | QueueDelete | BasicQos | BasicConsume | BasicCancel | BasicCredit |
     BasicGet | BasicPublish | BasicAck | BasicNack | BasicRecover | TxCommit | Echo | Tick |
-    NodeUp | NodeDown | MarkOutOfSync | MarkInSync | SetMember | DropMember
+    NodeUp | NodeDown | MarkOutOfSync | MarkInSync | SetMember | DropMember | SetDraining
 )
 
 

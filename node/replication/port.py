@@ -39,3 +39,8 @@ class Proposer(Protocol):
     def message_bytes(self) -> int:
         """Bytes of message bodies held in queues (memory high-watermark)."""
         ...
+
+    def draining(self) -> bool:
+        """True while this node is in maintenance mode (SetDraining): the wire
+        accepts no client connections."""
+        ...

@@ -59,6 +59,7 @@ from node.replication.command import (
     MarkOutOfSync,
     NodeDown,
     NodeUp,
+    SetDraining,
     SetMember,
     Tick,
 )
@@ -520,11 +521,11 @@ class RaftNode:
             silent = now - last_resp.get(node, now) > bound
             lagging = now - lag.since > bound
             if member in st.in_sync:
-                if silent or lagging:
+                if silent or lagging or member in st.draining:
                     self._control([MarkOutOfSync(member)])
                     if silent:
                         self._control([NodeDown(member)])
-            elif not silent and match.get(node, 0) >= commit:
+            elif not silent and match.get(node, 0) >= commit and member not in st.draining:
                 self._control([MarkInSync(member)])
 
     def _control(self, cmds: list[Command]) -> None:
@@ -778,6 +779,19 @@ class RaftNode:
             await asyncio.sleep(0.05)
         await self._change(address, add=False, timeout=timeout)
 
+    async def set_draining(self, node_id: str | None = None, draining: bool = True,
+                           timeout: float = 30.0) -> None:
+        """Maintenance mode on (drain) or off (revive) for a member, this node
+        by default; returns once the command is applied here. The leader then
+        keeps the member out of the in-sync set (while a majority remains)."""
+        node = node_id or self.node_id
+        if node not in self.state.members:
+            raise KeyError(f"no member {node!r}")
+        await self._commit([SetDraining(node, draining)], timeout)
+
+    def draining(self) -> bool:
+        return self.node_id in self.state.draining
+
     async def _commit(self, cmds: list[Command], timeout: float) -> None:
         seq = self._send_now(cmds)
         fut: asyncio.Future[None] = self.loop.create_future()
@@ -895,6 +909,7 @@ class RaftNode:
             "log_len": st.get("log_len"),
             "members": list(members) or [self.node_id, *self.config.peers],
             "in_sync": list(self.state.in_sync),
+            "draining": list(self.state.draining),
             "has_quorum": self._has_quorum(so),
             "mirrored_index": self._released,
             "blocked": self._blocked is not None,

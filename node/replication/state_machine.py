@@ -47,6 +47,7 @@ from node.replication.command import (
     QueueDelete,
     QueuePurge,
     QueueUnbind,
+    SetDraining,
     SetMember,
     Tick,
     TxCommit,
@@ -212,7 +213,7 @@ class BrokerState:
 
     __slots__ = ("now", "exchanges", "queues", "channels", "conns", "exclusive",
                  "ttl_index", "expires_index", "dedup", "counter", "message_bytes",
-                 "members", "in_sync")
+                 "members", "in_sync", "draining")
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -239,6 +240,8 @@ class BrokerState:
         # reader always iterates a consistent snapshot.
         self.members: dict[str, str] = {}
         self.in_sync: dict[str, None] = {}
+        # members in maintenance mode (SetDraining): out of the in-sync set for good
+        self.draining: dict[str, None] = {}
 
 
 def default_state() -> BrokerState:
@@ -456,13 +459,15 @@ class _Applier:
         their queues redelivered and reach consumers on other nodes (flushed
         after this command). Unlike NodeUp, queues and transient messages
         stay: the node may come back, and every node holds every queue."""
+        self.drop_connections_of(cmd.node, f"CONNECTION_FORCED - node {cmd.node} was declared down "
+                                           "by the cluster")
+
+    def drop_connections_of(self, node: str, text: str) -> None:
         s = self.s
-        node = cmd.node
         conns = dict.fromkeys(c for c in s.conns if c.node == node)
         for c in s.exclusive:
             if c.node == node:
                 conns[c] = None
-        text = f"CONNECTION_FORCED - node {node} was declared down by the cluster"
         for conn in conns:
             self.close_connection(conn)
             self.fx.append(ConnectionError(conn, 320, text, 0, 0))
@@ -486,6 +491,22 @@ class _Applier:
             s.members = {n: a for n, a in s.members.items() if n != cmd.node}
         if cmd.node in s.in_sync:
             s.in_sync = {n: None for n in s.in_sync if n != cmd.node}
+        if cmd.node in s.draining:  # added back later, it starts afresh
+            s.draining = {n: None for n in s.draining if n != cmd.node}
+
+    def set_draining(self, cmd: SetDraining) -> None:
+        s = self.s
+        if cmd.node not in s.members:
+            return
+        if not cmd.draining:
+            if cmd.node in s.draining:
+                s.draining = {n: None for n in s.draining if n != cmd.node}
+            return
+        if cmd.node not in s.draining:
+            s.draining = {**s.draining, cmd.node: None}
+        self.mark_out_of_sync(MarkOutOfSync(cmd.node))
+        self.drop_connections_of(cmd.node, f"CONNECTION_FORCED - node {cmd.node} is draining "
+                                           "(maintenance mode)")
 
     def mark_out_of_sync(self, cmd: MarkOutOfSync) -> None:
         """Refused unless the rest of the set is still a majority of members."""
@@ -495,7 +516,7 @@ class _Applier:
 
     def mark_in_sync(self, cmd: MarkInSync) -> None:
         s = self.s
-        if cmd.node in s.members and cmd.node not in s.in_sync:
+        if cmd.node in s.members and cmd.node not in s.in_sync and cmd.node not in s.draining:
             s.in_sync = self._in_sync_of({**s.in_sync, cmd.node: None})
 
     # -- exchanges ----------------------------------------------------------
@@ -1218,6 +1239,7 @@ _HANDLERS: dict[type, Callable[[_Applier, Any], None]] = {
     NodeDown: _Applier.node_down,
     SetMember: _Applier.set_member,
     DropMember: _Applier.drop_member,
+    SetDraining: _Applier.set_draining,
     MarkOutOfSync: _Applier.mark_out_of_sync,
     MarkInSync: _Applier.mark_in_sync,
 }

@@ -39,6 +39,9 @@ class FakeProposer:
     def message_bytes(self) -> int:
         return self.bytes
 
+    def draining(self) -> bool:
+        return False
+
     def blocked_reason(self) -> str | None:
         return None
 

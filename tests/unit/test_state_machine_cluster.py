@@ -15,6 +15,7 @@ from node.replication.command import (
     MarkOutOfSync,
     NodeDown,
     NodeUp,
+    SetDraining,
     SetMember,
 )
 from node.replication.effect import ConnectionError, ConsumerCancelled, Effect
@@ -145,6 +146,60 @@ def test_membership_dicts_are_replaced_not_mutated() -> None:
     assert list(seen_members) == ["n1", "n2", "n3"]
     assert list(seen_in_sync) == ["n1", "n2", "n3"]
     assert list(h.state.members) == ["n1", "n2", "n4"]
+
+
+# -- SetDraining (maintenance mode) ---------------------------------------------------
+
+def drained(node: str) -> str:
+    return f"CONNECTION_FORCED - node {node} is draining (maintenance mode)"
+
+
+def test_s25_draining_member_leaves_in_sync_and_its_clients_are_redelivered() -> None:
+    h = _two_node_setup()
+    members(h, "n1", "n2", "n3")
+    h.run(consume(R1, "q", "r"))
+    h.run(pub(C1, "q", b"a"), pub(C1, "q", b"b"))
+    h.run(consume(C1, "q", "c"))
+    fx = h.run(SetDraining("n2", True))
+    assert list(h.state.draining) == ["n2"]
+    assert list(h.state.in_sync) == ["n1", "n3"]
+    assert [e for e in fx if isinstance(e, ConnectionError)] == [
+        ConnectionError(R1.conn_id, 320, drained("n2"), 0, 0),
+        ConnectionError(R3.conn_id, 320, drained("n2"), 0, 0)]
+    assert [(d.chan, d.body, d.redelivered) for d in delivers(fx)] == [(C1, b"a", True), (C1, b"b", True)]
+    # the leader's catch-up rule cannot put it back while it drains
+    h.run(MarkInSync("n2"))
+    assert list(h.state.in_sync) == ["n1", "n3"]
+    # revived: back in sync once caught up
+    assert h.run(SetDraining("n2", False)) == []
+    assert h.state.draining == {}
+    h.run(MarkInSync("n2"))
+    assert list(h.state.in_sync) == ["n1", "n2", "n3"]
+
+
+def test_s26_draining_never_shrinks_in_sync_below_majority() -> None:
+    h = Harness()
+    members(h, "n1", "n2", "n3")
+    h.run(MarkOutOfSync("n3"))
+    h.run(SetDraining("n2", True))  # in sync would be 1 of 3: stays, but flagged
+    assert list(h.state.in_sync) == ["n1", "n2"]
+    assert list(h.state.draining) == ["n2"]
+    h.run(MarkInSync("n3"), MarkOutOfSync("n2"))
+    assert list(h.state.in_sync) == ["n1", "n3"]
+
+
+def test_draining_unknown_member_is_ignored_and_drop_member_clears_it() -> None:
+    h = Harness()
+    members(h, "n1", "n2", "n3")
+    assert h.run(SetDraining("n9", True)) == []
+    assert h.state.draining == {}
+    h.run(SetDraining("n3", True), DropMember("n3"))
+    assert h.state.draining == {} and "n3" not in h.state.members
+    h.run(SetMember("n3", "n3:4321", False), MarkInSync("n3"))  # added back fresh
+    assert list(h.state.in_sync) == ["n1", "n2", "n3"]
+    # survives a snapshot
+    h.run(SetDraining("n2", True))
+    assert list(pickle.loads(pickle.dumps(h.state)).draining) == ["n2"]
 
 
 # -- NodeDown (S25) -------------------------------------------------------------------
