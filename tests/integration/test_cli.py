@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.broker_proc import REPO, NodeProcess, free_port
+from tests.broker_proc import REPO, NodeProcess, free_port, wait_for
 
 pytestmark = pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")), reason="mirrorq's own CLI")
 
@@ -99,6 +99,31 @@ def test_admin_status_and_metrics(own_node: NodeProcess) -> None:
     assert "mirrorq_journal_flushes" in text
     own_node.kill9()
     assert_usage_error(run_cli("status", "--admin-port", str(own_node.admin_port)), "cannot reach")
+
+
+def test_drain_and_revive_cli(own_node: NodeProcess) -> None:
+    own_node.start()
+    port = str(own_node.admin_port)
+    assert_usage_error(run_cli("drain", "--admin-port", port, "--node-id", "ghost"), "drain refused")
+    assert_usage_error(run_cli("drain"), "--admin-port")
+    proc = run_cli("drain", "--admin-port", port)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["status"]["draining"] == [own_node.node_id]
+    # a single member stays in sync (never below a majority), but serves no clients
+
+    def refused() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", own_node.amqp_port), timeout=2).close()
+        except OSError:
+            return True
+        return False
+    wait_for(refused, timeout=10, what="the AMQP listener to close")
+    assert doc["status"]["in_sync"] == [own_node.node_id]
+    proc = run_cli("revive", "--admin-port", port)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["status"]["draining"] == []
+    wait_for(lambda: not refused(), timeout=10, what="the AMQP listener to reopen")
 
 
 def test_sigterm_stops_cleanly(own_node: NodeProcess) -> None:
