@@ -1,14 +1,18 @@
 """The only module doing I/O: the Kubernetes API (kubernetes client) and the admin API."""
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
+import grpc
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from node.admin.server import (
     call_add_member,
+    call_drain,
     call_remove_member,
     call_status,
     call_transfer_leadership,
@@ -16,9 +20,9 @@ from node.admin.server import (
 
 from .builders import build_all, build_configmap, build_statefulset
 from .model import (
-    ADMIN_PORT,
     Action,
     AddMember,
+    Addressing,
     CreateResources,
     DrainMember,
     MarkFormed,
@@ -31,9 +35,17 @@ from .model import (
     TransferLeadership,
     UpdateStatus,
     WaitFor,
-    headless_name,
     pod_name,
 )
+
+# How pods are reached: in-cluster DNS names and fixed ports, unless
+# MIRRORQ_OPERATOR_LOCAL_BASE_PORT selects the local mode (model.Addressing).
+# Read once, when the operator starts.
+ADDRESSING = Addressing.from_env(os.environ)
+DRAIN_TIMEOUT = 30.0
+PENDING_EXPIRY = 300.0  # well above the admin calls' 60 s timeouts
+DEFINITE_REFUSALS = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT,
+                     grpc.StatusCode.UNIMPLEMENTED)
 
 
 def load() -> None:
@@ -43,8 +55,8 @@ def load() -> None:
         config.load_kube_config()
 
 
-def _host(name: str, namespace: str, ordinal: int) -> str:
-    return f"{pod_name(name, ordinal)}.{headless_name(name)}.{namespace}.svc"
+def _admin(name: str, namespace: str, ordinal: int) -> tuple[str, int]:
+    return ADDRESSING.admin_endpoint(name, namespace, ordinal)
 
 
 def _get(fn: Any, *args: Any) -> Any:
@@ -63,7 +75,9 @@ def observe(name: str, namespace: str, generation: int, status: Mapping[str, Any
     pods: list[PodObs] = []
     replicas = ready = 0
     if sts is not None:
-        replicas, ready = sts.spec.replicas or 0, sts.status.ready_replicas or 0
+        # a StatefulSet its controller has not reported on yet has no status
+        replicas = sts.spec.replicas or 0
+        ready = (sts.status.ready_replicas if sts.status is not None else 0) or 0
         for k in range(max(replicas, len(status.get("members") or ()))):
             pod = _get(core.read_namespaced_pod, pod_name(name, k), namespace)
             pvc = _get(core.read_namespaced_persistent_volume_claim,
@@ -71,17 +85,16 @@ def observe(name: str, namespace: str, generation: int, status: Mapping[str, Any
             node = None
             if pod is not None:
                 try:
-                    node = NodeStatus.from_admin(call_status(_host(name, namespace, k),
-                                                             ADMIN_PORT, 2.0))
+                    node = NodeStatus.from_admin(call_status(*_admin(name, namespace, k), 2.0))
                 except Exception:  # unreachable node: observed as such
                     node = None
-            is_ready = pod is not None and any(
+            is_ready = pod is not None and pod.status is not None and any(
                 c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or ()))
             pods.append(PodObs(ordinal=k, ready=is_ready, node=node,
                                pvc_uid=pvc.metadata.uid if pvc is not None else None))
     pending = status.get("pendingChange")
     members = {m for p in pods if p.node for m in p.node.members}
-    if pending and _settled(pending, members):
+    if pending and (_settled(pending, members) or _expired(pending, time.time())):
         pending = None
     return Observed(name=name, namespace=namespace, exists=sts is not None, sts_replicas=replicas,
                     sts_ready=ready, generation=generation, pods=tuple(pods),
@@ -90,15 +103,28 @@ def observe(name: str, namespace: str, generation: int, status: Mapping[str, Any
 
 
 def _settled(pending: str, members: set[str]) -> bool:
-    kind, _, node = pending.partition(" ")
+    kind, node = (pending.split() + ["", ""])[:2]
     return (kind == "AddMember") == (node in members)
 
 
-def _leader_host(obs: Observed) -> tuple[str, int]:
+def _expired(pending: str, now: float) -> bool:
+    """An uncertain change older than every call's timeout can no longer land."""
+    parts = pending.split()
+    try:
+        return len(parts) > 2 and now - float(parts[2]) > PENDING_EXPIRY
+    except ValueError:
+        return False
+
+
+def _leader_admin(obs: Observed) -> tuple[str, int]:
     for p in obs.pods:
         if p.node is not None and p.node.role == "leader":
-            return _host(obs.name, obs.namespace, p.ordinal), p.ordinal
+            return _admin(obs.name, obs.namespace, p.ordinal)
     raise RuntimeError("no leader to send the change to")
+
+
+def _ordinal(node: str) -> int:
+    return int(node.rsplit("-", 1)[1])
 
 
 def execute(action: Action, spec: Spec, obs: Observed, patch_status: dict[str, Any]) -> None:
@@ -113,23 +139,31 @@ def execute(action: Action, spec: Spec, obs: Observed, patch_status: dict[str, A
         apps.patch_namespaced_stateful_set(
             name, ns, build_statefulset(spec, name, ns, action.replicas))
     elif isinstance(action, AddMember | RemoveMember):
-        host, _ = _leader_host(obs)
-        patch_status["pendingChange"] = f"{type(action).__name__} {action.node}"
-        if isinstance(action, AddMember):
-            result = call_add_member(host, ADMIN_PORT, action.node, action.address)
-        else:
-            result = call_remove_member(host, ADMIN_PORT, action.node)
+        host, port = _leader_admin(obs)
+        # Kept in the status only if the call fails with an uncertain outcome
+        # (timeout, node gone): then no other change starts until the member
+        # set shows this one, or PENDING_EXPIRY has passed.
+        patch_status["pendingChange"] = f"{type(action).__name__} {action.node} {time.time():.0f}"
+        try:
+            if isinstance(action, AddMember):
+                result = call_add_member(host, port, action.node, action.address)
+            else:
+                result = call_remove_member(host, port, action.node)
+        except grpc.RpcError as exc:
+            if exc.code() in DEFINITE_REFUSALS:  # nothing happened: nothing to wait for
+                patch_status["pendingChange"] = None
+            raise
         patch_status["pendingChange"] = None
         members = sorted((result.get("status") or {}).get("members") or ())
         cm = build_configmap(spec, name, ns, members, formed=obs.formed)
         core.patch_namespaced_config_map(name, ns, {"data": {"members": cm["data"]["members"]}})
     elif isinstance(action, TransferLeadership):
         # asked of the leader being removed; it picks the most caught-up follower
-        call_transfer_leadership(_host(name, ns, int(action.from_node.rsplit("-", 1)[1])), ADMIN_PORT)
+        call_transfer_leadership(*_admin(name, ns, _ordinal(action.from_node)))
     elif isinstance(action, DrainMember):
-        # The node has no Drain call yet (close its clients, leave the in-sync
-        # set and stay out): scale-down stops here until it has.
-        raise NotImplementedError(f"admin Drain is not implemented on the node yet ({action.node})")
+        # Asked of the member itself: it closes its AMQP clients (320), refuses new
+        # ones, and leaves the in-sync set for good (a replicated flag).
+        call_drain(*_admin(name, ns, _ordinal(action.node)), DRAIN_TIMEOUT)
     elif isinstance(action, MarkFormed):
         core.patch_namespaced_config_map(name, ns, {"data": {"formed": "true"}})
     elif isinstance(action, UpdateStatus):

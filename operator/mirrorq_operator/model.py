@@ -45,8 +45,79 @@ def headless_name(cluster: str) -> str:
     return f"{cluster}-headless"
 
 
+PORT_NAMES = ("amqp", "raft", "admin", "metrics")
+IN_CLUSTER_PORTS = {"amqp": AMQP_PORT, "raft": RAFT_PORT, "admin": ADMIN_PORT,
+                    "metrics": METRICS_PORT}
+LOCAL_BASE_PORT_ENV = "MIRRORQ_OPERATOR_LOCAL_BASE_PORT"
+LOCAL_HOST = "127.0.0.1"
+LOCAL_STRIDE = 10  # ports per ordinal in local mode
+MAX_ORDINAL = 8  # the CRD allows at most 9 replicas
+
+
+@dataclass(frozen=True)
+class Addressing:
+    """Where the operator reaches pod `ordinal` of a cluster (its Raft and admin endpoints).
+
+    In-cluster (the default, local_base_port None): the pod's stable DNS name
+    NAME-k.NAME-headless.NS.svc behind the headless Service, on the fixed ports
+    (AMQP 5672, Raft 25672, admin 15672, metrics 15692).
+
+    Local (development and tests, no Kubernetes DNS): every pod on 127.0.0.1,
+    pod k on ports P+10k (AMQP), P+10k+1 (Raft), P+10k+2 (admin), P+10k+3
+    (metrics), P = local_base_port. Selected by MIRRORQ_OPERATOR_LOCAL_BASE_PORT=P.
+    Whatever runs the pods (tests/operator/kubelet.py) starts them on these ports.
+    """
+    local_base_port: int | None = None
+
+    def __post_init__(self) -> None:
+        p = self.local_base_port
+        if p is not None and not 1024 <= p <= 65535 - LOCAL_STRIDE * (MAX_ORDINAL + 1):
+            raise ValueError(f"local base port {p} out of range "
+                             f"1024..{65535 - LOCAL_STRIDE * (MAX_ORDINAL + 1)}")
+
+    @property
+    def local(self) -> bool:
+        return self.local_base_port is not None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Addressing:
+        """In-cluster unless MIRRORQ_OPERATOR_LOCAL_BASE_PORT is set (to a port number)."""
+        raw = (env.get(LOCAL_BASE_PORT_ENV) or "").strip()
+        if not raw:
+            return cls()
+        if not raw.isdigit():
+            raise ValueError(f"{LOCAL_BASE_PORT_ENV} must be a port number, got {raw!r}")
+        return cls(local_base_port=int(raw))
+
+    def host(self, cluster: str, namespace: str, ordinal: int) -> str:
+        if self.local_base_port is not None:
+            return LOCAL_HOST
+        return f"{pod_name(cluster, ordinal)}.{headless_name(cluster)}.{namespace}.svc"
+
+    def port(self, ordinal: int, name: str) -> int:
+        if name not in PORT_NAMES:
+            raise ValueError(f"unknown port {name!r}")
+        if self.local_base_port is None:
+            return IN_CLUSTER_PORTS[name]
+        return self.local_base_port + LOCAL_STRIDE * ordinal + PORT_NAMES.index(name)
+
+    def raft_address(self, cluster: str, namespace: str, ordinal: int) -> str:
+        """HOST:PORT a member is known by in Raft (AddMember, peers)."""
+        return f"{self.host(cluster, namespace, ordinal)}:{self.port(ordinal, 'raft')}"
+
+    def admin_endpoint(self, cluster: str, namespace: str, ordinal: int) -> tuple[str, int]:
+        return self.host(cluster, namespace, ordinal), self.port(ordinal, "admin")
+
+    def amqp_endpoint(self, cluster: str, namespace: str, ordinal: int) -> tuple[str, int]:
+        return self.host(cluster, namespace, ordinal), self.port(ordinal, "amqp")
+
+
+IN_CLUSTER = Addressing()
+
+
 def raft_address(cluster: str, namespace: str, ordinal: int) -> str:
-    return f"{pod_name(cluster, ordinal)}.{headless_name(cluster)}.{namespace}.svc:{RAFT_PORT}"
+    """The in-cluster Raft address of pod `ordinal` (see Addressing for the local mode)."""
+    return IN_CLUSTER.raft_address(cluster, namespace, ordinal)
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,13 @@ while one is in flight. The same observation always yields the same plan.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .model import (
+    IN_CLUSTER,
     Action,
     AddMember,
+    Addressing,
     Condition,
     CreateResources,
     DrainMember,
@@ -21,7 +25,6 @@ from .model import (
     UpdateStatus,
     WaitFor,
     pod_name,
-    raft_address,
 )
 
 
@@ -74,9 +77,16 @@ def conditions(spec: Spec, obs: Observed, view: NodeStatus | None,
     return (all_ready, available, recon, quorum)
 
 
+def with_failure(status: UpdateStatus, error: str) -> UpdateStatus:
+    """The status to write when an action of this pass failed: ReconcileSuccess False."""
+    failed = Condition("ReconcileSuccess", "False", "ActionFailed", error)
+    return replace(status, conditions=tuple(failed if c.type == failed.type else c
+                                            for c in status.conditions))
+
+
 def _status(spec: Spec, obs: Observed, view: NodeStatus | None,
             actions: list[Action], extra_volumes: dict[str, str] | None = None) -> UpdateStatus:
-    progress = "; ".join(_describe(a) for a in actions) or None
+    progress = "; ".join(describe(a) for a in actions) or None
     volumes = dict(obs.volumes)
     # a member seen for the first time: remember its volume
     if view is not None:
@@ -95,7 +105,7 @@ def _status(spec: Spec, obs: Observed, view: NodeStatus | None,
     )
 
 
-def _describe(a: Action) -> str:
+def describe(a: Action) -> str:
     if isinstance(a, WaitFor):
         return f"waiting: {a.reason}"
     return type(a).__name__ + ("(" + ", ".join(str(v) for v in vars(a).values()) + ")"
@@ -116,18 +126,21 @@ def _healthy(obs: Observed, view: NodeStatus, upto: int) -> str | None:
     return None
 
 
-def plan(spec: Spec, obs: Observed) -> list[Action]:
+def plan(spec: Spec, obs: Observed, addressing: Addressing = IN_CLUSTER) -> list[Action]:
+    """`addressing` only decides the Raft address an AddMember carries."""
     if not obs.exists:
         first: list[Action] = [CreateResources()]
         return [*first, _status(spec, obs, None, first)]
     view = cluster_view(obs)
-    actions = _steps(spec, obs, view)
+    actions = _steps(spec, obs, view, addressing)
     extra = {a.node: a.pvc_uid for a in actions if isinstance(a, AddMember) and a.pvc_uid}
     return [*actions, _status(spec, obs, view, actions, extra)]
 
 
-def _steps(spec: Spec, obs: Observed, view: NodeStatus | None) -> list[Action]:
+def _steps(spec: Spec, obs: Observed, view: NodeStatus | None,
+           addressing: Addressing) -> list[Action]:
     name = obs.name
+    raft_address = addressing.raft_address
     if obs.pending_change:
         return [WaitFor(f"membership change in flight: {obs.pending_change}")]
     if view is None:

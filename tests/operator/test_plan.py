@@ -16,7 +16,7 @@ from mirrorq_operator.model import (
     UpdateStatus,
     WaitFor,
 )
-from mirrorq_operator.plan import plan
+from mirrorq_operator.plan import plan, with_failure
 
 NAME, NS = "mirrorq", "prod"
 
@@ -207,3 +207,13 @@ def test_last_error_fails_reconcile_condition():
     obs = Observed(**{**cluster(3, [0, 1, 2]).__dict__, "last_error": "boom"})
     conds = {c.type: c for c in plan(Spec(replicas=3), obs)[-1].conditions}
     assert conds["ReconcileSuccess"].status == "False" and conds["ReconcileSuccess"].message == "boom"
+
+
+def test_a_failed_action_turns_reconcile_success_false_and_keeps_the_rest():
+    status = plan(Spec(replicas=3), cluster(5, [0, 1, 2, 3, 4], leader=1))[-1]
+    failed = with_failure(status, "DrainMember: boom")
+    conds = {c.type: c for c in failed.conditions}
+    assert conds["ReconcileSuccess"].status == "False"
+    assert conds["ReconcileSuccess"].message == "DrainMember: boom"
+    assert [c.type for c in failed.conditions] == [c.type for c in status.conditions]
+    assert failed.members == status.members and failed.volumes == status.volumes
