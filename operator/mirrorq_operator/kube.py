@@ -14,6 +14,7 @@ from node.admin.server import (
     call_add_member,
     call_drain,
     call_remove_member,
+    call_revive,
     call_status,
     call_transfer_leadership,
 )
@@ -30,6 +31,7 @@ from .model import (
     Observed,
     PodObs,
     RemoveMember,
+    ReviveMember,
     ScaleStatefulSet,
     Spec,
     TransferLeadership,
@@ -160,6 +162,8 @@ def execute(action: Action, spec: Spec, obs: Observed, patch_status: dict[str, A
     elif isinstance(action, TransferLeadership):
         # asked of the leader being removed; it picks the most caught-up follower
         call_transfer_leadership(*_admin(name, ns, _ordinal(action.from_node)))
+    elif isinstance(action, ReviveMember):
+        call_revive(*_admin(name, ns, _ordinal(action.node)), DRAIN_TIMEOUT)
     elif isinstance(action, DrainMember):
         # Asked of the member itself: it closes its AMQP clients (320), refuses new
         # ones, and leaves the in-sync set for good (a replicated flag).

@@ -129,13 +129,15 @@ class NodeStatus:
     in_sync: tuple[str, ...]
     has_quorum: bool
     blocked: bool = False
+    draining: tuple[str, ...] = ()  # members in maintenance mode (admin Drain)
 
     @classmethod
     def from_admin(cls, doc: Mapping[str, Any]) -> NodeStatus:
         return cls(role=str(doc.get("role")), leader=doc.get("leader"),
                    members=tuple(sorted(doc.get("members") or ())),
                    in_sync=tuple(sorted(doc.get("in_sync") or ())),
-                   has_quorum=bool(doc.get("has_quorum")), blocked=bool(doc.get("blocked")))
+                   has_quorum=bool(doc.get("has_quorum")), blocked=bool(doc.get("blocked")),
+                   draining=tuple(sorted(doc.get("draining") or ())))
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,12 @@ class DrainMember:
 
 
 @dataclass(frozen=True)
+class ReviveMember:
+    """Undo a drain of a member that stays (a scale-down changed its mind)."""
+    node: str
+
+
+@dataclass(frozen=True)
 class ScaleStatefulSet:
     replicas: int
 
@@ -231,6 +239,6 @@ class UpdateStatus:
     volumes: tuple[tuple[str, str], ...] = ()
 
 
-Action = (CreateResources | AddMember | RemoveMember | TransferLeadership | DrainMember
+Action = (CreateResources | AddMember | RemoveMember | TransferLeadership | DrainMember | ReviveMember
           | ScaleStatefulSet | MarkFormed | WaitFor | UpdateStatus)
 MEMBERSHIP_CHANGES = (AddMember, RemoveMember)

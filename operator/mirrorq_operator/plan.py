@@ -19,6 +19,7 @@ from .model import (
     NodeStatus,
     Observed,
     RemoveMember,
+    ReviveMember,
     ScaleStatefulSet,
     Spec,
     TransferLeadership,
@@ -149,6 +150,12 @@ def _steps(spec: Spec, obs: Observed, view: NodeStatus | None,
         return [WaitFor("members disagree on membership: change propagating")]
     steps: list[Action] = [] if obs.formed else [MarkFormed()]
     current, desired = obs.sts_replicas, max(spec.replicas, 1)
+
+    # a member drained for a scale-down that was then called off: serve again
+    for m in view.draining:
+        j = _ordinal(name, m)
+        if m in view.members and j is not None and j < desired:
+            return [*steps, ReviveMember(m)]
 
     # a pod whose volume was lost: remove its old identity, then add it back fresh
     for k in range(current):

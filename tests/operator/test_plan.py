@@ -10,6 +10,7 @@ from mirrorq_operator.model import (
     Observed,
     PodObs,
     RemoveMember,
+    ReviveMember,
     ScaleStatefulSet,
     Spec,
     TransferLeadership,
@@ -28,7 +29,7 @@ def node(k: int) -> str:
 def cluster(replicas: int, members: list[int], in_sync: list[int] | None = None,
             leader: int = 0, ready: list[int] | None = None,
             volumes: dict[int, str] | None = None, pvc: dict[int, str] | None = None,
-            pending: str | None = None) -> Observed:
+            pending: str | None = None, draining: list[int] | None = None) -> Observed:
     """A StatefulSet of `replicas` pods; all reachable pods agree on `members`."""
     ids = tuple(sorted(node(k) for k in members))
     sync = tuple(sorted(node(k) for k in (members if in_sync is None else in_sync)))
@@ -37,7 +38,8 @@ def cluster(replicas: int, members: list[int], in_sync: list[int] | None = None,
     for k in range(replicas):
         up = k in ready_set
         status = NodeStatus(role="leader" if k == leader else "follower", leader=node(leader),
-                            members=ids, in_sync=sync, has_quorum=True) if up else None
+                            members=ids, in_sync=sync, has_quorum=True,
+                            draining=tuple(node(k) for k in draining or ())) if up else None
         pods.append(PodObs(ordinal=k, ready=up, pvc_uid=(pvc or {}).get(k, f"uid-{k}"),
                            node=status))
     recorded = {node(k): v for k, v in (volumes or {}).items()}
@@ -217,3 +219,11 @@ def test_a_failed_action_turns_reconcile_success_false_and_keeps_the_rest():
     assert conds["ReconcileSuccess"].message == "DrainMember: boom"
     assert [c.type for c in failed.conditions] == [c.type for c in status.conditions]
     assert failed.members == status.members and failed.volumes == status.volumes
+
+
+def test_called_off_scale_down_revives_the_drained_member():
+    # 5 -> 3 drained pod 4, then the user asked for 5 again: it serves again first
+    obs = cluster(5, [0, 1, 2, 3, 4], in_sync=[0, 1, 2, 3], leader=1, draining=[4])
+    assert steps(plan(Spec(replicas=5), obs)) == [ReviveMember(node(4))]
+    # still going down: the drained member is removed, not revived
+    assert steps(plan(Spec(replicas=3), obs)) == [RemoveMember(node(4))]
