@@ -39,8 +39,13 @@ CHAOS_ARGS ?=
 chaos: $(STAMP)
 	$(PY) -m chaosmirrorq.suite $(CHAOS_ARGS)
 
+# bench: the benchmark suite (bench/README.md): mirrorq 1 and 3 nodes vs RabbitMQ 3.10
+# 1 node / 3-node quorum / 3-node classic mirrored, 3 repeats each; installs the Debian
+# packages it needs first. Quicker: make bench BENCH_ARGS='--quick'
+BENCH_ARGS ?=
 bench: $(STAMP)
-	$(PY) bench/run.py
+	bash bench/install-deps.sh
+	$(PY) bench/suite.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) data build *.egg-info

@@ -133,9 +133,12 @@ def epmd_pids() -> set[int]:
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if (d / "comm").read_text().strip() == "epmd":
+                if (d / "comm").read_text().strip() != "epmd":
+                    continue
+                state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state not in ("Z", "X"):  # an exited epmd not yet reaped is no epmd
                     pids.add(int(d.name))
-            except OSError:
+            except (OSError, IndexError):
                 pass
     return pids
 

@@ -7,13 +7,16 @@ import com.rabbitmq.client.DefaultConsumer;
 import com.rabbitmq.client.Envelope;
 
 import java.io.IOException;
+import java.nio.ByteBuffer;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.NavigableSet;
 import java.util.Random;
+import java.util.Set;
 import java.util.UUID;
 import java.util.concurrent.ConcurrentSkipListSet;
 import java.util.concurrent.CountDownLatch;
@@ -21,26 +24,43 @@ import java.util.concurrent.Semaphore;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.locks.LockSupport;
 
 /**
  * mirrorq load generator (RabbitMQ Java client). One JSON line on stdout.
  *
  *   Bench --uri URI --mode confirms --count 10000 --size 1024 --window 5000 --publishers 1
+ *   Bench --uri URI --mode confirms --count 50000 --window 0          (0 = no window, unbounded)
+ *   Bench --uri URI --mode publish  --count 200000 --threads 2        (no confirms, N connections)
  *   Bench --uri URI --mode tx       --count 2000  --size 1024
- *   Bench --uri URI --mode consume  --queue Q [--count N] --prefetch 1000 --ack-every 100
+ *   Bench --uri URI --mode consume  --queue Q [--count N] --prefetch 1000 --ack-every 100 [--auto-ack]
+ *   Bench --uri URI --mode latency  --rate 2000 --duration 10 --warmup-seconds 2 --prefetch 100
  *
  * Common: --queue NAME (default: a fresh durable queue), --keep (do not delete the
- * queue afterwards; default for confirms/tx is to delete unless --keep),
- * --warmup N (confirms: first publish N untimed messages to a throwaway queue),
- * --timeout SECONDS (stall timeout, default 120), --transient (non-persistent).
- * Exit status 0 when every message was confirmed/committed/consumed, else 1.
+ * queue afterwards; default for confirms/tx/publish/latency is to delete unless --keep),
+ * --declare-uri URI (declare the queue and read its depth over a connection to this URI,
+ * e.g. another cluster node, so the queue leader is placed there; default --uri),
+ * --queue-type T (declare with x-queue-type=T, e.g. quorum; default: no arguments),
+ * --warmup N (confirms/publish/tx/latency: first publish N untimed confirmed messages to a
+ * throwaway queue so the JVM is warm), --timeout SECONDS (stall timeout, default 120),
+ * --transient (non-persistent), --check-depth (confirms: the queue must hold exactly
+ * --count messages afterwards; only for a queue nobody else publishes to).
+ *
+ * Every message body starts with an 8-byte id ((publisher index << 32) | per-publisher
+ * sequence number) so consumers can check that each message arrives exactly once; latency
+ * mode adds the publish time (System.nanoTime) in bytes 8..15 and the scheduled time in
+ * bytes 16..23. Bodies are at least 24 bytes.
+ * Exit status 0 when every message was confirmed/committed/consumed exactly once, else 1.
  */
 public final class Bench {
     static final Map<String, String> opts = new HashMap<>();
 
     static String opt(String k, String def) { return opts.getOrDefault(k, def); }
     static int optInt(String k, int def) { return Integer.parseInt(opt(k, String.valueOf(def))); }
+    static double optDouble(String k, double def) { return Double.parseDouble(opt(k, String.valueOf(def))); }
     static boolean flag(String k) { return opts.containsKey(k); }
+
+    static final int MIN_BODY = 24;
 
     public static void main(String[] args) {
         for (int i = 0; i < args.length; i++) {
@@ -56,13 +76,16 @@ public final class Bench {
             out.put("mode", mode);
             switch (mode) {
                 case "confirms": confirms(out); break;
+                case "publish": publish(out); break;
                 case "tx": tx(out); break;
                 case "consume": consume(out); break;
+                case "latency": latency(out); break;
                 default: throw new IllegalArgumentException("unknown --mode " + mode);
             }
         } catch (Throwable t) {
             out.put("error", describe(t));
         }
+        out.put("sanity_ok", !out.fields.containsKey("error"));
         System.out.println(out.json());
         System.out.flush();
         System.exit(out.fields.containsKey("error") ? 1 : 0);
@@ -81,9 +104,9 @@ public final class Bench {
         return sb.toString();
     }
 
-    static ConnectionFactory factory() throws Exception {
+    static ConnectionFactory factory(String uri) throws Exception {
         ConnectionFactory cf = new ConnectionFactory();
-        cf.setUri(opt("uri", "amqp://guest:guest@127.0.0.1:5672/%2F"));
+        cf.setUri(uri);
         if (cf.getVirtualHost() == null || cf.getVirtualHost().isEmpty()) cf.setVirtualHost("/");
         cf.setAutomaticRecoveryEnabled(false);
         cf.setConnectionTimeout(10_000);
@@ -91,15 +114,38 @@ public final class Bench {
         return cf;
     }
 
+    static ConnectionFactory factory() throws Exception {
+        return factory(opt("uri", "amqp://guest:guest@127.0.0.1:5672/%2F"));
+    }
+
+    /** Connection for declares and depth checks (--declare-uri, default --uri). */
+    static Connection adminConnection() throws Exception {
+        String uri = opt("declare-uri", opt("uri", "amqp://guest:guest@127.0.0.1:5672/%2F"));
+        return factory(uri).newConnection("mirrorq-bench-admin");
+    }
+
+    static void declare(Channel ch, String queue) throws IOException {
+        Map<String, Object> args = null;
+        if (opts.containsKey("queue-type")) {
+            args = new HashMap<>();
+            args.put("x-queue-type", opt("queue-type", "classic"));
+        }
+        ch.queueDeclare(queue, true, false, false, args);
+    }
+
     static String queueName(String prefix) {
         return opt("queue", "bench-" + prefix + "-" + UUID.randomUUID().toString().substring(0, 8));
     }
 
+    static int bodySize() { return Math.max(MIN_BODY, optInt("size", 1024)); }
+
     static byte[] body(int size) {
-        byte[] b = new byte[size];
+        byte[] b = new byte[Math.max(MIN_BODY, size)];
         new Random(42).nextBytes(b);
         return b;
     }
+
+    static long msgId(int publisher, long seq) { return ((long) publisher << 32) | seq; }
 
     static AMQP.BasicProperties props() {
         return new AMQP.BasicProperties.Builder().deliveryMode(flag("transient") ? 1 : 2)
@@ -124,27 +170,62 @@ public final class Bench {
 
     static double rate(long n, long ns) { return ns <= 0 ? 0 : Math.round(n * 1e9 / ns * 10) / 10.0; }
 
+    /** Messages per second over the first and the last 10% of sorted timestamps. */
+    static void split(Out out, String prefix, long[] times, int n) {
+        Arrays.sort(times, 0, n);
+        int k = Math.max(2, n / 10);
+        if (n < 4 || k > n) return;
+        // k events spread over (k - 1) intervals
+        double first = rate(k - 1, times[k - 1] - times[0]);
+        double last = rate(k - 1, times[n - 1] - times[n - k]);
+        out.put(prefix + "_rate_first10", first).put(prefix + "_rate_last10", last);
+        out.put(prefix + "_split_ratio", first > 0 ? Math.round(last / first * 1000) / 1000.0 : 0);
+    }
+
+    /** Poll a passive declare until the queue holds `want` messages (or the stall timeout). */
+    static int waitDepth(Channel ch, String queue, int want, long stallNs) throws Exception {
+        long deadline = System.nanoTime() + stallNs;
+        int n = ch.queueDeclarePassive(queue).getMessageCount();
+        int last = n;
+        while (n < want && System.nanoTime() < deadline) {
+            Thread.sleep(20);
+            n = ch.queueDeclarePassive(queue).getMessageCount();
+            if (n != last) { last = n; deadline = System.nanoTime() + stallNs; }
+        }
+        return n;
+    }
+
     // ------------------------------------------------------------------ confirms
 
-    /** One publisher: own connection and channel, streaming confirms, bounded window. */
-    static final class ConfirmPublisher implements Runnable {
-        final int count; final String queue; final byte[] body; final int window; final long stallNs;
+    /**
+     * One publisher: own connection and channel, streaming confirms, optional window
+     * (window <= 0: unbounded, publish as fast as the socket takes it).
+     */
+    static class ConfirmPublisher implements Runnable {
+        final int index; final int count; final String queue; final byte[] body; final int window;
+        final long stallNs;
         final ConcurrentSkipListSet<Long> unconfirmed = new ConcurrentSkipListSet<>();
         final Semaphore permits;
-        final long[] sentAt; final long[] lat;
+        final long[] sentAt; final long[] confirmedAt;
         final AtomicInteger settled = new AtomicInteger();
         final AtomicInteger acks = new AtomicInteger(), nacks = new AtomicInteger(), doubles = new AtomicInteger();
+        final AtomicInteger outstanding = new AtomicInteger();
+        volatile int maxOutstanding;
         final CountDownLatch start;
         volatile String error;
         volatile long finishedAt;
+        volatile long lastConfirmAt = System.nanoTime();
+        volatile long lagNs;
         Connection conn;
+        Channel chan;
 
-        ConfirmPublisher(int count, String queue, byte[] body, int window, long stallNs, CountDownLatch start) {
-            this.count = count; this.queue = queue; this.body = body; this.window = window;
-            this.stallNs = stallNs; this.start = start;
-            permits = new Semaphore(window);
+        ConfirmPublisher(int index, int count, String queue, byte[] body, int window, long stallNs,
+                         CountDownLatch start) {
+            this.index = index; this.count = count; this.queue = queue; this.body = body.clone();
+            this.window = window; this.stallNs = stallNs; this.start = start;
+            permits = window > 0 ? new Semaphore(window) : null;
             sentAt = new long[count + 1];
-            lat = new long[count + 1];
+            confirmedAt = new long[count + 1];
         }
 
         void open() throws Exception {
@@ -158,10 +239,9 @@ public final class Bench {
             chan = ch;
         }
 
-        Channel chan;
-
         void settle(long seq, boolean multiple, boolean ack) {
             long now = System.nanoTime();
+            lastConfirmAt = now;
             int released = 0;
             if (multiple) {
                 NavigableSet<Long> head = unconfirmed.headSet(seq, true);
@@ -175,12 +255,15 @@ public final class Bench {
             } else {
                 doubles.incrementAndGet();
             }
-            if (released > 0) permits.release(released);
+            if (released > 0) {
+                outstanding.addAndGet(-released);
+                if (permits != null) permits.release(released);
+            }
         }
 
         void record(long seq, boolean ack, long now) {
             int i = (int) seq;
-            if (i > 0 && i <= count) lat[i] = now - sentAt[i];
+            if (i > 0 && i <= count) confirmedAt[i] = now;
             if (ack) acks.incrementAndGet(); else nacks.incrementAndGet();
             if (settled.incrementAndGet() == count) finishedAt = now;
         }
@@ -188,20 +271,30 @@ public final class Bench {
         public void run() {
             try {
                 AMQP.BasicProperties p = props();
+                ByteBuffer bb = ByteBuffer.wrap(body);
                 start.await();
                 for (int i = 1; i <= count; i++) {
-                    if (!permits.tryAcquire(stallNs, TimeUnit.NANOSECONDS)) {
+                    if (permits != null && !permits.tryAcquire(stallNs, TimeUnit.NANOSECONDS)) {
                         throw new IllegalStateException("no confirm for " + stallNs / 1_000_000_000 + " s with "
-                                + unconfirmed.size() + " outstanding");
+                                + outstanding.get() + " outstanding");
                     }
                     long seq = chan.getNextPublishSeqNo();
-                    sentAt[(int) seq] = System.nanoTime();
+                    if (seq != i) throw new IllegalStateException("publish seq " + seq + " != " + i);
+                    bb.putLong(0, msgId(index, seq));
+                    sentAt[i] = System.nanoTime();
                     unconfirmed.add(seq);
+                    int o = outstanding.incrementAndGet();
+                    if (o > maxOutstanding) maxOutstanding = o;
                     chan.basicPublish("", queue, p, body);
                 }
-                if (!permits.tryAcquire(window, stallNs, TimeUnit.NANOSECONDS)) {
-                    throw new IllegalStateException(unconfirmed.size() + " publishes still unconfirmed after "
-                            + stallNs / 1_000_000_000 + " s");
+                // wait for the last confirms: give up after stallNs without any confirm
+                while (settled.get() < count) {
+                    if (System.nanoTime() - lastConfirmAt > stallNs) {
+                        throw new IllegalStateException(outstanding.get() + " publishes still unconfirmed after "
+                                + stallNs / 1_000_000_000 + " s without a confirm");
+                    }
+                    if (!chan.isOpen()) throw new IllegalStateException("channel closed: " + chan.getCloseReason());
+                    Thread.sleep(1);
                 }
             } catch (Throwable t) {
                 error = describe(t);
@@ -209,9 +302,26 @@ public final class Bench {
         }
     }
 
+    /** Untimed confirmed publishes to a throwaway non-durable queue: JIT-warm the client. */
+    static void warmup(Out out, Channel ach, byte[] body, int window, long stallNs) throws Exception {
+        int warmup = optInt("warmup", 0);
+        if (warmup <= 0) return;
+        String wq = "bench-warmup-" + UUID.randomUUID().toString().substring(0, 8);
+        ach.queueDeclare(wq, false, false, false, null);
+        CountDownLatch go = new CountDownLatch(1);
+        ConfirmPublisher w = new ConfirmPublisher(0, warmup, wq, body, window > 0 ? window : 1000, stallNs, go);
+        w.open();
+        go.countDown();
+        w.run();
+        try { w.conn.close(5000); } catch (Exception ignored) { }
+        ach.queueDelete(wq);
+        if (w.error != null) throw new IllegalStateException("warmup: " + w.error);
+        out.put("warmup", warmup);
+    }
+
     static void confirms(Out out) throws Exception {
         int count = optInt("count", 10_000);
-        int size = optInt("size", 1024);
+        int size = bodySize();
         int window = optInt("window", 5_000);
         int pubs = optInt("publishers", 1);
         long stallNs = TimeUnit.SECONDS.toNanos(optInt("timeout", 120));
@@ -219,32 +329,18 @@ public final class Bench {
         out.put("queue", queue).put("count", count).put("size", size).put("window", window).put("publishers", pubs);
         out.put("persistent", !flag("transient"));
 
-        Connection admin = factory().newConnection("mirrorq-bench-admin");
+        Connection admin = adminConnection();
         try {
             Channel ach = admin.createChannel();
-            ach.queueDeclare(queue, true, false, false, null);
+            declare(ach, queue);
             byte[] body = body(size);
-            int warmup = optInt("warmup", 0);
-            if (warmup > 0) {
-                // JIT-warm the client on a throwaway queue so both brokers see a warm JVM
-                String wq = "bench-warmup-" + UUID.randomUUID().toString().substring(0, 8);
-                ach.queueDeclare(wq, false, false, false, null);
-                CountDownLatch go = new CountDownLatch(1);
-                ConfirmPublisher w = new ConfirmPublisher(warmup, wq, body, window, stallNs, go);
-                w.open();
-                go.countDown();
-                w.run();
-                try { w.conn.close(5000); } catch (Exception ignored) { }
-                ach.queueDelete(wq);
-                if (w.error != null) throw new IllegalStateException("warmup: " + w.error);
-                out.put("warmup", warmup);
-            }
+            warmup(out, ach, body, window, stallNs);
             CountDownLatch start = new CountDownLatch(1);
             List<ConfirmPublisher> ps = new ArrayList<>();
             List<Thread> ts = new ArrayList<>();
             for (int i = 0; i < pubs; i++) {
                 int share = count / pubs + (i < count % pubs ? 1 : 0);
-                ConfirmPublisher p = new ConfirmPublisher(share, queue, body, window, stallNs, start);
+                ConfirmPublisher p = new ConfirmPublisher(i, share, queue, body, window, stallNs, start);
                 p.open();
                 ps.add(p);
                 Thread t = new Thread(p, "publisher-" + i);
@@ -256,27 +352,116 @@ public final class Bench {
             for (Thread t : ts) t.join();
             long t1 = System.nanoTime();
             long end = t0;
-            int acks = 0, nacks = 0, doubles = 0, settled = 0;
-            long[] all = new long[count];
-            int m = 0;
+            int acks = 0, nacks = 0, doubles = 0, settled = 0, maxOut = 0;
+            long[] lat = new long[count];
+            long[] sent = new long[count];
+            long[] conf = new long[count];
+            int m = 0, ns = 0;
+            long lastSent = t0;
             List<String> errors = new ArrayList<>();
             for (ConfirmPublisher p : ps) {
                 acks += p.acks.get(); nacks += p.nacks.get(); doubles += p.doubles.get(); settled += p.settled.get();
+                maxOut = Math.max(maxOut, p.maxOutstanding);
                 end = Math.max(end, p.finishedAt == 0 ? t1 : p.finishedAt);
-                for (int i = 1; i <= p.count; i++) if (p.lat[i] > 0) all[m++] = p.lat[i];
+                for (int i = 1; i <= p.count; i++) {
+                    if (p.sentAt[i] > 0) { sent[ns++] = p.sentAt[i]; lastSent = Math.max(lastSent, p.sentAt[i]); }
+                    if (p.confirmedAt[i] > 0) { conf[m] = p.confirmedAt[i]; lat[m++] = p.confirmedAt[i] - p.sentAt[i]; }
+                }
                 if (p.error != null) errors.add(p.error);
                 try { p.conn.close(5000); } catch (Exception ignored) { }
             }
             long elapsed = end - t0;
             out.put("elapsed_ms", ms(elapsed)).put("msg_per_s", rate(settled, elapsed));
             out.put("mb_per_s", Math.round(rate(settled, elapsed) * size / 1e4) / 100.0);
+            out.put("publish_ms", ms(lastSent - t0)).put("publish_msg_per_s", rate(ns, lastSent - t0));
             out.put("acked", acks).put("nacked", nacks).put("double_confirms", doubles);
-            latencies(out, "confirm", all, m);
-            if (!flag("keep")) ach.queueDelete(queue);
-            if (!errors.isEmpty()) out.put("error", String.join("; ", errors));
-            else if (settled != count || doubles > 0) {
-                out.put("error", "confirmed " + settled + " of " + count + ", " + doubles + " double confirms");
+            out.put("max_outstanding", maxOut);
+            latencies(out, "confirm", lat, m);
+            split(out, "publish", sent, ns);
+            split(out, "confirm", conf, m);
+            List<String> problems = new ArrayList<>(errors);
+            if (settled != count) problems.add("confirmed " + settled + " of " + count);
+            if (doubles > 0) problems.add(doubles + " double confirms");
+            if (nacks > 0) problems.add(nacks + " nacks");
+            if (flag("check-depth") && errors.isEmpty()) {
+                int depth = waitDepth(ach, queue, count, stallNs);
+                out.put("queue_count", depth);
+                if (depth != count) problems.add("queue holds " + depth + " after " + count + " confirms");
             }
+            if (!flag("keep")) ach.queueDelete(queue);
+            if (!problems.isEmpty()) out.put("error", String.join("; ", problems));
+        } finally {
+            try { admin.close(5000); } catch (Exception ignored) { }
+        }
+    }
+
+    // ------------------------------------------------------------------ publish (no confirms)
+
+    /** N threads, each on its own connection, publishing without confirms as fast as they can. */
+    static void publish(Out out) throws Exception {
+        int count = optInt("count", 100_000);
+        int size = bodySize();
+        int threads = Math.max(1, optInt("threads", 2));
+        long stallNs = TimeUnit.SECONDS.toNanos(optInt("timeout", 120));
+        String queue = queueName("publish");
+        out.put("queue", queue).put("count", count).put("size", size).put("threads", threads);
+        out.put("persistent", !flag("transient"));
+        Connection admin = adminConnection();
+        try {
+            Channel ach = admin.createChannel();
+            declare(ach, queue);
+            byte[] body0 = body(size);
+            warmup(out, ach, body0, 1000, stallNs);
+            CountDownLatch start = new CountDownLatch(1);
+            List<Connection> conns = new ArrayList<>();
+            List<Thread> ts = new ArrayList<>();
+            final long[] doneAt = new long[threads];
+            final String[] errs = new String[threads];
+            for (int i = 0; i < threads; i++) {
+                final int idx = i;
+                final int share = count / threads + (i < count % threads ? 1 : 0);
+                Connection c = factory().newConnection("mirrorq-bench-publish");
+                conns.add(c);
+                final Channel ch = c.createChannel();
+                final byte[] body = body0.clone();
+                Thread t = new Thread(() -> {
+                    try {
+                        AMQP.BasicProperties p = props();
+                        ByteBuffer bb = ByteBuffer.wrap(body);
+                        start.await();
+                        for (int s = 1; s <= share; s++) {
+                            bb.putLong(0, msgId(idx, s));
+                            ch.basicPublish("", queue, p, body);
+                        }
+                        doneAt[idx] = System.nanoTime();
+                    } catch (Throwable e) {
+                        errs[idx] = describe(e);
+                    }
+                }, "publish-" + i);
+                t.start();
+                ts.add(t);
+            }
+            long t0 = System.nanoTime();
+            start.countDown();
+            for (Thread t : ts) t.join();
+            long t1 = t0;
+            List<String> problems = new ArrayList<>();
+            for (int i = 0; i < threads; i++) {
+                t1 = Math.max(t1, doneAt[i]);
+                if (errs[i] != null) problems.add("thread " + i + ": " + errs[i]);
+            }
+            out.put("elapsed_ms", ms(t1 - t0)).put("msg_per_s", rate(count, t1 - t0));
+            out.put("mb_per_s", Math.round(rate(count, t1 - t0) * size / 1e4) / 100.0);
+            if (problems.isEmpty()) {
+                int depth = waitDepth(ach, queue, count, stallNs);
+                long t2 = System.nanoTime();
+                out.put("queue_count", depth);
+                out.put("enqueued_ms", ms(t2 - t0)).put("enqueued_msg_per_s", rate(depth, t2 - t0));
+                if (depth != count) problems.add("queue holds " + depth + " after publishing " + count);
+            }
+            for (Connection c : conns) { try { c.close(5000); } catch (Exception ignored) { } }
+            if (!flag("keep")) ach.queueDelete(queue);
+            if (!problems.isEmpty()) out.put("error", String.join("; ", problems));
         } finally {
             try { admin.close(5000); } catch (Exception ignored) { }
         }
@@ -286,20 +471,25 @@ public final class Bench {
 
     static void tx(Out out) throws Exception {
         int count = optInt("count", 2_000);
-        int size = optInt("size", 1024);
+        int size = bodySize();
         String queue = queueName("tx");
         out.put("queue", queue).put("count", count).put("size", size).put("persistent", !flag("transient"));
+        Connection admin = adminConnection();
         Connection conn = factory().newConnection("mirrorq-bench-tx");
         try {
-            Channel ch = conn.createChannel();
-            ch.queueDeclare(queue, true, false, false, null);
-            ch.txSelect();
+            Channel ach = admin.createChannel();
+            declare(ach, queue);
             byte[] body = body(size);
+            warmup(out, ach, body, 1000, TimeUnit.SECONDS.toNanos(optInt("timeout", 120)));
+            Channel ch = conn.createChannel();
+            ch.txSelect();
+            ByteBuffer bb = ByteBuffer.wrap(body);
             AMQP.BasicProperties p = props();
             long[] lat = new long[count];
             long t0 = System.nanoTime();
             for (int i = 0; i < count; i++) {
                 long c0 = System.nanoTime();
+                bb.putLong(0, msgId(0, i + 1));
                 ch.basicPublish("", queue, p, body);
                 ch.txCommit();
                 lat[i] = System.nanoTime() - c0;
@@ -307,13 +497,14 @@ public final class Bench {
             long elapsed = System.nanoTime() - t0;
             out.put("elapsed_ms", ms(elapsed)).put("msg_per_s", rate(count, elapsed));
             latencies(out, "commit", lat, count);
-            Channel probe = conn.createChannel();
-            int n = probe.queueDeclarePassive(queue).getMessageCount();
+            int n = ach.queueDeclarePassive(queue).getMessageCount();
+            if (n != count) n = waitDepth(ach, queue, count, TimeUnit.SECONDS.toNanos(5));
             out.put("queue_count", n);
-            if (!flag("keep")) probe.queueDelete(queue);
+            if (!flag("keep")) ach.queueDelete(queue);
             if (n != count) out.put("error", "queue holds " + n + " after " + count + " commits");
         } finally {
             try { conn.close(5000); } catch (Exception ignored) { }
+            try { admin.close(5000); } catch (Exception ignored) { }
         }
     }
 
@@ -322,6 +513,7 @@ public final class Bench {
     static void consume(Out out) throws Exception {
         if (!opts.containsKey("queue")) throw new IllegalArgumentException("--mode consume needs --queue");
         String queue = opt("queue", "");
+        final boolean autoAck = flag("auto-ack");
         int prefetch = optInt("prefetch", 1000);
         int ackEvery = Math.max(1, Math.min(optInt("ack-every", 100), Math.max(1, prefetch / 2)));
         long stallNs = TimeUnit.SECONDS.toNanos(optInt("timeout", 120));
@@ -330,24 +522,32 @@ public final class Bench {
             Channel ch = conn.createChannel();
             int ready = ch.queueDeclarePassive(queue).getMessageCount();
             final int count = opts.containsKey("count") ? optInt("count", 0) : ready;
-            out.put("queue", queue).put("count", count).put("ready", ready).put("prefetch", prefetch)
-               .put("ack_every", ackEvery);
-            ch.basicQos(prefetch);
+            out.put("queue", queue).put("count", count).put("ready", ready).put("auto_ack", autoAck);
+            if (!autoAck) {
+                out.put("prefetch", prefetch).put("ack_every", ackEvery).put("ack_multiple", ackEvery > 1);
+                ch.basicQos(prefetch);
+            }
             final AtomicInteger got = new AtomicInteger();
             final AtomicLong bytes = new AtomicLong();
             final AtomicInteger redelivered = new AtomicInteger();
+            final AtomicInteger duplicates = new AtomicInteger();
+            final Set<Long> seen = new HashSet<>(Math.max(16, count * 2));
             final AtomicLong lastAt = new AtomicLong(System.nanoTime());
             final CountDownLatch done = new CountDownLatch(count == 0 ? 0 : 1);
             final int every = ackEvery;
+            final boolean multiple = ackEvery > 1;
             long t0 = System.nanoTime();
-            String tag = ch.basicConsume(queue, false, new DefaultConsumer(ch) {
+            String tag = ch.basicConsume(queue, autoAck, new DefaultConsumer(ch) {
                 @Override
                 public void handleDelivery(String ct, Envelope env, AMQP.BasicProperties p, byte[] b)
                         throws IOException {
                     int c = got.incrementAndGet();
                     bytes.addAndGet(b.length);
                     if (env.isRedeliver()) redelivered.incrementAndGet();
-                    if (c % every == 0 || c >= count) getChannel().basicAck(env.getDeliveryTag(), true);
+                    if (b.length >= 8 && !seen.add(ByteBuffer.wrap(b).getLong(0))) duplicates.incrementAndGet();
+                    if (!autoAck && (c % every == 0 || c >= count)) {
+                        getChannel().basicAck(env.getDeliveryTag(), multiple);
+                    }
                     lastAt.set(System.nanoTime());
                     if (c == count) done.countDown();
                 }
@@ -358,12 +558,175 @@ public final class Bench {
             }
             long elapsed = (got.get() >= count ? lastAt.get() : System.nanoTime()) - t0;
             if (ch.isOpen()) ch.basicCancel(tag);
-            out.put("consumed", got.get()).put("redelivered", redelivered.get());
-            out.put("elapsed_ms", ms(elapsed)).put("msg_per_s", rate(got.get(), elapsed));
-            if (flag("delete")) ch.queueDelete(queue);
-            if (got.get() < count) out.put("error", "consumed " + got.get() + " of " + count);
+            int consumed = got.get();
+            out.put("consumed", consumed).put("redelivered", redelivered.get()).put("duplicates", duplicates.get());
+            out.put("elapsed_ms", ms(elapsed)).put("msg_per_s", rate(consumed, elapsed));
+            List<String> problems = new ArrayList<>();
+            if (consumed < count) problems.add("consumed " + consumed + " of " + count);
+            if (consumed > count) problems.add("consumed " + consumed + ", more than " + count);
+            if (duplicates.get() > 0) problems.add(duplicates.get() + " duplicate deliveries");
+            if (redelivered.get() > 0) problems.add(redelivered.get() + " redeliveries");
+            if (problems.isEmpty() && ch.isOpen()) {
+                // the depth a (follower) node reports may trail the acks by a moment
+                int left = ch.queueDeclarePassive(queue).getMessageCount();
+                long until = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
+                while (left != ready - count && System.nanoTime() < until) {
+                    Thread.sleep(50);
+                    left = ch.queueDeclarePassive(queue).getMessageCount();
+                }
+                out.put("remaining", left);
+                if (left != ready - count) problems.add(left + " messages left, expected " + (ready - count));
+            }
+            if (flag("delete") && ch.isOpen()) ch.queueDelete(queue);
+            if (!problems.isEmpty()) out.put("error", String.join("; ", problems));
         } finally {
             try { conn.close(5000); } catch (Exception ignored) { }
+        }
+    }
+
+    // ------------------------------------------------------------------ latency
+
+    /**
+     * One producer publishing at a fixed rate (absolute schedule: message i is due at
+     * t0 + i / rate; a late producer catches up without sleeping) with streaming confirms,
+     * unbounded, and one consumer (own connection, manual acks, one per message); both in
+     * this JVM. End-to-end latency = delivery time - publish time (System.nanoTime in the
+     * body), over the messages published after the warm-up seconds.
+     */
+    static void latency(Out out) throws Exception {
+        double rate = optDouble("rate", 2000);
+        double duration = optDouble("duration", 10);
+        double warmSec = optDouble("warmup-seconds", 2);
+        int size = bodySize();
+        int prefetch = optInt("prefetch", 100);
+        long stallNs = TimeUnit.SECONDS.toNanos(optInt("timeout", 120));
+        final int warmN = (int) Math.round(rate * warmSec);
+        final int total = warmN + (int) Math.round(rate * duration);
+        String queue = queueName("latency");
+        out.put("queue", queue).put("rate", rate).put("duration_s", duration).put("warmup_s", warmSec)
+           .put("count", total).put("measured", total - warmN).put("size", size).put("prefetch", prefetch)
+           .put("persistent", !flag("transient"));
+        Connection admin = adminConnection();
+        Connection cconn = null;
+        try {
+            Channel ach = admin.createChannel();
+            declare(ach, queue);
+            byte[] body = body(size);
+            warmup(out, ach, body, 1000, stallNs);
+            final long[] e2e = new long[total + 1];
+            final long[] e2eSched = new long[total + 1];
+            final AtomicInteger got = new AtomicInteger();
+            final AtomicInteger duplicates = new AtomicInteger();
+            final AtomicInteger redelivered = new AtomicInteger();
+            final AtomicLong lastAt = new AtomicLong(System.nanoTime());
+            final CountDownLatch done = new CountDownLatch(1);
+            cconn = factory().newConnection("mirrorq-bench-latency-consumer");
+            Channel cch = cconn.createChannel();
+            cch.basicQos(prefetch);
+            String tag = cch.basicConsume(queue, false, new DefaultConsumer(cch) {
+                @Override
+                public void handleDelivery(String ct, Envelope env, AMQP.BasicProperties p, byte[] b)
+                        throws IOException {
+                    long now = System.nanoTime();
+                    ByteBuffer bb = ByteBuffer.wrap(b);
+                    long id = bb.getLong(0);
+                    int seq = (int) (id & 0xffffffffL);
+                    if (env.isRedeliver()) redelivered.incrementAndGet();
+                    if (seq >= 1 && seq <= total) {
+                        if (e2e[seq] != 0) duplicates.incrementAndGet();
+                        e2e[seq] = Math.max(1, now - bb.getLong(8));
+                        e2eSched[seq] = Math.max(1, now - bb.getLong(16));
+                    }
+                    getChannel().basicAck(env.getDeliveryTag(), false);
+                    lastAt.set(now);
+                    if (got.incrementAndGet() == total) done.countDown();
+                }
+            });
+            CountDownLatch start = new CountDownLatch(1);
+            ConfirmPublisher pub = new ConfirmPublisher(0, total, queue, body, 0, stallNs, start) {
+                @Override
+                public void run() {
+                    try {
+                        AMQP.BasicProperties p = props();
+                        ByteBuffer bb = ByteBuffer.wrap(this.body);
+                        double interval = 1e9 / rate;
+                        long t0 = System.nanoTime();
+                        long maxLag = 0;
+                        for (int i = 1; i <= count; i++) {
+                            long due = t0 + (long) ((i - 1) * interval);
+                            long now;
+                            while ((now = System.nanoTime()) < due) LockSupport.parkNanos(due - now);
+                            maxLag = Math.max(maxLag, now - due);
+                            long seq = chan.getNextPublishSeqNo();
+                            if (seq != i) throw new IllegalStateException("publish seq " + seq + " != " + i);
+                            bb.putLong(0, msgId(0, seq));
+                            long ts = System.nanoTime();
+                            bb.putLong(8, ts);
+                            bb.putLong(16, due);
+                            sentAt[i] = ts;
+                            unconfirmed.add(seq);
+                            outstanding.incrementAndGet();
+                            chan.basicPublish("", queue, p, this.body);
+                            if (!chan.isOpen()) throw new IllegalStateException("channel closed");
+                        }
+                        lagNs = maxLag;
+                        while (settled.get() < count) {
+                            if (System.nanoTime() - lastConfirmAt > stallNs) {
+                                throw new IllegalStateException(outstanding.get() + " unconfirmed after "
+                                        + stallNs / 1_000_000_000 + " s without a confirm");
+                            }
+                            Thread.sleep(1);
+                        }
+                    } catch (Throwable t) {
+                        error = describe(t);
+                    }
+                }
+            };
+            pub.open();
+            Thread pt = new Thread(pub, "latency-producer");
+            pt.start();
+            start.countDown();
+            pt.join();
+            while (pub.error == null && !done.await(200, TimeUnit.MILLISECONDS)) {
+                if (System.nanoTime() - lastAt.get() > stallNs) break;
+                if (!cch.isOpen()) break;
+            }
+            if (cch.isOpen()) cch.basicCancel(tag);
+            try { pub.conn.close(5000); } catch (Exception ignored) { }
+            // measured window: messages warmN+1 .. total
+            int n = 0;
+            long[] lat = new long[total];
+            long[] latS = new long[total];
+            long[] clat = new long[total];
+            int cn = 0;
+            for (int i = warmN + 1; i <= total; i++) {
+                if (e2e[i] > 0) { lat[n] = e2e[i]; latS[n++] = e2eSched[i]; }
+                if (pub.confirmedAt[i] > 0) clat[cn++] = pub.confirmedAt[i] - pub.sentAt[i];
+            }
+            long first = pub.sentAt[Math.min(total, warmN + 1)], last = pub.sentAt[total];
+            int measured = total - warmN;
+            out.put("publish_msg_per_s", rate(Math.max(0, measured - 1), last - first));
+            out.put("msg_per_s", rate(Math.max(0, measured - 1), last - first));
+            out.put("max_schedule_lag_ms", ms(pub.lagNs));
+            latencies(out, "e2e", lat, n);
+            Arrays.sort(latS, 0, n);
+            out.put("e2e_sched_p50_ms", ms(pct(latS, n, 50))).put("e2e_sched_p99_ms", ms(pct(latS, n, 99)));
+            latencies(out, "confirm", clat, cn);
+            out.put("consumed", got.get()).put("duplicates", duplicates.get()).put("redelivered", redelivered.get());
+            out.put("acked", pub.acks.get()).put("nacked", pub.nacks.get()).put("double_confirms", pub.doubles.get());
+            List<String> problems = new ArrayList<>();
+            if (pub.error != null) problems.add(pub.error);
+            if (got.get() != total) problems.add("consumed " + got.get() + " of " + total);
+            if (duplicates.get() > 0) problems.add(duplicates.get() + " duplicate deliveries");
+            if (pub.settled.get() != total) problems.add("confirmed " + pub.settled.get() + " of " + total);
+            if (pub.doubles.get() > 0) problems.add(pub.doubles.get() + " double confirms");
+            if (pub.nacks.get() > 0) problems.add(pub.nacks.get() + " nacks");
+            if (n != measured) problems.add("measured " + n + " latencies of " + measured);
+            if (!flag("keep")) ach.queueDelete(queue);
+            if (!problems.isEmpty()) out.put("error", String.join("; ", problems));
+        } finally {
+            if (cconn != null) { try { cconn.close(5000); } catch (Exception ignored) { } }
+            try { admin.close(5000); } catch (Exception ignored) { }
         }
     }
 
