@@ -104,6 +104,9 @@ def _check_port_free(host: str, port: int) -> None:
 
 
 async def serve(cfg: NodeConfig) -> None:
+    _si = os.environ.get("MIRRORQ_SWITCH_INTERVAL")
+    if _si:
+        sys.setswitchinterval(float(_si))
     # Imported here so that `mirrorq --help` and argument errors stay fast.
     from node.admin.server import AdminServer, MetricsServer
     from node.amqp.server import AmqpServer

@@ -93,6 +93,8 @@ class RaftConfig:
     max_inflight_batches: int = 64
     max_inflight_bytes: int = 32 * 1024 * 1024
     idle_tick: float = 0.02
+    batch_linger: float = 0.002  # wait this long to fill a batch ...
+    batch_linger_after: int = 2  # ... once this many batches are in flight
     tick_interval: float = 1.0  # Tick command (TTL / x-expires)
     election_min: float = 0.5
     election_max: float = 1.0
@@ -229,6 +231,14 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
 
     def last_response(self) -> dict[Any, float]:
         return self._SyncObj__lastResponseTime  # type: ignore[no-any-return]
+
+    def advance_commit(self, upto: int, leader_commit: int) -> None:
+        """What pysyncobj does with an AppendEntries' commit index, for one we
+        answer ourselves: entries up to `upto` match the leader's."""
+        self._SyncObj__leaderCommitIndex = leader_commit
+        if upto > self.raftCommitIndex:
+            self._SyncObj__raftCommitIndex = upto
+            self._SyncObj__raftLog.setRaftCommitIndex(upto)
 
 
 @dataclass
@@ -430,6 +440,10 @@ class RaftNode:
                 return message  # term or leader news: let pysyncobj handle it
             so.transport().send(node, {"type": "next_node_idx", "next_node_idx": entries[-1][1] + 1,
                                        "reset": False, "success": True})
+            # the commit index it carries is news, though: dropping it left
+            # this follower a heartbeat (100 ms) behind on what it may apply
+            leader_commit = int(message.get("commit_index") or 0)
+            so.advance_commit(min(leader_commit, entries[-1][1]), leader_commit)
             return None
         prev = entries[same - 1]
         trimmed = dict(message)
@@ -613,7 +627,13 @@ class RaftNode:
             self._flush_batch()
         elif not self._flush_scheduled:
             self._flush_scheduled = True
-            self.loop.call_soon(self._flush_batch)
+            # Nagle-like: alone on the wire, go now (latency); with batches
+            # in flight, linger a moment so that moderate rates coalesce into
+            # fewer Raft entries (per-entry cost dominates on small batches)
+            if len(self._pending) < self.config.batch_linger_after:
+                self.loop.call_soon(self._flush_batch)
+            else:
+                self.loop.call_later(self.config.batch_linger, self._flush_batch)
 
     def _flush_batch(self) -> None:
         self._flush_scheduled = False
