@@ -25,4 +25,6 @@ apt-get update -qq
 apt-get install -y -qq "${need[@]}" >/dev/null
 if [ "$new_rabbit" = 1 ]; then
   service rabbitmq-server stop >/dev/null 2>&1 || true
+  # and the epmd that service started (the suite starts and stops its own)
+  epmd -kill >/dev/null 2>&1 || true
 fi
