@@ -22,6 +22,9 @@ class Membership(Protocol):
     async def remove_member(self, node_id: str) -> None: ...
     async def transfer_leadership(self, node_id: str | None = None) -> str: ...
     async def set_draining(self, node_id: str | None = None, draining: bool = True) -> None: ...
+    async def put_user(self, name: str, password: str, tags: tuple[str, ...] = ()) -> None: ...
+    async def delete_user(self, name: str) -> None: ...
+    def users(self) -> Any: ...
 
 
 def _json_in(data: bytes) -> Any:
@@ -72,6 +75,26 @@ class AdminServer:
                 return await self._change(context, lambda m: m.set_draining(node_id, draining))
             return handler
 
+        async def user_put(request: Any, context: grpc.aio.ServicerContext) -> dict[str, Any]:
+            name, password, tags = request.get("name"), request.get("password"), request.get("tags") or []
+            if not isinstance(name, str) or not name or not isinstance(password, str) \
+                    or not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    "UserPut needs name, password (strings) and tags (list of strings)")
+            return await self._change(context, lambda m: m.put_user(name, password, tuple(tags)))
+
+        async def user_delete(request: Any, context: grpc.aio.ServicerContext) -> dict[str, Any]:
+            name = request.get("name")
+            if not isinstance(name, str):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "UserDelete needs name")
+            return await self._change(context, lambda m: m.delete_user(name))
+
+        async def user_list(_request: Any, context: grpc.aio.ServicerContext) -> dict[str, Any]:
+            if self._membership is None:
+                await context.abort(grpc.StatusCode.UNIMPLEMENTED, "users not available")
+            users = self._membership.users()  # type: ignore[union-attr]
+            return {"users": [{"name": n, "tags": list(tags)} for n, (_h, tags) in sorted(users.items())]}
+
         def unary(fn: Any) -> grpc.RpcMethodHandler:
             return grpc.unary_unary_rpc_method_handler(
                 fn, request_deserializer=_json_in, response_serializer=_json_out)
@@ -83,6 +106,9 @@ class AdminServer:
             "TransferLeadership": unary(transfer_leadership),
             "Drain": unary(maintenance(True)),
             "Revive": unary(maintenance(False)),
+            "UserPut": unary(user_put),
+            "UserDelete": unary(user_delete),
+            "UserList": unary(user_list),
         })
         self._server = grpc.aio.server()
         self._server.add_generic_rpc_handlers((handler,))
@@ -143,6 +169,20 @@ def call_drain(host: str, port: int, timeout: float = 30.0,
 def call_revive(host: str, port: int, timeout: float = 30.0,
                 node_id: str | None = None) -> dict[str, Any]:
     return _call(host, port, "Revive", {"node_id": node_id}, timeout)
+
+
+def call_user_put(host: str, port: int, name: str, password: str, tags: list[str] | None = None,
+                  timeout: float = 30.0) -> dict[str, Any]:
+    return _call(host, port, "UserPut", {"name": name, "password": password, "tags": tags or []},
+                 timeout)
+
+
+def call_user_delete(host: str, port: int, name: str, timeout: float = 30.0) -> dict[str, Any]:
+    return _call(host, port, "UserDelete", {"name": name}, timeout)
+
+
+def call_user_list(host: str, port: int, timeout: float = 10.0) -> dict[str, Any]:
+    return _call(host, port, "UserList", {}, timeout)
 
 
 class MetricsServer:

@@ -7,6 +7,7 @@ proposals to the Proposer; their outcome comes back via apply_effect().
 """
 from __future__ import annotations
 
+import hmac
 import itertools
 import platform
 import time
@@ -24,6 +25,7 @@ from node.amqp.channel import (
     ConnectionException,
 )
 from node.amqp.config import WireConfig
+from node.broker.password import check_password
 from node.replication.command import BasicCredit, ChannelClose, ChannelOpen, ConnectionClose
 from node.replication.effect import (
     ChannelError,
@@ -303,8 +305,7 @@ class Connection:
                 pw = pw.decode("utf-8", "replace")
             if isinstance(login, str) and isinstance(pw, str):
                 user, password = login, pw
-        expected = self.config.users.get(user)
-        if password is None or expected is None or expected != password:
+        if password is None or not self._authenticate(user, password):
             if self.auth_failure_close:
                 self.connection_error(
                     403, f"ACCESS_REFUSED - Login was refused using authentication mechanism {mech}.",
@@ -317,6 +318,16 @@ class Connection:
         self.write(frame.encode_method(0, "Connection.Tune", {
             "channel_max": self.config.channel_max, "frame_max": self.config.frame_max,
             "heartbeat": self.config.heartbeat}))
+
+    def _authenticate(self, user: str, password: str) -> bool:
+        """The replicated users when the cluster has any, else this node's
+        configured ones (a cluster bootstrapped before users were replicated)."""
+        users = self.proposer.users()
+        if users:
+            entry = users.get(user)
+            return entry is not None and check_password(entry[0], password)
+        expected = self.config.users.get(user)
+        return expected is not None and hmac.compare_digest(expected.encode(), password.encode())
 
     def _tune_ok(self, m: frame.Method) -> None:
         def neg(ours: int, theirs: int) -> int:  # 0 means "no limit"

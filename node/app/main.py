@@ -64,6 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--admin-port", type=_port, required=True)
         cmd.add_argument("--host", default="127.0.0.1")
         cmd.add_argument("--node-id", help="the member to change (default: the node asked)")
+    users = sub.add_parser("users", help="manage the replicated users (admin API)")
+    users.add_argument("--admin-port", type=_port, required=True)
+    users.add_argument("--host", default="127.0.0.1")
+    users_sub = users.add_subparsers(dest="users_command", required=True, parser_class=_Parser)
+    users_sub.add_parser("list", help="names and tags")
+    add = users_sub.add_parser("add", help="create or update a user (salted SHA-256 hash)")
+    add.add_argument("name")
+    add.add_argument("password")
+    add.add_argument("--tags", default="", help="comma-separated, e.g. administrator")
+    delete = users_sub.add_parser("delete", help="delete a user")
+    delete.add_argument("name")
     from node.app import local_cluster
     local_cluster.add_parser(sub, _Parser)
     return parser
@@ -110,6 +121,7 @@ async def serve(cfg: NodeConfig) -> None:
     # Imported here so that `mirrorq --help` and argument errors stay fast.
     from node.admin.server import AdminServer, MetricsServer
     from node.amqp.server import AmqpServer
+    from node.broker.password import hash_password
     from node.replication.raft_node import RaftNode
 
     loop = asyncio.get_running_loop()
@@ -119,6 +131,7 @@ async def serve(cfg: NodeConfig) -> None:
         holder["amqp"].dispatch(effects)
 
     raft = RaftNode(cfg.node_id, cfg.data_dir, loop, sink, cfg.raft)
+    raft.seed_users = {name: hash_password(pw) for name, pw in cfg.wire.users.items()}
     amqp = AmqpServer(raft, cfg.node_id, cfg.wire)
     holder["amqp"] = amqp
     raft.start()
@@ -165,12 +178,22 @@ def _admin_command(args: argparse.Namespace) -> int:
 
     import grpc
 
-    from node.admin.server import call_drain, call_revive, call_status
+    from node.admin import server as admin
     try:
         if args.command == "status":
-            out = call_status(args.host, args.admin_port)
+            out = admin.call_status(args.host, args.admin_port)
+        elif args.command == "users":
+            if args.users_command == "list":
+                out = admin.call_user_list(args.host, args.admin_port)
+            elif args.users_command == "add":
+                tags = [t for t in args.tags.split(",") if t]
+                out = admin.call_user_put(args.host, args.admin_port, args.name, args.password, tags)
+                out = {"ok": out.get("ok"), "user": args.name, "tags": tags}
+            else:
+                out = admin.call_user_delete(args.host, args.admin_port, args.name)
+                out = {"ok": out.get("ok"), "deleted": args.name}
         else:
-            fn = call_drain if args.command == "drain" else call_revive
+            fn = admin.call_drain if args.command == "drain" else admin.call_revive
             out = fn(args.host, args.admin_port, node_id=args.node_id)
     except grpc.RpcError as exc:
         code = exc.code()
@@ -193,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "local-cluster":
         from node.app import local_cluster
         return local_cluster.run(args)
-    if args.command in ("status", "drain", "revive"):
+    if args.command in ("status", "drain", "revive", "users"):
         return _admin_command(args)
     try:
         cfg = config_from_args(args)

@@ -290,6 +290,19 @@ class SetDraining(NamedTuple):
     draining: bool
 
 
+class UserPut(NamedTuple):
+    """Create or update a user: the salted SHA-256 hash (node.broker.password,
+    computed before proposing, so apply stays deterministic) and its tags."""
+
+    name: str
+    password_hash: str
+    tags: tuple[str, ...] = ()
+
+
+class UserDelete(NamedTuple):
+    name: str
+
+
 class DropMember(NamedTuple):
     """Forget a removed member (also leaves the in-sync set)."""
 
@@ -301,7 +314,8 @@ Command = (
     ExchangeDelete | ExchangeBind | ExchangeUnbind | QueueDeclare | QueueBind | QueueUnbind |
     QueuePurge | QueueDelete | BasicQos | BasicConsume | BasicCancel | BasicCredit |
     BasicGet | BasicPublish | BasicAck | BasicNack | BasicRecover | TxCommit | Echo | Tick |
-    NodeUp | NodeDown | MarkOutOfSync | MarkInSync | SetMember | DropMember | SetDraining
+    NodeUp | NodeDown | MarkOutOfSync | MarkInSync | SetMember | DropMember | SetDraining |
+    UserPut | UserDelete
 )
 
 

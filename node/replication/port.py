@@ -4,7 +4,7 @@ raft_node.RaftNode implements Proposer; tests may plug in an in-process one.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from node.replication.command import Command
@@ -43,4 +43,9 @@ class Proposer(Protocol):
     def draining(self) -> bool:
         """True while this node is in maintenance mode (SetDraining): the wire
         accepts no client connections."""
+        ...
+
+    def users(self) -> Mapping[str, tuple[str, tuple[str, ...]]]:
+        """The replicated users: name -> (password hash, tags); empty on a
+        cluster that has none yet (the node's configured users apply then)."""
         ...

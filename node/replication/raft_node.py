@@ -50,6 +50,7 @@ from pysyncobj.journal import MetaStorer
 from pysyncobj.pickle import dumps as _pysyncobj_dumps
 from pysyncobj.transport import TCPTransport
 
+from node.broker.password import hash_password
 from node.replication.command import (
     BasicPublish,
     Batch,
@@ -62,6 +63,8 @@ from node.replication.command import (
     SetDraining,
     SetMember,
     Tick,
+    UserDelete,
+    UserPut,
 )
 from node.replication.effect import Confirm, Effect, Return, effect_node
 from node.replication.port import EffectSink
@@ -270,6 +273,7 @@ class RaftNode:
         self.incarnation = time.time_ns()
         self.state: BrokerState = default_state()
         self.on_removed: Callable[[str], None] | None = None
+        self.seed_users: dict[str, str] = {}  # name -> password hash, for a new cluster
         # ---- loop-thread state
         self._batch: list[Command] = []
         self._batch_bytes = 0
@@ -519,6 +523,8 @@ class RaftNode:
                 self._bootstrapped = True
                 cmds: list[Command] = [SetMember(self.node_id, self.address, True)]
                 cmds += [SetMember(n, a, True) for n, a in self.config.peers.items()]
+                # a new cluster starts with the first leader's configured users
+                cmds += [UserPut(n, h, ()) for n, h in self.seed_users.items()]
                 self._control(cmds)
             return
         match, last_resp = so.match_index(), so.last_response()
@@ -811,6 +817,20 @@ class RaftNode:
 
     def draining(self) -> bool:
         return self.node_id in self.state.draining
+
+    def users(self) -> dict[str, tuple[str, tuple[str, ...]]]:
+        return self.state.users
+
+    async def put_user(self, name: str, password: str, tags: tuple[str, ...] = (),
+                       timeout: float = 30.0) -> None:
+        if not name:
+            raise KeyError("a user needs a name")
+        await self._commit([UserPut(name, hash_password(password), tags)], timeout)
+
+    async def delete_user(self, name: str, timeout: float = 30.0) -> None:
+        if name not in self.state.users:
+            raise KeyError(f"no user {name!r}")
+        await self._commit([UserDelete(name)], timeout)
 
     async def _commit(self, cmds: list[Command], timeout: float) -> None:
         seq = self._send_now(cmds)

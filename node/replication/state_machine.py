@@ -51,6 +51,8 @@ from node.replication.command import (
     SetMember,
     Tick,
     TxCommit,
+    UserDelete,
+    UserPut,
 )
 from node.replication.effect import (
     ChannelError,
@@ -213,7 +215,7 @@ class BrokerState:
 
     __slots__ = ("now", "exchanges", "queues", "channels", "conns", "exclusive",
                  "ttl_index", "expires_index", "dedup", "counter", "message_bytes",
-                 "members", "in_sync", "draining")
+                 "members", "in_sync", "draining", "users")
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -242,6 +244,8 @@ class BrokerState:
         self.in_sync: dict[str, None] = {}
         # members in maintenance mode (SetDraining): out of the in-sync set for good
         self.draining: dict[str, None] = {}
+        # user -> (password hash, tags); replaced, never mutated (the wire reads it)
+        self.users: dict[str, tuple[str, tuple[str, ...]]] = {}
 
 
 def default_state() -> BrokerState:
@@ -493,6 +497,13 @@ class _Applier:
             s.in_sync = {n: None for n in s.in_sync if n != cmd.node}
         if cmd.node in s.draining:  # added back later, it starts afresh
             s.draining = {n: None for n in s.draining if n != cmd.node}
+
+    def user_put(self, cmd: UserPut) -> None:
+        self.s.users = {**self.s.users, cmd.name: (cmd.password_hash, tuple(cmd.tags))}
+
+    def user_delete(self, cmd: UserDelete) -> None:
+        if cmd.name in self.s.users:
+            self.s.users = {n: v for n, v in self.s.users.items() if n != cmd.name}
 
     def set_draining(self, cmd: SetDraining) -> None:
         s = self.s
@@ -1240,6 +1251,8 @@ _HANDLERS: dict[type, Callable[[_Applier, Any], None]] = {
     SetMember: _Applier.set_member,
     DropMember: _Applier.drop_member,
     SetDraining: _Applier.set_draining,
+    UserPut: _Applier.user_put,
+    UserDelete: _Applier.user_delete,
     MarkOutOfSync: _Applier.mark_out_of_sync,
     MarkInSync: _Applier.mark_in_sync,
 }

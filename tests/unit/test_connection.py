@@ -42,6 +42,9 @@ class FakeProposer:
     def draining(self) -> bool:
         return False
 
+    def users(self) -> dict[str, tuple[str, tuple[str, ...]]]:
+        return {}
+
     def blocked_reason(self) -> str | None:
         return None
 

@@ -17,6 +17,8 @@ from node.replication.command import (
     NodeUp,
     SetDraining,
     SetMember,
+    UserDelete,
+    UserPut,
 )
 from node.replication.effect import ConnectionError, ConsumerCancelled, Effect
 from node.replication.state_machine import (
@@ -398,3 +400,18 @@ def test_determinism_two_states_same_batches_pickle_equal() -> None:
     assert not delivers(fx1[9])
     assert b"dup" not in bodies([e for fx in fx1 for e in fx])
     assert s1.dedup[("n1", 1)] == 6 and s1.dedup[("n2", 1)] == 3
+
+
+# -- users (replicated; the wire authenticates against them) --------------------------
+
+def test_users_put_update_delete_and_snapshot() -> None:
+    h = Harness()
+    before = h.state.users
+    assert h.run(UserPut("alice", "HASH1", ("administrator",))) == []
+    assert before == {}  # replaced, not mutated: the wire thread may hold the old dict
+    assert h.state.users == {"alice": ("HASH1", ("administrator",))}
+    h.run(UserPut("alice", "HASH2"), UserPut("bob", "HASH3"))
+    assert h.state.users == {"alice": ("HASH2", ()), "bob": ("HASH3", ())}
+    h.run(UserDelete("alice"), UserDelete("nobody"))
+    assert list(h.state.users) == ["bob"]
+    assert pickle.loads(pickle.dumps(h.state)).users == {"bob": ("HASH3", ())}
