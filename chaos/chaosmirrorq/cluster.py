@@ -255,11 +255,16 @@ class Cluster:
 
     def __init__(self, base_dir: Path, n: int = 3, hosts: list[str] | None = None,
                  netns: list[str] | None = None, extra_args: Iterable[str] = (),
-                 config: str = "") -> None:
+                 config: str = "", loopback_users: list[str] | None = None) -> None:
         self.base_dir = Path(base_dir)
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.config_path = self.base_dir / "cluster.toml"
-        self.config_path.write_text(BASE_CONFIG + config)
+        # clients reach namespaced nodes from another address: guest must be
+        # allowed there unless the caller says otherwise
+        if loopback_users is None:
+            loopback_users = [] if netns else ["guest"]
+        top = "loopback_users = [" + ", ".join(f'"{u}"' for u in loopback_users) + "]\n"
+        self.config_path.write_text(top + BASE_CONFIG + config)
         self.extra_args = tuple(extra_args)
         self.nodes: list[ClusterNode] = []
         self.removed: list[ClusterNode] = []

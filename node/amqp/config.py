@@ -8,9 +8,18 @@ def _default_users() -> dict[str, str]:
     return {"guest": "guest"}
 
 
+def _default_loopback_users() -> list[str]:
+    return ["guest"]
+
+
 @dataclass
 class WireConfig:
     users: dict[str, str] = field(default_factory=_default_users)
+    # users who may connect only from loopback (RabbitMQ's loopback_users)
+    loopback_users: list[str] = field(default_factory=_default_loopback_users)
+    # failed logins per client address before it is refused for a while (0 = off)
+    login_failure_limit: int = 20
+    login_failure_window: float = 10.0
     frame_max: int = 131072
     channel_max: int = 2047
     heartbeat: int = 60

@@ -8,6 +8,7 @@ proposals to the Proposer; their outcome comes back via apply_effect().
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import itertools
 import platform
 import time
@@ -73,10 +74,25 @@ SERVER_PROPERTIES: dict[str, Any] = {
 AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, RUNNING, CLOSING, CLOSED = range(7)
 
 
+def is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    try:
+        addr = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return bool((mapped or addr).is_loopback)
+
+
 class Connection:
     def __init__(self, proposer: Proposer, conn_id: ConnId, config: WireConfig,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, peer_host: str | None = None,
+                 refuse_login: str | None = None) -> None:
         self.proposer = proposer
+        self.peer_host = peer_host  # None: unknown (treated as remote)
+        self.refuse_login = refuse_login  # decided at accept time (login throttle)
+        self.login_failed = False  # read by the server once (throttle bookkeeping)
         self.id = conn_id
         self.config = config
         self.clock = clock
@@ -305,7 +321,17 @@ class Connection:
                 pw = pw.decode("utf-8", "replace")
             if isinstance(login, str) and isinstance(pw, str):
                 user, password = login, pw
+        if self.refuse_login is not None:
+            self.connection_error(403, f"ACCESS_REFUSED - {self.refuse_login}", 10, 11)
+            return
+        if password is not None and user in self.config.loopback_users \
+                and not is_loopback(self.peer_host):
+            # RabbitMQ's loopback_users rule: guest only from this machine
+            self.connection_error(403, f"ACCESS_REFUSED - user '{user}' can only connect via localhost",
+                                  10, 11)
+            return
         if password is None or not self._authenticate(user, password):
+            self.login_failed = True
             if self.auth_failure_close:
                 self.connection_error(
                     403, f"ACCESS_REFUSED - Login was refused using authentication mechanism {mech}.",

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 from node.amqp.config import WireConfig
 from node.amqp.connection import CLOSED, Connection, next_serial
+from node.amqp.throttle import LoginThrottle
 from node.replication.effect import ConnectionError, Effect
 from node.replication.ids import ConnId
 from node.replication.port import Proposer
@@ -27,6 +29,7 @@ class _Protocol(asyncio.Protocol):
         self.conn: Connection | None = None
         self.transport: asyncio.Transport | None = None
         self.reading_paused = False
+        self.peer_host = ""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -36,7 +39,13 @@ class _Protocol(asyncio.Protocol):
         if srv.proposer.draining():  # maintenance mode: no new clients (the listener closes too)
             transport.abort()
             return
-        conn = Connection(srv.proposer, ConnId(srv.node_id, next_serial()), srv.config)
+        peer = transport.get_extra_info("peername")
+        self.peer_host = str(peer[0]) if peer else ""
+        refuse = None
+        if srv.throttle.blocked(self.peer_host, time.monotonic()):
+            refuse = f"too many failed logins from {self.peer_host}, retry later"
+        conn = Connection(srv.proposer, ConnId(srv.node_id, next_serial()), srv.config,
+                          peer_host=self.peer_host or None, refuse_login=refuse)
         self.conn = conn
         srv.conns[conn.id.serial] = self
 
@@ -49,6 +58,9 @@ class _Protocol(asyncio.Protocol):
         except Exception:  # never let one client take the node down
             log.exception("internal error on connection %s", conn.id)
             conn.connection_error(541, "INTERNAL_ERROR")
+        if conn.login_failed:
+            conn.login_failed = False
+            self.server.throttle.failed(self.peer_host, time.monotonic())
         self.flush()
         if conn.published and not self.reading_paused and self.server.publishers_must_wait():
             self.pause_reading()
@@ -103,6 +115,7 @@ class AmqpServer:
         self.config = config
         self.conns: dict[int, _Protocol] = {}
         self.alarm: str | None = None
+        self.throttle = LoginThrottle(config.login_failure_limit, config.login_failure_window)
         self._server: asyncio.base_events.Server | None = None
         self._timer: asyncio.Task[None] | None = None
         self._listen: tuple[str, int] | None = None

@@ -31,7 +31,7 @@ class NodeConfig:
 
 
 _WIRE_KEYS = {"frame_max", "channel_max", "heartbeat", "memory_high_watermark", "consumer_credit",
-              "max_message_size", "inflight_publish_bytes"}
+              "max_message_size", "inflight_publish_bytes", "login_failure_limit"}
 _RAFT_KEYS = {"password", "batch_max_commands", "batch_max_bytes", "max_inflight_batches",
               "max_inflight_bytes", "election_min", "election_max", "leader_fallback",
               "compaction_min_entries", "compaction_min_time", "tick_interval",
@@ -69,6 +69,14 @@ def apply_file(cfg: NodeConfig, path: str) -> None:
                                                       for k, v in value.items()) or not value:
                 raise ConfigError("users must be a table of user = \"password\" strings")
             cfg.wire.users = dict(value)
+        elif key == "login_failure_window":
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ConfigError("login_failure_window must be a positive number of seconds")
+            cfg.wire.login_failure_window = float(value)
+        elif key == "loopback_users":
+            if not isinstance(value, list) or not all(isinstance(u, str) for u in value):
+                raise ConfigError("loopback_users must be a list of user names ([] = none)")
+            cfg.wire.loopback_users = list(value)
         elif key in _WIRE_KEYS:
             setattr(cfg.wire, key, _int(key, value, 0, 2**40))
         elif key == "raft" and isinstance(value, dict):

@@ -77,6 +77,7 @@ def test_unwritable_data_dir_exit_2(tmp_path: Path) -> None:
     ("frame_max = 100", "frame_max"),
     ("heartbeat = -1", "heartbeat"),
     ("[users]\nguest = 5", "users"),
+    ("loopback_users = 5", "loopback_users"),
 ])
 def test_bad_config_file_exit_2(tmp_path: Path, text: str, needle: str) -> None:
     cfg = tmp_path / "node.toml"

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from pathlib import Path
 
 import pika
 import pika.exceptions
 import pytest
 
-from tests.broker_proc import NodeProcess
+from tests.broker_proc import NodeProcess, wait_for
 from tests.integration.test_cli import assert_usage_error, run_cli
 
 pytestmark = pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")), reason="mirrorq's own admin API")
@@ -66,3 +68,28 @@ def test_users_seeded_added_used_deleted(own_node: NodeProcess) -> None:
     assert_usage_error(run_cli("users", "--admin-port", port, "delete", "alice"), "no user")
     assert_usage_error(run_cli("users", "--admin-port", port, "frob"), "invalid choice")
     assert_usage_error(run_cli("users", "list"), "--admin-port")
+
+
+def test_failed_logins_are_throttled_per_address(tmp_path: Path) -> None:
+    cfg = tmp_path / "node.toml"
+    cfg.write_text("login_failure_limit = 3\nlogin_failure_window = 4\n")
+    node = NodeProcess(tmp_path / "data", extra_args=("--config", str(cfg)))
+    try:
+        node.start()
+        for _ in range(3):
+            assert refused(node, "guest", "wrong")
+        t0 = time.monotonic()
+        with pytest.raises(pika.exceptions.ProbableAuthenticationError) as err:
+            connect(node, "guest", "guest")  # the right password, but throttled
+        assert "too many failed logins" in str(err.value), str(err.value)
+
+        def lets_in() -> bool:
+            try:
+                connect(node, "guest", "guest").close()
+            except pika.exceptions.ProbableAuthenticationError:
+                return False
+            return True
+        wait_for(lets_in, timeout=15, interval=0.5, what="the throttle window to pass")
+        assert time.monotonic() - t0 > 2.0, "throttle lifted much earlier than its window"
+    finally:
+        node.kill9()

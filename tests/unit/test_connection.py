@@ -61,10 +61,11 @@ class Clock:
 
 
 class Client:
-    def __init__(self, config: WireConfig | None = None, caps: dict[str, Any] | None = None) -> None:
+    def __init__(self, config: WireConfig | None = None, caps: dict[str, Any] | None = None,
+                 peer: str | None = "127.0.0.1") -> None:
         self.p = FakeProposer()
         self.clock = Clock()
-        self.conn = Connection(self.p, ConnId("n1", 1), config or WireConfig(), self.clock)
+        self.conn = Connection(self.p, ConnId("n1", 1), config or WireConfig(), self.clock, peer_host=peer)
         self.caps = caps if caps is not None else {
             "authentication_failure_close": True, "consumer_cancel_notify": True,
             "connection.blocked": True}
@@ -183,6 +184,53 @@ def test_auth_failure_with_close_capability(mech: str) -> None:
     assert c.conn.phase == CLOSING
     c.send(0, pc.Connection.CloseOk())
     assert c.conn.close_transport
+
+
+@pytest.mark.parametrize("peer,ok", [("127.0.0.1", True), ("127.9.9.9", True), ("::1", True),
+                                     ("::ffff:127.0.0.1", True), ("10.0.0.5", False),
+                                     ("fe80::1%eth0", False), (None, False), ("garbage", False)])
+def test_guest_only_from_loopback(peer: str | None, ok: bool) -> None:
+    c = Client(peer=peer)
+    c.start()
+    c.login()
+    out = c.recv()
+    if ok:
+        assert out[0][1].name == "Connection.Tune"
+    else:
+        close = out[0][1]
+        assert close.name == "Connection.Close" and close.reply_code == 403
+        assert "can only connect via localhost" in close.reply_text
+
+
+def test_throttled_login_refused_even_with_the_right_password() -> None:
+    c = Client()
+    c.conn = Connection(c.p, ConnId("n1", 2), WireConfig(), c.clock, peer_host="127.0.0.1",
+                        refuse_login="too many failed logins from 127.0.0.1, retry later")
+    c.start()
+    c.login()
+    close = c.recv()[0][1]
+    assert close.reply_code == 403 and "too many failed logins" in close.reply_text
+    assert not c.conn.login_failed  # refusing is not a new failure
+
+
+def test_wrong_password_is_reported_to_the_throttle() -> None:
+    c = Client()
+    c.start()
+    c.login(pw="nope")
+    assert c.conn.login_failed
+
+
+def test_loopback_users_configurable() -> None:
+    cfg = WireConfig(users={"guest": "guest", "app": "pw"}, loopback_users=[])
+    c = Client(cfg, peer="10.0.0.5")
+    c.start()
+    c.login()
+    assert c.recv()[0][1].name == "Connection.Tune"
+    cfg = WireConfig(users={"guest": "guest", "app": "pw"}, loopback_users=["app"])
+    c = Client(cfg, peer="10.0.0.5")
+    c.start()
+    c.login(user="app", pw="pw")
+    assert c.recv()[0][1].reply_code == 403
 
 
 def test_auth_failure_without_capability_just_closes() -> None:
