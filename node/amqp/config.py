@@ -18,6 +18,7 @@ class WireConfig:
     # users who may connect only from loopback (RabbitMQ's loopback_users)
     loopback_users: list[str] = field(default_factory=_default_loopback_users)
     # failed logins per client address before it is refused for a while (0 = off)
+    max_connections: int = 0  # per node; 0 = unlimited; beyond it connection.open gets 530
     login_failure_limit: int = 20
     login_failure_window: float = 10.0
     frame_max: int = 131072

@@ -88,10 +88,11 @@ def is_loopback(host: str | None) -> bool:
 class Connection:
     def __init__(self, proposer: Proposer, conn_id: ConnId, config: WireConfig,
                  clock: Callable[[], float] = time.monotonic, peer_host: str | None = None,
-                 refuse_login: str | None = None) -> None:
+                 refuse_login: str | None = None, refuse_open: str | None = None) -> None:
         self.proposer = proposer
         self.peer_host = peer_host  # None: unknown (treated as remote)
         self.refuse_login = refuse_login  # decided at accept time (login throttle)
+        self.refuse_open = refuse_open  # decided at accept time (connection limit)
         self.login_failed = False  # read by the server once (throttle bookkeeping)
         self.id = conn_id
         self.config = config
@@ -281,6 +282,8 @@ class Connection:
             if m.virtual_host != "/":
                 raise ConnectionException(530, f"NOT_ALLOWED - vhost {m.virtual_host} not found",
                                           10, 40)
+            if self.refuse_open is not None:
+                raise ConnectionException(530, f"NOT_ALLOWED - {self.refuse_open}", 10, 40)
             self.phase = RUNNING
             self.write(frame.encode_method(0, "Connection.OpenOk"))
         elif phase == RUNNING and name in ("Connection.CloseOk", "Connection.Blocked",

@@ -44,8 +44,12 @@ class _Protocol(asyncio.Protocol):
         refuse = None
         if srv.throttle.blocked(self.peer_host, time.monotonic()):
             refuse = f"too many failed logins from {self.peer_host}, retry later"
+        limit = srv.config.max_connections
+        full = None
+        if limit and len(srv.conns) >= limit:
+            full = f"connection limit ({limit}) of node {srv.node_id} is reached"
         conn = Connection(srv.proposer, ConnId(srv.node_id, next_serial()), srv.config,
-                          peer_host=self.peer_host or None, refuse_login=refuse)
+                          peer_host=self.peer_host or None, refuse_login=refuse, refuse_open=full)
         self.conn = conn
         srv.conns[conn.id.serial] = self
 

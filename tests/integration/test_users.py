@@ -93,3 +93,28 @@ def test_failed_logins_are_throttled_per_address(tmp_path: Path) -> None:
         assert time.monotonic() - t0 > 2.0, "throttle lifted much earlier than its window"
     finally:
         node.kill9()
+
+
+def test_max_connections_per_node(tmp_path: Path) -> None:
+    cfg = tmp_path / "node.toml"
+    cfg.write_text("max_connections = 2\n")
+    node = NodeProcess(tmp_path / "data", extra_args=("--config", str(cfg)))
+    try:
+        node.start()
+        a, b = connect(node, "guest", "guest"), connect(node, "guest", "guest")
+        with pytest.raises(pika.exceptions.AMQPConnectionError) as err:
+            connect(node, "guest", "guest")
+        assert "connection limit (2)" in repr(err.value), repr(err.value)
+        a.channel().queue_declare("still-serving")  # the others keep working
+        b.close()
+
+        def third_gets_in() -> bool:
+            try:
+                connect(node, "guest", "guest").close()
+            except pika.exceptions.AMQPConnectionError:
+                return False
+            return True
+        wait_for(third_gets_in, timeout=10, interval=0.2, what="a free connection slot")
+        a.close()
+    finally:
+        node.kill9()

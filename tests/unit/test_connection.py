@@ -213,6 +213,20 @@ def test_throttled_login_refused_even_with_the_right_password() -> None:
     assert not c.conn.login_failed  # refusing is not a new failure
 
 
+def test_connection_limit_refuses_open_with_530() -> None:
+    c = Client()
+    c.conn = Connection(c.p, ConnId("n1", 3), WireConfig(), c.clock, peer_host="127.0.0.1",
+                        refuse_open="connection limit (2) of node n1 is reached")
+    c.start()
+    c.login()
+    c.recv()
+    c.send(0, pc.Connection.TuneOk(channel_max=0, frame_max=131072, heartbeat=0),
+           pc.Connection.Open(virtual_host="/"))
+    close = c.recv()[-1][1]
+    assert close.name == "Connection.Close" and close.reply_code == 530
+    assert "connection limit (2)" in close.reply_text
+
+
 def test_wrong_password_is_reported_to_the_throttle() -> None:
     c = Client()
     c.start()
