@@ -25,6 +25,10 @@ class WireConfig:
     channel_max: int = 2047
     heartbeat: int = 60
     memory_high_watermark: int = 0  # bytes of queued message bodies; 0 = off
+    # free bytes on the data dir's filesystem below which publishers are blocked
+    # (RabbitMQ's disk_free_limit default is 50 MB); 0 = off
+    disk_free_limit: int = 50 * 1000 * 1000
+    data_dir: str = ""  # set by the node (the filesystem disk_free_limit watches)
     consumer_credit: int = 256  # initial BasicConsume.credit
     max_message_size: int = 128 * 1024 * 1024
     # per connection unconfirmed-in-log bound before pausing reads (optional)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from typing import Any
 
@@ -120,6 +121,8 @@ class AmqpServer:
         self.conns: dict[int, _Protocol] = {}
         self.alarm: str | None = None
         self.throttle = LoginThrottle(config.login_failure_limit, config.login_failure_window)
+        self._disk_checked = float("-inf")
+        self._disk_low_flag = False
         self._server: asyncio.base_events.Server | None = None
         self._timer: asyncio.Task[None] | None = None
         self._listen: tuple[str, int] | None = None
@@ -217,12 +220,31 @@ class AmqpServer:
             else:
                 proto.resume_reading()
 
+    def _disk_low(self) -> bool:
+        """Free space on the data dir's filesystem under disk_free_limit
+        (statvfs at most once a second; the last answer in between)."""
+        limit, path = self.config.disk_free_limit, self.config.data_dir
+        if limit <= 0 or not path:
+            return False
+        now = time.monotonic()
+        if now - self._disk_checked >= 1.0:
+            self._disk_checked = now
+            try:
+                st = os.statvfs(path)
+                self._disk_low_flag = st.f_bavail * st.f_frsize < limit
+            except OSError:
+                self._disk_low_flag = False
+        return self._disk_low_flag
+
     def _check_memory(self) -> None:
-        """Alarms that block publishers: memory high-watermark, or this node
-        cut off from the majority (it could not make a publish safe)."""
+        """Alarms that block publishers (consumers keep draining): memory
+        high-watermark, disk free below the limit, or this node cut off from
+        the majority (it could not make a publish safe)."""
         mark = self.config.memory_high_watermark
         if mark > 0 and self.proposer.message_bytes() > mark:
             alarm: str | None = "low on memory"
+        elif self._disk_low():
+            alarm = "low on disk"
         else:
             alarm = self.proposer.blocked_reason()
         changed = alarm != self.alarm

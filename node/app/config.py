@@ -32,7 +32,7 @@ class NodeConfig:
 
 _WIRE_KEYS = {"frame_max", "channel_max", "heartbeat", "memory_high_watermark", "consumer_credit",
               "max_message_size", "inflight_publish_bytes", "login_failure_limit",
-              "max_connections"}
+              "max_connections", "disk_free_limit"}
 _RAFT_KEYS = {"password", "batch_max_commands", "batch_max_bytes", "max_inflight_batches",
               "max_inflight_bytes", "election_min", "election_max", "leader_fallback",
               "compaction_min_entries", "compaction_min_time", "tick_interval",

@@ -132,6 +132,7 @@ async def serve(cfg: NodeConfig) -> None:
 
     raft = RaftNode(cfg.node_id, cfg.data_dir, loop, sink, cfg.raft)
     raft.seed_users = {name: hash_password(pw) for name, pw in cfg.wire.users.items()}
+    cfg.wire.data_dir = cfg.data_dir
     amqp = AmqpServer(raft, cfg.node_id, cfg.wire)
     holder["amqp"] = amqp
     raft.start()
