@@ -129,13 +129,15 @@ class Target:
         return ""
 
 
-class MirrorqOne(Target):
-    broker, nodes = "mirrorq", 1
+class _OneNode(Target):
+    """A single broker process (MirrorqNode or RabbitNode) in its own work dir."""
 
-    def __init__(self, workdir: Path) -> None:
-        self.key = "mirrorq-1"
-        self.node = MirrorqNode(workdir / "mirrorq-1")
-        (workdir / "mirrorq-1").mkdir(parents=True, exist_ok=True)
+    nodes = 1
+
+    def __init__(self, key: str, node: Any, workdir: Path) -> None:
+        self.key = key
+        self.node = node
+        workdir.mkdir(parents=True, exist_ok=True)
 
     def start(self) -> None:
         self.node.start()
@@ -148,6 +150,13 @@ class MirrorqOne(Target):
 
     def log_tail(self) -> str:
         return tail(self.node.logfile, 20)
+
+
+class MirrorqOne(_OneNode):
+    broker = "mirrorq"
+
+    def __init__(self, workdir: Path) -> None:
+        super().__init__("mirrorq-1", MirrorqNode(workdir / "mirrorq-1"), workdir / "mirrorq-1")
 
 
 class MirrorqThree(Target):
@@ -182,28 +191,14 @@ class MirrorqThree(Target):
         return "\n".join(f"---- {nd['id']}\n{tail(nd['log'], 10)}" for nd in self.cluster.nodes)
 
 
-class RabbitOne(Target):
-    broker, nodes = "rabbitmq", 1
+class RabbitOne(_OneNode):
+    broker = "rabbitmq"
 
     def __init__(self, workdir: Path) -> None:
-        self.key = "rabbitmq-1"
-        self.node = RabbitNode(workdir / "rabbitmq-1")
-        (workdir / "rabbitmq-1").mkdir(parents=True, exist_ok=True)
-
-    def start(self) -> None:
-        self.node.start()
-
-    def stop(self) -> None:
-        self.node.stop()
-
-    def endpoint(self) -> tuple[str, str, str]:
-        return self.node.url, self.node.url, "the only node"
+        super().__init__("rabbitmq-1", RabbitNode(workdir / "rabbitmq-1"), workdir / "rabbitmq-1")
 
     def setup_info(self, cp: str) -> dict[str, Any]:
         return {"queue_type": "classic (no x-queue-type argument)"}
-
-    def log_tail(self) -> str:
-        return tail(self.node.logfile, 20)
 
 
 class _RabbitCluster(RabbitCluster):
