@@ -199,7 +199,7 @@ class AmqpServer:
                 log.exception("error flushing connection %s", conn.id)
                 conn.connection_error(541, "INTERNAL_ERROR")
             proto.flush()
-        self._check_memory()
+        self._check_alarms()
 
     # ------------------------------------------------------------ flow control
 
@@ -236,7 +236,7 @@ class AmqpServer:
                 self._disk_low_flag = False
         return self._disk_low_flag
 
-    def _check_memory(self) -> None:
+    def _check_alarms(self) -> None:
         """Alarms that block publishers (consumers keep draining): memory
         high-watermark, disk free below the limit, or this node cut off from
         the majority (it could not make a publish safe)."""
@@ -263,7 +263,7 @@ class AmqpServer:
             n += 1
             try:
                 self._check_draining()
-                self._check_memory()
+                self._check_alarms()
                 if not self.publishers_must_wait():
                     self._update_reading()
                 if n % TICKS_PER_HEARTBEAT_CHECK == 0:
