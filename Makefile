@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 AMQP_PORT ?= 5672
 
-.PHONY: run test lint unit integration bench clean chaos
+.PHONY: run test lint unit integration bench clean chaos soak fuzz
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +32,9 @@ test: lint
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests
 
 # chaos: every experiment of chaos/experiments with short durations (root for the
-# netns partitions; without root those are skipped), judged from the journals and
-# the history checker; prints the table, fails on any failure or lost message.
+# netns partitions; without root those are skipped, a failure with --subset ci or
+# --no-skip), judged from the journals and the history checker; prints the table,
+# fails on any failure or lost message.
 # CI subset: make chaos CHAOS_ARGS='--subset ci'
 CHAOS_ARGS ?=
 chaos: $(STAMP)
@@ -46,6 +47,27 @@ BENCH_ARGS ?=
 bench: $(STAMP)
 	bash bench/install-deps.sh
 	$(PY) bench/suite.py $(BENCH_ARGS)
+
+# proto: regenerate node/admin/admin_pb2*.py from admin.proto (checked in; the
+# drift test tests/unit/test_admin_proto.py compares them with a fresh run)
+.PHONY: proto
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. node/admin/admin.proto
+
+# soak: a 3-node cluster under connection churn (>= 1,000), queue churn (>= 10,000) and
+# confirmed publishing/consuming for 10 minutes; fails on RSS growth, an fd or connection
+# leak, a lost confirmed message or a node death (soak/README.md). Shorter:
+# make soak SOAK_ARGS='--duration 60 --connections 100 --queues 1000'
+SOAK_ARGS ?=
+soak: $(STAMP)
+	$(PY) soak/soak.py $(SOAK_ARGS)
+
+# fuzz: the long fuzz run (docs/fuzzing.md): frame reader/decoders and the
+# connection+channel state machines over the real state machine, 1,000,000
+# inputs per target on 2 niced processes; prints inputs, inputs/s and crashes.
+FUZZ_ARGS ?= --inputs 1000000 --jobs 2 --seed 1
+fuzz: $(STAMP)
+	nice -n 10 $(PY) -m tests.fuzz.fuzz_amqp $(FUZZ_ARGS)
 
 clean:
 	rm -rf $(VENV) data build *.egg-info

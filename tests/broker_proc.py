@@ -67,10 +67,15 @@ class NodeProcess(Broker):
     own = True
 
     def __init__(self, data_dir: Path, node_id: str = "n1", extra_args: tuple[str, ...] = (),
-                 config: str | None = None) -> None:
+                 config: str | None = None, amqps: bool = False, tls_only: bool = False) -> None:
+        """amqps: also listen for AMQP over TLS on self.amqps_port (--amqps-port; the
+        config must carry [tls] cert and key); tls_only: the config says [tls] only =
+        true, so readiness is the amqps port (--amqp-port is still passed, and ignored)."""
         self.data_dir = data_dir
         self.node_id = node_id
         self.amqp_port = free_port()
+        self.amqps_port: int | None = free_port() if amqps or tls_only else None
+        self.tls_only = tls_only
         self.raft_port = free_port()
         self.admin_port = free_port()
         self.metrics_port = free_port()
@@ -89,6 +94,8 @@ class NodeProcess(Broker):
                 "--data-dir", str(self.data_dir)]
         if self.config_path is not None:
             args += ["--config", str(self.config_path)]
+        if self.amqps_port is not None:
+            args += ["--amqps-port", str(self.amqps_port)]
         return args + list(self.extra_args)
 
     def start(self, timeout: float = 30.0) -> None:
@@ -103,13 +110,21 @@ class NodeProcess(Broker):
             assert self.proc is not None
             if self.proc.poll() is not None:
                 raise RuntimeError(f"node exited with {self.proc.returncode}: {self.tail_log()}")
-            return port_open(self.amqp_port)
+            return port_open(self.ready_port)
 
         try:
             wait_for(ready, timeout=timeout, what=f"node {self.node_id} to accept AMQP")
         except BaseException:
             self.kill9()
             raise
+
+    @property
+    def ready_port(self) -> int:
+        """The port that opens once the node serves clients."""
+        if self.tls_only:
+            assert self.amqps_port is not None
+            return self.amqps_port
+        return self.amqp_port
 
     def tail_log(self, n: int = 40) -> str:
         try:

@@ -123,6 +123,7 @@ class ClusterNode:
         self.metrics_port = free_port()
         self.config_path = config_path
         self.extra_args = list(extra_args)
+        self.env: dict[str, str] = {}  # added to the inherited environment (e.g. MIRRORQ_RAFT_PASSWORD)
         self.peers: dict[str, str] = {}  # the other members: id -> host:raftport
         self.log_path = data_dir.parent / f"{node_id}.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -172,7 +173,8 @@ class ClusterNode:
             log.write(f"\n==== start {time.strftime('%H:%M:%S')} join={join}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(self.argv(join), cwd=str(REPO), stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env={**os.environ, **self.env} if self.env else None)
         _LIVE[self.proc.pid] = self.proc
         self.paused = False
         if wait:

@@ -4,6 +4,11 @@ history check, print a table, exit non-zero on any failure.
     python -m chaosmirrorq.suite                      # every experiment (make chaos)
     python -m chaosmirrorq.suite --subset ci          # the CI subset (<= ~8 min on 2 cores)
     python -m chaosmirrorq.suite --only leader-pause,full-restart --out /tmp/chaos
+    python -m chaosmirrorq.suite --no-skip            # a skipped experiment is a failure
+
+An experiment that needs network namespaces is skipped (SKIP) without root or netns
+support; with --subset ci or --no-skip a skip fails the run, so that CI cannot pass
+without its partition experiment.
 
 `chaos run` exits 0 even when the steady-state hypothesis failed before the method,
 so the verdict comes from the journal: status "completed", not deviated, the
@@ -177,7 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.environ.get("CHAOS_OUT", str(REPO / "data" / "chaos")))
     ap.add_argument("--timeout", type=float, default=420.0, help="per experiment, seconds")
     ap.add_argument("--long", action="store_true", help="do not apply the short CHAOS_* defaults")
+    ap.add_argument("--no-skip", action="store_true",
+                    help="fail when an experiment is skipped (implied by --subset ci)")
     args = ap.parse_args(argv)
+    no_skip = args.no_skip or args.subset == "ci"
 
     names = [n for n in args.only.split(",") if n] or SUBSETS[args.subset]
     out = Path(args.out).resolve()
@@ -196,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         path = EXPERIMENTS_DIR / f"{name}.json"
         if no_netns and path.exists() and needs_netns(path):
             rows.append({"experiment": name, "verdict": "SKIP", "reasons": [no_netns]})
-            print(f"[chaos] {name}: SKIP ({no_netns})", flush=True)
+            print(f"[chaos] {name}: SKIP ({no_netns})"
+                  f"{' -- a failure with --subset ci / --no-skip' if no_skip else ''}", flush=True)
             continue
         print(f"[chaos] {name} ...", flush=True)
         row = run_one(name, out, env, args.timeout)
@@ -208,7 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(fmt_table(rows))
     failed = [r for r in rows if r["verdict"] == "FAIL"]
+    skipped = [str(r["experiment"]) for r in rows if r["verdict"] == "SKIP"]
     print(f"\n{len(rows) - len(failed)}/{len(rows)} passed or skipped in {total}s; details in {out}")
+    if skipped and no_skip:
+        # CI must not pass without its partition experiment (issue 4)
+        print(f"FAIL: skipped {', '.join(skipped)} (--subset ci / --no-skip: run as root "
+              f"with network namespaces)", flush=True)
+        return 1
     return 1 if failed else 0
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from node.amqp import frame
+from node.broker.permission import CONFIGURE, READ, WRITE
 from node.replication.command import (
     BasicAck,
     BasicCancel,
@@ -52,7 +53,10 @@ class AmqpError(Exception):
         full = text if text.startswith(name) else f"{name} - {text}"
         super().__init__(full)
         self.code = code
-        self.text = full[:255]
+        # reply-text is a shortstr: 255 bytes, not characters. A text naming a
+        # non-ASCII queue failed to encode and turned the close into a 541
+        # (found by tests/fuzz).
+        self.text = full.encode("utf-8")[:255].decode("utf-8", "ignore")
         self.class_id = class_id
         self.method_id = method_id
 
@@ -259,39 +263,64 @@ class Channel:
 
     # ------------------------------------------------------------ exchange / queue
 
+    # Permission checks follow RabbitMQ: configure to declare or delete, write
+    # on what receives messages (publish target, binding destination), read on
+    # what gives them (binding source, consumed queue). Passive declares need none.
+
     def on_exchange_declare(self, m: frame.Method) -> None:
+        if not m.passive:
+            self.conn.check(CONFIGURE, "exchange", m.exchange, 40, 10)
         self.propose(ExchangeDeclare(self.id, m.exchange, m.exchange_type, bool(m.passive),
                                      bool(m.durable), bool(m.auto_delete), bool(m.internal),
                                      dict(m.arguments or {}), bool(m.nowait)))
 
     def on_exchange_delete(self, m: frame.Method) -> None:
+        self.conn.check(CONFIGURE, "exchange", m.exchange, 40, 20)
         self.propose(ExchangeDelete(self.id, m.exchange, bool(m.if_unused), bool(m.nowait)))
 
     def on_exchange_bind(self, m: frame.Method) -> None:
+        self.conn.check(WRITE, "exchange", m.destination, 40, 30)
+        self.conn.check(READ, "exchange", m.source, 40, 30)
         self.propose(ExchangeBind(self.id, m.destination, m.source, m.routing_key,
                                   dict(m.arguments or {}), bool(m.nowait)))
 
     def on_exchange_unbind(self, m: frame.Method) -> None:
+        self.conn.check(WRITE, "exchange", m.destination, 40, 40)
+        self.conn.check(READ, "exchange", m.source, 40, 40)
         self.propose(ExchangeUnbind(self.id, m.destination, m.source, m.routing_key,
                                     dict(m.arguments or {}), bool(m.nowait)))
 
     def on_queue_declare(self, m: frame.Method) -> None:
+        if not m.passive:
+            # a server-named queue is checked as RabbitMQ names them: amq.gen-...
+            self.conn.check(CONFIGURE, "queue", m.queue or "amq.gen-", 50, 10)
+            dlx = (m.arguments or {}).get("x-dead-letter-exchange")
+            if isinstance(dlx, str | bytes):  # dead letters are published into the DLX
+                name = dlx.decode("utf-8", "replace") if isinstance(dlx, bytes) else dlx
+                self.conn.check(WRITE, "exchange", name or "amq.default", 50, 10)
         self.propose(QueueDeclare(self.id, m.queue, bool(m.passive), bool(m.durable),
                                   bool(m.exclusive), bool(m.auto_delete),
-                                  dict(m.arguments or {}), bool(m.nowait)))
+                                  dict(m.arguments or {}), bool(m.nowait),
+                                  self.conn.config.default_queue_max_length))
 
     def on_queue_bind(self, m: frame.Method) -> None:
+        self.conn.check(WRITE, "queue", m.queue, 50, 20)
+        self.conn.check(READ, "exchange", m.exchange, 50, 20)
         self.propose(QueueBind(self.id, m.queue, m.exchange, m.routing_key,
                                dict(m.arguments or {}), bool(m.nowait)))
 
     def on_queue_unbind(self, m: frame.Method) -> None:
+        self.conn.check(WRITE, "queue", m.queue, 50, 50)
+        self.conn.check(READ, "exchange", m.exchange, 50, 50)
         self.propose(QueueUnbind(self.id, m.queue, m.exchange, m.routing_key,
                                  dict(m.arguments or {})))
 
     def on_queue_purge(self, m: frame.Method) -> None:
+        self.conn.check(READ, "queue", m.queue, 50, 30)
         self.propose(QueuePurge(self.id, m.queue, bool(m.nowait)))
 
     def on_queue_delete(self, m: frame.Method) -> None:
+        self.conn.check(CONFIGURE, "queue", m.queue, 50, 40)
         self.propose(QueueDelete(self.id, m.queue, bool(m.if_unused), bool(m.if_empty),
                                  bool(m.nowait)))
 
@@ -304,6 +333,7 @@ class Channel:
         self.propose(BasicQos(self.id, int(m.prefetch_count), bool(m.global_)))
 
     def on_basic_consume(self, m: frame.Method) -> None:
+        self.conn.check(READ, "queue", m.queue, 60, 20)
         self.propose(BasicConsume(self.id, m.queue, m.consumer_tag, bool(m.no_local),
                                   bool(m.no_ack), bool(m.exclusive), dict(m.arguments or {}),
                                   bool(m.nowait), self.conn.config.consumer_credit))
@@ -312,11 +342,13 @@ class Channel:
         self.propose(BasicCancel(self.id, m.consumer_tag, bool(m.nowait)))
 
     def on_basic_get(self, m: frame.Method) -> None:
+        self.conn.check(READ, "queue", m.queue, 60, 70)
         self.propose(BasicGet(self.id, m.queue, bool(m.no_ack)))
 
     def on_basic_publish(self, m: frame.Method) -> None:
         if m.immediate:
             raise ConnectionException(540, "NOT_IMPLEMENTED - immediate=true", 60, 40)
+        self.conn.check(WRITE, "exchange", m.exchange or "amq.default", 60, 40)
         self.pending = m
         self.pending_size = -1
 

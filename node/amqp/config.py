@@ -31,7 +31,26 @@ class WireConfig:
     data_dir: str = ""  # set by the node (the filesystem disk_free_limit watches)
     consumer_credit: int = 256  # initial BasicConsume.credit
     max_message_size: int = 128 * 1024 * 1024
+    # x-max-length of queues that declare none (0 = unbounded); beyond it
+    # publishes are nacked (reject-publish) unless the queue sets x-overflow
+    default_queue_max_length: int = 1_000_000
     # per connection unconfirmed-in-log bound before pausing reads (optional)
     inflight_publish_bytes: int = 64 * 1024 * 1024
     handshake_timeout: float = 10.0  # seconds from TCP accept to Connection.Open
     close_timeout: float = 3.0  # wait for Connection.CloseOk after we sent Close
+
+
+VERIFY_MODES = ("none", "optional", "required")
+
+
+@dataclass
+class TlsConfig:
+    """The amqps listener ([tls] table). Off unless a port is set."""
+    port: int | None = None
+    cert: str = ""  # PEM: server certificate (chain)
+    key: str = ""  # PEM: its private key (unencrypted)
+    ca: str = ""  # PEM: CAs that sign client certificates (verify optional/required)
+    # none: no client certificate asked; optional: verified if sent (RabbitMQ's
+    # verify_peer); required: must be sent (verify_peer + fail_if_no_peer_cert)
+    verify: str = "none"
+    only: bool = False  # TLS-only: the plain AMQP listener is not opened at all

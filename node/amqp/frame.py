@@ -35,6 +35,13 @@ _Q = struct.Struct(">Q")
 _H = struct.Struct(">H")
 _CONTENT_HDR = struct.Struct(">HHQ")
 
+# What pamqp's unmarshal raises on bad input. RecursionError: pamqp decodes
+# nested field tables/arrays recursively, so a few KB of tables nested some
+# hundred deep (any table: arguments, headers, client properties) exhausted
+# the stack and escaped as an internal error (found by tests/fuzz).
+_DECODE_ERRORS = (struct.error, ValueError, TypeError, IndexError, KeyError,
+                  UnicodeDecodeError, RecursionError, pamqp_exceptions.PAMQPException)
+
 
 class FrameError(Exception):
     """The byte stream is broken (501): bad end octet, oversized frame."""
@@ -208,8 +215,7 @@ def decode_method(payload: bytes) -> Method:
     method = cls()
     try:
         method.unmarshal(payload[4:])
-    except (struct.error, ValueError, TypeError, IndexError, KeyError,
-            UnicodeDecodeError, pamqp_exceptions.PAMQPException) as err:
+    except _DECODE_ERRORS as err:
         raise BadArguments(f"SYNTAX_ERROR - cannot decode {method.name}", cid, mid) from err
     return method
 
@@ -225,8 +231,7 @@ def decode_header(payload: bytes) -> tuple[int, int, dict[str, Any]]:
             return cid, size, {}  # no properties: the common cheap case
         hdr = ContentHeader()
         hdr.unmarshal(payload)
-    except (struct.error, ValueError, TypeError, IndexError, KeyError,
-            UnicodeDecodeError, pamqp_exceptions.PAMQPException) as err:
+    except _DECODE_ERRORS as err:
         raise BadArguments("SYNTAX_ERROR - cannot decode content header") from err
     props = hdr.properties
     out: dict[str, Any] = {}
@@ -242,7 +247,7 @@ def decode_amqplain(response: str | bytes) -> dict[str, Any]:
     raw = response.encode("utf-8") if isinstance(response, str) else bytes(response)
     try:
         _, table = decode.field_table(struct.pack(">I", len(raw)) + raw)
-    except (ValueError, struct.error, UnicodeDecodeError):
+    except _DECODE_ERRORS:  # a bad table is a failed login, never an internal error
         return {}
     return table
 
@@ -266,9 +271,30 @@ def method_class(path: str) -> type:
     return cls
 
 
+_UNCHECKED: dict[type, type] = {}
+
+
+def _no_validate(self: Any) -> None:
+    pass
+
+
 def encode_method(chan: int, path: str, fields: dict[str, Any] | None = None) -> bytes:
-    """Method frame for the pamqp class `path` built from `fields`."""
-    method = method_class(path)(**(fields or {}))
+    """Method frame for the pamqp class `path` built from `fields`.
+
+    Built from a subclass without pamqp's validate(): pamqp checks names
+    against the spec's regex when it builds or marshals a method but not when
+    it decodes one, so a queue name or consumer tag it accepted from a client
+    (say "a b") could not be echoed in Queue.DeclareOk or Basic.ConsumeOk: an
+    internal error 541 (found by tests/fuzz). Encoding still fails on what
+    cannot be encoded at all (a shortstr over 255 bytes).
+    """
+    cls = method_class(path)
+    unchecked = _UNCHECKED.get(cls)
+    if unchecked is None:  # no __slots__ of its own: self.__slots__ stays the field list
+        unchecked = _UNCHECKED[cls] = type(cls.__name__, (cls,), {"validate": _no_validate})
+    method = unchecked()
+    for name, value in (fields or {}).items():
+        setattr(method, name, value)
     return _frame(FRAME_METHOD, chan, _CM.pack(int(method.index) >> 16, method.frame_id)
                   + method.marshal())
 
@@ -299,7 +325,56 @@ def encode_properties(props: dict[str, Any]) -> bytes:
     """Properties dict (pamqp attribute names) -> flags + property list."""
     if not props:
         return _EMPTY_PROPS
-    return commands.Basic.Properties(**props).marshal()
+    try:
+        return commands.Basic.Properties(**props).marshal()
+    except (TypeError, ValueError, OverflowError, struct.error):
+        # pamqp decodes what it cannot encode again (a non-UTF-8 longstr comes
+        # back as bytes, a large double as a float it writes as 'f') and
+        # validates on construction (delivery_mode 3, a cluster_id) what it
+        # accepted on decoding. Raising here failed every delivery of such a
+        # message with 541 and requeued it: one publish took down each
+        # consumer's connection in turn (found by tests/fuzz).
+        return _encode_properties_lenient(props)
+
+
+def _encode_properties_lenient(props: dict[str, Any]) -> bytes:
+    obj = commands.Basic.Properties()
+    for name, value in props.items():
+        if name != "headers":
+            setattr(obj, name, value)  # setattr: no validation, send what we received
+    raw = obj.marshal()
+    headers = props.get("headers")
+    if not isinstance(headers, dict):
+        return raw
+    (flags,) = _H.unpack_from(raw, 0)
+    pos = 2
+    for bit in (0x8000, 0x4000):  # content_type, content_encoding come before headers
+        if flags & bit:
+            pos += 1 + raw[pos]
+    return _H.pack(flags | 0x2000) + raw[2:pos] + _encode_table_lenient(headers) + raw[pos:]
+
+
+def _encode_table_lenient(table: dict[str, Any]) -> bytes:
+    body = b"".join(_sstr(str(key)) + _encode_value_lenient(value) for key, value in table.items())
+    return struct.pack(">I", len(body)) + body
+
+
+def _encode_value_lenient(value: Any) -> bytes:
+    """A field value for each type pamqp decodes, including those it cannot encode."""
+    if isinstance(value, bytes):  # a longstr that is not UTF-8
+        return b"S" + struct.pack(">I", len(value)) + value
+    if isinstance(value, float):  # as a double: never overflows, loses nothing
+        return b"d" + struct.pack(">d", value)
+    if isinstance(value, dict):
+        return b"F" + _encode_table_lenient(value)
+    if isinstance(value, list):
+        items = b"".join(_encode_value_lenient(v) for v in value)
+        return b"A" + struct.pack(">I", len(items)) + items
+    try:
+        return encode.encode_table_value(value)
+    except (TypeError, ValueError, OverflowError, struct.error):
+        raw = str(value).encode("utf-8")  # last resort: its text, rather than no delivery
+        return b"S" + struct.pack(">I", len(raw)) + raw
 
 
 def props_to_dict(props: Any) -> dict[str, Any]:

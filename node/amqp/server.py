@@ -6,12 +6,14 @@ import asyncio
 import contextlib
 import logging
 import os
+import ssl
 import time
 from typing import Any
 
 from node.amqp.config import WireConfig
 from node.amqp.connection import CLOSED, Connection, next_serial
 from node.amqp.throttle import LoginThrottle
+from node.amqp.tls import peer_common_name
 from node.replication.effect import ConnectionError, Effect
 from node.replication.ids import ConnId
 from node.replication.port import Proposer
@@ -31,6 +33,7 @@ class _Protocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.reading_paused = False
         self.peer_host = ""
+        self.peer_cn: str | None = None  # subject CN of a verified client certificate (amqps)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -42,6 +45,8 @@ class _Protocol(asyncio.Protocol):
             return
         peer = transport.get_extra_info("peername")
         self.peer_host = str(peer[0]) if peer else ""
+        # amqps: called once the handshake is done (a failed one never gets here)
+        self.peer_cn = peer_common_name(transport.get_extra_info("peercert"))
         refuse = None
         if srv.throttle.blocked(self.peer_host, time.monotonic()):
             refuse = f"too many failed logins from {self.peer_host}, retry later"
@@ -120,51 +125,72 @@ class AmqpServer:
         self.config = config
         self.conns: dict[int, _Protocol] = {}
         self.alarm: str | None = None
+        self._access_sources: tuple[object, object] = (None, None)  # see _check_access
         self.throttle = LoginThrottle(config.login_failure_limit, config.login_failure_window)
         self._disk_checked = float("-inf")
         self._disk_low_flag = False
-        self._server: asyncio.base_events.Server | None = None
+        self._servers: list[asyncio.base_events.Server] = []
         self._timer: asyncio.Task[None] | None = None
-        self._listen: tuple[str, int] | None = None
+        # (host, port, SSLContext or None for plain AMQP); None once closed: no reopening
+        self._listen: list[tuple[str, int, ssl.SSLContext | None]] | None = None
         self._relisten: asyncio.Task[None] | None = None
         proposer.add_drain_listener(self._on_drain)
 
-    async def start(self, host: str, port: int) -> None:
-        self._listen = (host, port)
+    async def start(self, host: str, port: int | None, tls_port: int | None = None,
+                    ssl_context: ssl.SSLContext | None = None) -> None:
+        """Listen on `port` (plain AMQP; None: TLS-only) and on `tls_port` (amqps).
+        Both listeners share every behaviour: connection limit, throttling, drain."""
+        self._listen = []
+        if port is not None:
+            self._listen.append((host, port, None))
+        if tls_port is not None:
+            assert ssl_context is not None, "amqps needs an SSLContext"
+            self._listen.append((host, tls_port, ssl_context))
         if not self.proposer.draining():  # a node restarted in maintenance mode stays closed
-            await self._open_listener()
+            await self._open_listeners()
         self._timer = asyncio.create_task(self._timer_loop())
 
-    async def _open_listener(self) -> None:
+    async def _open_listeners(self) -> None:
+        """All or none: a half-open node would confuse the drain/revive bookkeeping."""
         assert self._listen is not None
         loop = asyncio.get_running_loop()
-        host, port = self._listen
-        self._server = await loop.create_server(lambda: _Protocol(self), host, port,
-                                                reuse_address=True)
+        servers: list[asyncio.base_events.Server] = []
+        try:
+            for host, port, ctx in self._listen:
+                # the handshake timeout bounds sockets that never finish TLS (e.g. plaintext)
+                servers.append(await loop.create_server(
+                    lambda: _Protocol(self), host, port, reuse_address=True, ssl=ctx,
+                    ssl_handshake_timeout=self.config.handshake_timeout if ctx else None))
+        except BaseException:
+            for server in servers:
+                server.close()
+            raise
+        self._servers = servers
 
     def _check_draining(self) -> None:
         """Maintenance mode (replicated SetDraining): close the listener and
         every client connection (registered ones were already closed by the
         state machine); reopen the listener when revived."""
         if self.proposer.draining():
-            if self._server is not None:
-                log.warning("node %s is draining: closing the AMQP listener and %d connection(s)",
+            if self._servers:
+                log.warning("node %s is draining: closing the AMQP listener(s) and %d connection(s)",
                             self.node_id, len(self.conns))
-                self._server.close()
-                self._server = None
+                for server in self._servers:
+                    server.close()
+                self._servers = []
             for proto in list(self.conns.values()):
                 conn = proto.conn
                 if conn is not None and conn.phase != CLOSED:
                     conn.force_close(320, f"CONNECTION_FORCED - node {self.node_id} is draining "
                                           "(maintenance mode)")
                     proto.flush()
-        elif self._server is None and self._listen is not None and self._relisten is None:
-            log.info("node %s revived: reopening the AMQP listener", self.node_id)
+        elif not self._servers and self._listen and self._relisten is None:
+            log.info("node %s revived: reopening the AMQP listener(s)", self.node_id)
             self._relisten = asyncio.create_task(self._reopen())
 
     async def _reopen(self) -> None:
         try:
-            await self._open_listener()
+            await self._open_listeners()
         except OSError as exc:
             log.warning("cannot reopen the AMQP listener yet: %s", exc)
         finally:
@@ -236,6 +262,20 @@ class AmqpServer:
                 self._disk_low_flag = False
         return self._disk_low_flag
 
+    def _check_access(self) -> None:
+        """Close connections whose user or vhost was deleted: checked only when
+        the replicated users or vhosts change (they are replaced, not mutated)."""
+        sources = (self.proposer.users(), self.proposer.vhosts())
+        if sources[0] is self._access_sources[0] and sources[1] is self._access_sources[1]:
+            return
+        self._access_sources = sources
+        for proto in list(self.conns.values()):
+            conn = proto.conn
+            why = conn.revoked() if conn is not None else None
+            if conn is not None and why is not None:
+                conn.force_close(320, f"CONNECTION_FORCED - {why}")
+                proto.flush()
+
     def _check_alarms(self) -> None:
         """Alarms that block publishers (consumers keep draining): memory
         high-watermark, disk free below the limit, or this node cut off from
@@ -263,6 +303,7 @@ class AmqpServer:
             n += 1
             try:
                 self._check_draining()
+                self._check_access()
                 self._check_alarms()
                 if not self.publishers_must_wait():
                     self._update_reading()
@@ -284,18 +325,18 @@ class AmqpServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._timer
             self._timer = None
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         for proto in list(self.conns.values()):
             conn = proto.conn
             if conn is not None and conn.phase != CLOSED:
                 conn.force_close(320, "CONNECTION_FORCED - broker forced connection closure "
                                       f"with reason '{reason}'")
             proto.flush()
-        if self._server is not None:
+        for server in self._servers:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._server.wait_closed(), 2.0)
-            self._server = None
+                await asyncio.wait_for(server.wait_closed(), 2.0)
+        self._servers = []
 
     def _debug(self) -> dict[str, Any]:
         return {"connections": len(self.conns), "alarm": self.alarm}

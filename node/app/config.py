@@ -6,11 +6,13 @@ message (the CLI prints it and exits 2).
 from __future__ import annotations
 
 import os
+import ssl
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from node.amqp.config import WireConfig
+from node.amqp.config import VERIFY_MODES, TlsConfig, WireConfig
 from node.replication.raft_node import RaftConfig
 
 
@@ -19,21 +21,42 @@ class ConfigError(Exception):
 
 
 @dataclass
+class AdminConfig:
+    """[admin]: a bearer token for every admin RPC, and TLS (PEM contents,
+    read when the config is loaded so that a bad path fails at start)."""
+    token: str | None = None
+    tls_cert: bytes | None = None
+    tls_key: bytes | None = None
+    tls_client_ca: bytes | None = None  # set: clients need a certificate it signed
+
+    def tls(self) -> tuple[bytes, bytes, bytes | None] | None:
+        if self.tls_cert is None or self.tls_key is None:
+            return None
+        return self.tls_cert, self.tls_key, self.tls_client_ca
+
+
+@dataclass
 class NodeConfig:
     node_id: str
     data_dir: str
     amqp_host: str = "127.0.0.1"
-    amqp_port: int = 5672
+    amqp_port: int | None = 5672  # None: TLS-only ([tls] only), no plain listener
     admin_port: int | None = None
     metrics_port: int | None = None
     wire: WireConfig = field(default_factory=WireConfig)
     raft: RaftConfig = field(default_factory=RaftConfig)
+    admin: AdminConfig = field(default_factory=AdminConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    # --insecure-dev: a cluster whose Raft port takes unauthenticated pickles
+    insecure_dev: bool = False
+    # built from `tls` by check_tls() at start-up (so a bad [tls] is exit 2, not a crash)
+    amqps_context: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
 
 
 _WIRE_KEYS = {"frame_max", "channel_max", "heartbeat", "memory_high_watermark", "consumer_credit",
               "max_message_size", "inflight_publish_bytes", "login_failure_limit",
-              "max_connections", "disk_free_limit"}
-_RAFT_KEYS = {"password", "batch_max_commands", "batch_max_bytes", "max_inflight_batches",
+              "max_connections", "disk_free_limit", "default_queue_max_length"}
+_RAFT_KEYS = {"password", "password_file", "batch_max_commands", "batch_max_bytes", "max_inflight_batches",
               "max_inflight_bytes", "election_min", "election_max", "leader_fallback",
               "compaction_min_entries", "compaction_min_time", "tick_interval",
               "out_of_sync_after", "nack_after", "block_after"}
@@ -85,15 +108,24 @@ def apply_file(cfg: NodeConfig, path: str) -> None:
                 if rkey not in _RAFT_KEYS:
                     raise ConfigError(f"unknown key raft.{rkey} in {path}")
                 if rkey == "password":
-                    if not isinstance(rvalue, str):
-                        raise ConfigError("raft.password must be a string")
+                    if not isinstance(rvalue, str) or not rvalue:
+                        raise ConfigError("raft.password must be a non-empty string")
+                    if "password_file" in value:
+                        raise ConfigError("set raft.password or raft.password_file, not both")
                     cfg.raft.password = rvalue
+                elif rkey == "password_file":
+                    cfg.raft.password = _read_secret(_relative(path, rvalue, "raft.password_file"),
+                                                     "raft.password_file")
                 elif isinstance(getattr(cfg.raft, rkey), float):
                     if not isinstance(rvalue, int | float) or rvalue <= 0:
                         raise ConfigError(f"raft.{rkey} must be a positive number")
                     setattr(cfg.raft, rkey, float(rvalue))
                 else:
                     setattr(cfg.raft, rkey, _int(f"raft.{rkey}", rvalue, 1, 2**40))
+        elif key == "tls" and isinstance(value, dict):
+            _apply_tls(cfg.tls, value, path)
+        elif key == "admin":
+            cfg.admin = _admin_config(value, path)
         elif key in ("amqp_host",):
             if not isinstance(value, str):
                 raise ConfigError(f"{key} must be a string")
@@ -101,6 +133,134 @@ def apply_file(cfg: NodeConfig, path: str) -> None:
         else:
             raise ConfigError(f"unknown key {key!r} in {path}")
     validate(cfg)
+
+
+def _relative(config_path: str, value: Any, name: str) -> str:
+    """A path from the config file: relative ones are relative to the file's directory."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{name} must be a non-empty path")
+    return os.path.join(os.path.dirname(os.path.abspath(config_path)), value)
+
+
+def _read_secret(path: str, name: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            secret = f.read().rstrip("\r\n")  # `echo secret > file` adds a newline
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"cannot read {name} {path}: {why}") from exc
+    if not secret:
+        raise ConfigError(f"{name} {path} is empty")
+    return secret
+
+
+def _apply_tls(tls: TlsConfig, table: dict[str, Any], path: str) -> None:
+    for tkey, tvalue in table.items():
+        if tkey == "port":
+            tls.port = _int("tls.port", tvalue, 1, 65535)
+        elif tkey in ("cert", "key", "ca"):
+            setattr(tls, tkey, _relative(path, tvalue, f"tls.{tkey}"))
+        elif tkey == "verify":
+            if tvalue not in VERIFY_MODES:
+                raise ConfigError(f"tls.verify must be one of {', '.join(VERIFY_MODES)}, "
+                                  f"got {tvalue!r}")
+            tls.verify = tvalue
+        elif tkey == "only":
+            if not isinstance(tvalue, bool):
+                raise ConfigError("tls.only must be true or false")
+            tls.only = tvalue
+        else:
+            raise ConfigError(f"unknown key tls.{tkey} in {path}")
+
+
+RAFT_PASSWORD_ENV = "MIRRORQ_RAFT_PASSWORD"
+NO_CLUSTER_PASSWORD = ("cluster mode needs [raft] password in the config file (or "
+                       f"{RAFT_PASSWORD_ENV}), or --insecure-dev for a throwaway development cluster")
+
+
+def apply_env(cfg: NodeConfig, environ: Mapping[str, str]) -> None:
+    """MIRRORQ_RAFT_PASSWORD (kept out of files and ps output) wins over the file."""
+    password = environ.get(RAFT_PASSWORD_ENV)
+    if password:
+        cfg.raft.password = password
+
+
+def check_cluster_password(cfg: NodeConfig) -> None:
+    """pysyncobj unpickles what its port receives: with peers (or --join) the port
+    must be authenticated (Fernet with the password) unless --insecure-dev says
+    this is a throwaway cluster. A single node talks to nobody: no password needed."""
+    if (cfg.raft.peers or cfg.raft.join) and not cfg.raft.password and not cfg.insecure_dev:
+        raise ConfigError(NO_CLUSTER_PASSWORD)
+
+
+def check_tls(cfg: NodeConfig) -> None:
+    """[tls] is consistent and its files load; builds cfg.amqps_context."""
+    from node.amqp.tls import TlsConfigError, server_context
+    t = cfg.tls
+    if t.port is None:
+        if t.only:
+            raise ConfigError("tls.only needs an amqps port ([tls] port or --amqps-port)")
+        if t.cert or t.key or t.ca:
+            raise ConfigError("[tls] cert/key are set but no amqps port: set [tls] port "
+                              "or --amqps-port")
+        return
+    try:
+        cfg.amqps_context = server_context(t)
+    except TlsConfigError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+_ADMIN_KEYS = {"token", "token_file", "tls_cert", "tls_key", "tls_client_ca"}
+
+
+def _read_file(key: str, path: Any, pem: bool) -> bytes:
+    if not isinstance(path, str) or not path:
+        raise ConfigError(f"admin.{key} must be a file path")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise ConfigError(f"cannot read admin.{key} {path}: {exc.strerror}") from exc
+    if pem and b"-----BEGIN " not in data:
+        raise ConfigError(f"admin.{key} {path} is not a PEM file")
+    return data
+
+
+def _admin_config(table: Any, path: str) -> AdminConfig:
+    if not isinstance(table, dict):
+        raise ConfigError("admin must be a table ([admin])")
+    unknown = sorted(set(table) - _ADMIN_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown key admin.{unknown[0]} in {path}")
+    admin = AdminConfig()
+    if "token" in table and "token_file" in table:
+        raise ConfigError("set admin.token or admin.token_file, not both")
+    if "token" in table:
+        token = table["token"]
+        if not isinstance(token, str):
+            raise ConfigError("admin.token must be a string")
+    elif "token_file" in table:
+        try:
+            token = _read_file("token_file", table["token_file"], pem=False).decode().strip()
+        except UnicodeDecodeError as exc:
+            raise ConfigError("admin.token_file must hold UTF-8 text") from exc
+    else:
+        token = None
+    if token is not None:
+        # it travels as an HTTP/2 header value: printable ASCII, no spaces
+        if not token or not token.isascii() or not token.isprintable() or " " in token:
+            raise ConfigError("admin token must be non-empty printable ASCII without spaces")
+        admin.token = token
+    if ("tls_cert" in table) != ("tls_key" in table):
+        raise ConfigError("admin.tls_cert and admin.tls_key go together")
+    if "tls_client_ca" in table and "tls_cert" not in table:
+        raise ConfigError("admin.tls_client_ca needs admin.tls_cert and admin.tls_key")
+    if "tls_cert" in table:
+        admin.tls_cert = _read_file("tls_cert", table["tls_cert"], pem=True)
+        admin.tls_key = _read_file("tls_key", table["tls_key"], pem=True)
+    if "tls_client_ca" in table:
+        admin.tls_client_ca = _read_file("tls_client_ca", table["tls_client_ca"], pem=True)
+    return admin
 
 
 def validate(cfg: NodeConfig) -> None:

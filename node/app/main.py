@@ -17,8 +17,11 @@ from typing import Any, NoReturn
 from node.app.config import (
     ConfigError,
     NodeConfig,
+    apply_env,
     apply_file,
+    check_cluster_password,
     check_data_dir,
+    check_tls,
     parse_peers,
     validate,
 )
@@ -44,38 +47,26 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     serve = sub.add_parser("serve", help="run one broker node")
     serve.add_argument("--node-id", required=True)
-    serve.add_argument("--amqp-port", type=_port, required=True)
+    serve.add_argument("--amqp-port", type=_port,
+                       help="plain AMQP; required unless [tls] only = true (then ignored)")
+    serve.add_argument("--amqps-port", type=_port,
+                       help="AMQP over TLS (overrides [tls] port; needs [tls] cert and key)")
     serve.add_argument("--data-dir", required=True)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (AMQP, Raft, admin)")
-    serve.add_argument("--raft-port", type=_port, help="default: AMQP port + 20000")
+    serve.add_argument("--raft-port", type=_port,
+                       help="default: AMQP port + 20000 (TLS-only without --amqp-port: amqps port)")
     serve.add_argument("--peers", default="", help="ID=HOST:RAFTPORT,... of the other members")
     serve.add_argument("--join", action="store_true",
                        help="joining an existing cluster: never campaign before hearing a leader")
+    serve.add_argument("--insecure-dev", action="store_true",
+                       help="allow a cluster without [raft] password (throwaway development only: "
+                            "the Raft port then unpickles whatever it receives)")
     serve.add_argument("--admin-port", type=_port)
     serve.add_argument("--metrics-port", type=_port)
     serve.add_argument("--config", help="TOML file (users, frame_max, heartbeat, memory_high_watermark, raft...)")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    status = sub.add_parser("status", help="print a node's status (admin API)")
-    status.add_argument("--admin-port", type=_port, required=True)
-    status.add_argument("--host", default="127.0.0.1")
-    for name, what in (("drain", "maintenance mode: close clients, refuse new ones, leave the in-sync set"),
-                       ("revive", "leave maintenance mode")):
-        cmd = sub.add_parser(name, help=what)
-        cmd.add_argument("--admin-port", type=_port, required=True)
-        cmd.add_argument("--host", default="127.0.0.1")
-        cmd.add_argument("--node-id", help="the member to change (default: the node asked)")
-    users = sub.add_parser("users", help="manage the replicated users (admin API)")
-    users.add_argument("--admin-port", type=_port, required=True)
-    users.add_argument("--host", default="127.0.0.1")
-    users_sub = users.add_subparsers(dest="users_command", required=True, parser_class=_Parser)
-    users_sub.add_parser("list", help="names and tags")
-    add = users_sub.add_parser("add", help="create or update a user (salted SHA-256 hash)")
-    add.add_argument("name")
-    add.add_argument("password")
-    add.add_argument("--tags", default="", help="comma-separated, e.g. administrator")
-    delete = users_sub.add_parser("delete", help="delete a user")
-    delete.add_argument("name")
-    from node.app import local_cluster
+    from node.app import admin_cli, local_cluster
+    admin_cli.add_parsers(sub, _Parser, _port)
     local_cluster.add_parser(sub, _Parser)
     return parser
 
@@ -85,18 +76,31 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
                      amqp_port=args.amqp_port, admin_port=args.admin_port, metrics_port=args.metrics_port)
     if args.config:
         apply_file(cfg, args.config)
+    apply_env(cfg, os.environ)
+    if args.amqps_port is not None:
+        cfg.tls.port = args.amqps_port
+    if cfg.tls.only:
+        cfg.amqp_port = None  # TLS-only: no plain listener, --amqp-port is ignored
+    elif args.amqp_port is None:
+        raise ConfigError("the following arguments are required: --amqp-port "
+                          "(unless [tls] only = true)")
     cfg.raft.host = args.host
-    raft_port = args.raft_port or args.amqp_port + 20000
+    base = args.amqp_port or cfg.tls.port or 0
+    raft_port = args.raft_port or base + 20000
     if raft_port > 65535:
         raise ConfigError("default raft port (AMQP port + 20000) is out of range: pass --raft-port")
     cfg.raft.port = raft_port
     cfg.raft.peers = parse_peers(args.peers)
     cfg.raft.peers.pop(cfg.node_id, None)
     cfg.raft.join = bool(args.join)
+    cfg.insecure_dev = bool(args.insecure_dev)
     if os.environ.get("MIRRORQ_UNSAFE_EARLY_CONFIRM") == "1":
         cfg.raft.unsafe_early_confirm = True
     validate(cfg)
-    ports = [p for p in (cfg.amqp_port, cfg.raft.port, cfg.admin_port, cfg.metrics_port) if p]
+    check_cluster_password(cfg)
+    check_tls(cfg)
+    ports = [p for p in (cfg.amqp_port, cfg.tls.port, cfg.raft.port, cfg.admin_port,
+                         cfg.metrics_port) if p]
     if len(set(ports)) != len(ports):
         raise ConfigError(f"ports must differ, got {ports}")
     for port in ports:
@@ -141,10 +145,13 @@ async def serve(cfg: NodeConfig) -> None:
         st = raft.status()
         st["connections"] = amqp.connection_count()
         st["amqp_port"] = cfg.amqp_port
+        st["amqps_port"] = cfg.tls.port
         return st
 
-    admin = AdminServer(status, raft) if cfg.admin_port else None
-    metrics = MetricsServer(status) if cfg.metrics_port else None
+    from node.app.queue_view import queue_rows
+    admin = AdminServer(status, raft, queues=lambda: queue_rows(raft.state),
+                        token=cfg.admin.token, tls=cfg.admin.tls()) if cfg.admin_port else None
+    metrics = MetricsServer(status, lambda: queue_rows(raft.state)) if cfg.metrics_port else None
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -156,13 +163,18 @@ async def serve(cfg: NodeConfig) -> None:
 
     raft.on_removed = removed
     try:
-        await raft.wait_ready()
+        # admin first: the Status of a node that cannot find a leader (e.g. a wrong
+        # Raft password) says so (role, term, leader None) instead of not answering
         if admin is not None and cfg.admin_port:
             await admin.start(cfg.amqp_host, cfg.admin_port)
+        await raft.wait_ready()
         if metrics is not None and cfg.metrics_port:
             await metrics.start(cfg.amqp_host, cfg.metrics_port)
-        await amqp.start(cfg.amqp_host, cfg.amqp_port)
-        log.info("node %s ready: amqp://guest:guest@%s:%d/", cfg.node_id, cfg.amqp_host, cfg.amqp_port)
+        await amqp.start(cfg.amqp_host, cfg.amqp_port, cfg.tls.port, cfg.amqps_context)
+        urls = ([f"amqp://guest:guest@{cfg.amqp_host}:{cfg.amqp_port}/"] if cfg.amqp_port else []) + \
+            ([f"amqps://{cfg.amqp_host}:{cfg.tls.port}/ (verify {cfg.tls.verify})"]
+             if cfg.tls.port else [])
+        log.info("node %s ready: %s", cfg.node_id, ", ".join(urls))
         await stop.wait()
         log.info("node %s shutting down", cfg.node_id)
     finally:
@@ -174,51 +186,14 @@ async def serve(cfg: NodeConfig) -> None:
         raft.stop()
 
 
-def _admin_command(args: argparse.Namespace) -> int:
-    import json
-
-    import grpc
-
-    from node.admin import server as admin
-    try:
-        if args.command == "status":
-            out = admin.call_status(args.host, args.admin_port)
-        elif args.command == "users":
-            if args.users_command == "list":
-                out = admin.call_user_list(args.host, args.admin_port)
-            elif args.users_command == "add":
-                tags = [t for t in args.tags.split(",") if t]
-                out = admin.call_user_put(args.host, args.admin_port, args.name, args.password, tags)
-                out = {"ok": out.get("ok"), "user": args.name, "tags": tags}
-            else:
-                out = admin.call_user_delete(args.host, args.admin_port, args.name)
-                out = {"ok": out.get("ok"), "deleted": args.name}
-        else:
-            fn = admin.call_drain if args.command == "drain" else admin.call_revive
-            out = fn(args.host, args.admin_port, node_id=args.node_id)
-    except grpc.RpcError as exc:
-        code = exc.code()
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            sys.stderr.write(f"mirrorq: error: cannot reach admin API on {args.host}:{args.admin_port}: "
-                             f"{code.name}\n")
-        else:
-            sys.stderr.write(f"mirrorq: error: {args.command} refused: {exc.details()}\n")
-        return EXIT_USAGE
-    except Exception as exc:  # noqa: BLE001 - one line for any transport error
-        sys.stderr.write(f"mirrorq: error: cannot reach admin API on {args.host}:{args.admin_port}: "
-                         f"{type(exc).__name__}\n")
-        return EXIT_USAGE
-    print(json.dumps(out, indent=2, sort_keys=True))
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "local-cluster":
         from node.app import local_cluster
         return local_cluster.run(args)
-    if args.command in ("status", "drain", "revive", "users"):
-        return _admin_command(args)
+    from node.app import admin_cli
+    if args.command in admin_cli.COMMANDS:
+        return admin_cli.run(args)
     try:
         cfg = config_from_args(args)
     except ConfigError as exc:
@@ -227,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("pysyncobj").setLevel(logging.WARNING)
+    if cfg.insecure_dev and (cfg.raft.peers or cfg.raft.join) and not cfg.raft.password:
+        log.warning("INSECURE (--insecure-dev): cluster without [raft] password; the Raft port "
+                    "%s:%d unpickles whatever it receives (arbitrary code execution for anyone "
+                    "who can reach it). Throwaway development clusters only.",
+                    cfg.raft.host, cfg.raft.port)
     if cfg.raft.unsafe_early_confirm:
         log.critical("MIRRORQ_UNSAFE_EARLY_CONFIRM=1: confirming publishes BEFORE replication; "
                      "confirmed messages WILL be lost on failures (chaos-suite self-test only)")

@@ -42,10 +42,11 @@ Unacked = tuple["Queue", "Message", "Consumer | None"]
 
 class Channel:
     __slots__ = ("id", "next_tag", "unacked", "consumers", "prefetch", "global_prefetch",
-                 "limited_unacked", "flow")
+                 "limited_unacked", "flow", "vhost")
 
-    def __init__(self, chan: ChanId) -> None:
+    def __init__(self, chan: ChanId, vhost: str = "/") -> None:
         self.id = chan
+        self.vhost = vhost  # where the names of its commands resolve
         self.next_tag = 1  # S01
         # tag -> delivery, in tag order (tags only grow, so insertion order is tag order)
         self.unacked: dict[int, Unacked] = {}

@@ -63,8 +63,8 @@ def topic_matches(pattern: list[str], words: list[str]) -> bool:
 def headers_match(args: Mapping[str, Any], headers: Mapping[str, Any] | None) -> bool:
     """x-match all/any (and the -with-x variants of RabbitMQ 3.10)."""
     mode = args.get("x-match", "all")
-    if isinstance(mode, bytes):
-        mode = mode.decode()
+    if isinstance(mode, bytes):  # a longstr that is not UTF-8 stays bytes (pamqp)
+        mode = mode.decode("utf-8", "replace")  # strict would raise out of apply
     with_x = mode in ("all-with-x", "any-with-x")
     want_all = mode in ("all", "all-with-x")
     hdrs: Mapping[str, Any] = headers or {}
@@ -201,7 +201,7 @@ def route(exchanges: Mapping[str, Exchange], start: Exchange, routing_key: str,
     while not queues and x is not None:
         ae = x.arguments.get("alternate-exchange")
         if isinstance(ae, bytes):
-            ae = ae.decode()
+            ae = ae.decode("utf-8", "replace")  # may not be UTF-8: see headers_match
         if not isinstance(ae, str) or ae in seen:
             break
         seen[ae] = None

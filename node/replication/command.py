@@ -21,7 +21,11 @@ Props = dict[str, Any]
 
 
 class ChannelOpen(NamedTuple):
+    """A channel of a connection opened on `vhost`: every name its commands
+    carry resolves in that vhost."""
+
     chan: ChanId
+    vhost: str = "/"
 
 
 class ChannelClose(NamedTuple):
@@ -85,7 +89,11 @@ class ExchangeUnbind(NamedTuple):
 
 
 class QueueDeclare(NamedTuple):
-    """queue == "" asks for a server-named queue (amq.gen-...)."""
+    """queue == "" asks for a server-named queue (amq.gen-...).
+
+    default_max_length: the declaring node's limit for a queue that sets no
+    x-max-length (0 = none); carried in the command so apply stays the same
+    on every node whatever their configs say."""
 
     chan: ChanId
     queue: str
@@ -95,6 +103,7 @@ class QueueDeclare(NamedTuple):
     auto_delete: bool
     arguments: Table
     nowait: bool
+    default_max_length: int = 0
 
 
 class QueueBind(NamedTuple):
@@ -303,6 +312,35 @@ class UserDelete(NamedTuple):
     name: str
 
 
+class VhostPut(NamedTuple):
+    """Create a virtual host (with its own amq.* exchanges); no-op if it exists."""
+
+    name: str
+
+
+class VhostDelete(NamedTuple):
+    """Delete a vhost with every queue, exchange and permission in it; its
+    connections are closed (320)."""
+
+    name: str
+
+
+class PermissionSet(NamedTuple):
+    """A user's configure / write / read regular expressions on one vhost
+    (RabbitMQ's set_permissions). Validated before proposing."""
+
+    user: str
+    vhost: str
+    configure: str
+    write: str
+    read: str
+
+
+class PermissionClear(NamedTuple):
+    user: str
+    vhost: str
+
+
 class DropMember(NamedTuple):
     """Forget a removed member (also leaves the in-sync set)."""
 
@@ -315,7 +353,7 @@ Command = (
     QueuePurge | QueueDelete | BasicQos | BasicConsume | BasicCancel | BasicCredit |
     BasicGet | BasicPublish | BasicAck | BasicNack | BasicRecover | TxCommit | Echo | Tick |
     NodeUp | NodeDown | MarkOutOfSync | MarkInSync | SetMember | DropMember | SetDraining |
-    UserPut | UserDelete
+    UserPut | UserDelete | VhostPut | VhostDelete | PermissionSet | PermissionClear
 )
 
 

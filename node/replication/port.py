@@ -49,3 +49,12 @@ class Proposer(Protocol):
         """The replicated users: name -> (password hash, tags); empty on a
         cluster that has none yet (the node's configured users apply then)."""
         ...
+
+    def vhosts(self) -> Mapping[str, None]:
+        """The replicated vhosts (always at least "/" until it is deleted)."""
+        ...
+
+    def permissions(self) -> Mapping[tuple[str, str], tuple[str, str, str]]:
+        """(user, vhost) -> (configure, write, read) patterns; replaced, never
+        mutated, on every change (so identity tells a cache it is stale)."""
+        ...

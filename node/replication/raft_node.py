@@ -51,7 +51,10 @@ from pysyncobj.pickle import dumps as _pysyncobj_dumps
 from pysyncobj.transport import TCPTransport
 
 from node.broker.password import hash_password
+from node.broker.permission import check_patterns
+from node.broker.vhost import DEFAULT_VHOST, vhost_name_error
 from node.replication.command import (
+    BasicAck,
     BasicPublish,
     Batch,
     Command,
@@ -60,13 +63,18 @@ from node.replication.command import (
     MarkOutOfSync,
     NodeDown,
     NodeUp,
+    PermissionClear,
+    PermissionSet,
     SetDraining,
     SetMember,
     Tick,
     UserDelete,
     UserPut,
+    VhostDelete,
+    VhostPut,
 )
-from node.replication.effect import Confirm, Effect, Return, effect_node
+from node.replication.effect import Confirm, Deliver, Effect, GetOk, Return, effect_node
+from node.replication.metric import Histogram
 from node.replication.port import EffectSink
 from node.replication.state_machine import (
     BrokerState,
@@ -290,6 +298,9 @@ class RaftNode:
         self._waiters: dict[int, asyncio.Future[None]] = {}
         self._timers: list[asyncio.TimerHandle] = []
         self._no_leader_since: float | None = None  # since when without quorum
+        # last time any batch outcome arrived: a full pipeline drains slowly
+        # under flat-out load, so age alone does not mean the log is stuck
+        self._last_progress = time.monotonic()
         self._leader_contact = 0.0  # last AppendEntries received (raft thread writes)
         self._blocked: str | None = None
         self._proposed_control: dict[tuple[str, str], float] = {}
@@ -320,6 +331,20 @@ class RaftNode:
         self.applied_batches = 0
         self.resends = 0
         self.nacked_publishes = 0
+        # failed pysyncobj outcomes per reason, for Status (issue 3: no DISCARDED under load)
+        self._fail_names = {v: k.lower() for k, v in vars(FAIL_REASON).items()
+                            if k.isupper() and k != "SUCCESS"}
+        self.failed_batches = dict.fromkeys(self._fail_names.values(), 0)
+        # Prometheus counters, updated on the loop thread (propose / _deliver)
+        self.published = 0
+        self.acked = 0
+        self.confirmed = 0
+        self.nacked = 0
+        self.delivered = 0
+        self.redelivered = 0
+        self.leader_changes = 0
+        self._last_leader: Any = None
+        self.confirm_latency = Histogram()
 
     # ---------------------------------------------------------------- life
     def start(self) -> None:
@@ -415,6 +440,9 @@ class RaftNode:
         return verdict
 
     def _on_result(self, seq: int, res: Any, err: int) -> None:
+        if err != FAIL_REASON.SUCCESS:
+            name = self._fail_names.get(err, str(err))
+            self.failed_batches[name] = self.failed_batches.get(name, 0) + 1
         self._out_done.append((seq, str(res) if err == FAIL_REASON.SUCCESS else f"fail:{err}"))
 
     def _trim_append(self, node: Any, message: dict[str, Any]) -> dict[str, Any] | None:
@@ -523,8 +551,10 @@ class RaftNode:
                 self._bootstrapped = True
                 cmds: list[Command] = [SetMember(self.node_id, self.address, True)]
                 cmds += [SetMember(n, a, True) for n, a in self.config.peers.items()]
-                # a new cluster starts with the first leader's configured users
+                # a new cluster starts with the first leader's configured users,
+                # each with full permissions on "/" (RabbitMQ's default_permissions)
                 cmds += [UserPut(n, h, ()) for n, h in self.seed_users.items()]
+                cmds += [PermissionSet(n, DEFAULT_VHOST, ".*", ".*", ".*") for n in self.seed_users]
                 self._control(cmds)
             return
         match, last_resp = so.match_index(), so.last_response()
@@ -629,6 +659,11 @@ class RaftNode:
             self.loop.call_soon(self.sink, early)
         self._batch.append(cmd)
         self._batch_bytes += size
+        kind = type(cmd)
+        if kind is BasicPublish:
+            self.published += 1
+        elif kind is BasicAck:
+            self.acked += 1
         if len(self._batch) >= self.config.batch_max_commands or self._batch_bytes >= self.config.batch_max_bytes:
             self._flush_batch()
         elif not self._flush_scheduled:
@@ -675,6 +710,7 @@ class RaftNode:
                  done: list[tuple[int, str]]) -> None:
         effects: list[Effect] = []
         me, inc = self.node_id, self.incarnation
+        now = time.monotonic()
         for (node, incarnation, seq), group in out:
             if node == me and incarnation == inc and seq in self._abandoned:
                 # already nacked: a late outcome must not confirm it too (S15)
@@ -682,6 +718,13 @@ class RaftNode:
             if self._early:
                 group = self._drop_early_confirms(group)
             effects.extend(group)
+            confirms = self._count(group)
+            pending = self._pending.get(seq) if node == me and incarnation == inc else None
+            if confirms and pending is not None:
+                # from the batch leaving for the log to its confirms leaving the node
+                self.confirm_latency.observe(now - pending.sent_at, confirms)
+        if any(verdict in (APPLIED, DUPLICATE) for _, verdict in done):
+            self._last_progress = now  # failed outcomes (no leader...) are no progress
         for seq, verdict in done:
             pending = self._pending.get(seq)
             if pending is None:
@@ -706,6 +749,23 @@ class RaftNode:
             self._congested = False
             for cb in list(self._drain_listeners):
                 cb()
+
+    def _count(self, group: list[Effect]) -> int:
+        """Tally a group's effects for the metrics; returns its positive confirms."""
+        confirms = 0
+        for e in group:
+            kind = type(e)
+            if kind is Deliver or kind is GetOk:
+                self.delivered += 1
+                if e.redelivered:  # type: ignore[union-attr]
+                    self.redelivered += 1
+            elif kind is Confirm:
+                if e.ack:  # type: ignore[union-attr]
+                    confirms += 1
+                else:
+                    self.nacked += 1
+        self.confirmed += confirms
+        return confirms
 
     def _drop_early_confirms(self, group: list[Effect]) -> list[Effect]:
         kept: list[Effect] = []
@@ -738,7 +798,7 @@ class RaftNode:
         stuck = False
         for seq, pending in self._pending.items():
             age = now - pending.sent_at
-            if age > self.config.block_after:
+            if age > self.config.block_after and now - self._last_progress > self.config.block_after:
                 stuck = True
                 # no outcome yet (a forward lost with its leader?): go back to
                 # it; duplicates are dropped in apply
@@ -753,10 +813,16 @@ class RaftNode:
                         nacks.append(Confirm(cmd.chan, cmd.seq, False))
         if nacks:
             self.nacked_publishes += len(nacks)
+            self.nacked += len(nacks)
             log.warning("nacking %d publishes not made safe within %.0fs", len(nacks),
                         self.config.nack_after)
             self.sink(nacks)
         so = self._syncobj
+        leader = so._getLeader() if so is not None else None
+        if leader is not None and leader != self._last_leader:
+            if self._last_leader is not None:
+                self.leader_changes += 1
+            self._last_leader = leader
         if so is None or not self._has_quorum(so):
             if self._no_leader_since is None:
                 self._no_leader_since = now
@@ -831,6 +897,39 @@ class RaftNode:
         if name not in self.state.users:
             raise KeyError(f"no user {name!r}")
         await self._commit([UserDelete(name)], timeout)
+
+    def vhosts(self) -> dict[str, None]:
+        return self.state.vhosts
+
+    def permissions(self) -> dict[tuple[str, str], tuple[str, str, str]]:
+        return self.state.permissions
+
+    async def put_vhost(self, name: str, timeout: float = 30.0) -> None:
+        why = vhost_name_error(name)
+        if why is not None:
+            raise ValueError(why)
+        await self._commit([VhostPut(name)], timeout)
+
+    async def delete_vhost(self, name: str, timeout: float = 30.0) -> None:
+        if name not in self.state.vhosts:
+            raise KeyError(f"no vhost {name!r}")
+        await self._commit([VhostDelete(name)], timeout)
+
+    async def set_permissions(self, user: str, vhost: str, configure: str, write: str, read: str,
+                              timeout: float = 30.0) -> None:
+        why = check_patterns(configure, write, read)
+        if why is not None:
+            raise ValueError(why)
+        if user not in self.state.users:
+            raise KeyError(f"no user {user!r}")
+        if vhost not in self.state.vhosts:
+            raise KeyError(f"no vhost {vhost!r}")
+        await self._commit([PermissionSet(user, vhost, configure, write, read)], timeout)
+
+    async def clear_permissions(self, user: str, vhost: str, timeout: float = 30.0) -> None:
+        if (user, vhost) not in self.state.permissions:
+            raise KeyError(f"user {user!r} has no permissions on vhost {vhost!r}")
+        await self._commit([PermissionClear(user, vhost)], timeout)
 
     async def _commit(self, cmds: list[Command], timeout: float) -> None:
         seq = self._send_now(cmds)
@@ -956,10 +1055,21 @@ class RaftNode:
             "pending_batches": len(self._pending),
             "resends": self.resends,
             "nacked_publishes": self.nacked_publishes,
+            "failed_batches": dict(self.failed_batches),
+            "queues": len(self.state.queues),
             "journal_flushes": self.flushes,
             "snapshots": self.snapshots,
             "last_snapshot_seconds": round(self.last_snapshot_seconds, 3),
             "last_snapshot_bytes": self.last_snapshot_bytes,
             "applied_batches": self.applied_batches,
             "message_bytes": self.message_bytes(),
+            "published": self.published,
+            "confirmed": self.confirmed,
+            "nacked": self.nacked,
+            "delivered": self.delivered,
+            "redelivered": self.redelivered,
+            "acked": self.acked,
+            "leader_changes": self.leader_changes,
+            "in_sync_size": len(self.state.in_sync),
+            "confirm_latency": self.confirm_latency.snapshot(),
         }

@@ -16,6 +16,7 @@ from typing import Any
 from node.broker.channel import Channel, Consumer
 from node.broker.exchange import EXCHANGE_TYPES, Binding, BindKey, Exchange, freeze, route
 from node.broker.queue import Message, Queue
+from node.broker.vhost import DEFAULT_VHOST, SEP, resource_key, split_key
 from node.replication.command import (
     BasicAck,
     BasicCancel,
@@ -42,6 +43,8 @@ from node.replication.command import (
     MarkOutOfSync,
     NodeDown,
     NodeUp,
+    PermissionClear,
+    PermissionSet,
     QueueBind,
     QueueDeclare,
     QueueDelete,
@@ -53,6 +56,8 @@ from node.replication.command import (
     TxCommit,
     UserDelete,
     UserPut,
+    VhostDelete,
+    VhostPut,
 )
 from node.replication.effect import (
     ChannelError,
@@ -109,13 +114,19 @@ class _ConnErr(_ChanErr):
     pass
 
 
-def _not_found(kind: str, name: str, ids: tuple[int, int]) -> _ChanErr:
-    return _ChanErr(404, f"NOT_FOUND - no {kind} '{name}' in vhost '/'", ids)
+def _where(key: str) -> str:
+    """How error texts name a resource: 'name' in vhost 'v'."""
+    vhost, name = split_key(key)
+    return f"'{name}' in vhost '{vhost}'"
 
 
-def _locked(name: str, ids: tuple[int, int]) -> _ChanErr:
+def _not_found(kind: str, key: str, ids: tuple[int, int]) -> _ChanErr:
+    return _ChanErr(404, f"NOT_FOUND - no {kind} {_where(key)}", ids)
+
+
+def _locked(key: str, ids: tuple[int, int]) -> _ChanErr:
     return _ChanErr(405, f"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue "
-                         f"'{name}' in vhost '/'. It could be originally declared on another "
+                         f"{_where(key)}. It could be originally declared on another "
                          f"connection or the exclusive property value does not match that of "
                          f"the original declaration.", ids)
 
@@ -146,7 +157,7 @@ def _type_name(v: Any) -> str:
 def _fmt_arg(v: Any) -> str:
     if v is None:
         return "none"
-    shown = v.decode() if isinstance(v, bytes) else v
+    shown = v.decode("utf-8", "replace") if isinstance(v, bytes) else v  # may not be UTF-8
     if isinstance(v, bool):
         shown = str(v).lower()
     return f"the value '{shown}' of type '{_type_name(v)}'"
@@ -156,13 +167,16 @@ def _b(v: bool) -> str:
     return "true" if v else "false"
 
 
-def _validate_queue_args(name: str, args: dict[str, Any]) -> dict[str, Any]:
+def _validate_queue_args(key: str, args: dict[str, Any]) -> dict[str, Any]:
     """Check x-arguments like RabbitMQ and return them normalised (bytes -> str)."""
     def bad(arg: str, why: str) -> _ChanErr:
-        return _ChanErr(406, f"PRECONDITION_FAILED - invalid arg '{arg}' for queue '{name}' "
-                             f"in vhost '/': {why}", QUEUE_DECLARE)
+        return _ChanErr(406, f"PRECONDITION_FAILED - invalid arg '{arg}' for queue "
+                             f"{_where(key)}: {why}", QUEUE_DECLARE)
 
-    out = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in args.items()}
+    # "replace": pamqp gives a longstr that is not UTF-8 as bytes; a strict
+    # decode raised out of apply_batch on every node (found by tests/fuzz)
+    out = {k: (v.decode("utf-8", "replace") if isinstance(v, bytes) else v)
+           for k, v in args.items()}
     for arg, zero_ok in (("x-message-ttl", True), ("x-expires", False),
                          ("x-max-length", True), ("x-max-length-bytes", True)):
         if arg not in out:
@@ -179,8 +193,13 @@ def _validate_queue_args(name: str, args: dict[str, Any]) -> dict[str, Any]:
     for arg in ("x-dead-letter-exchange", "x-dead-letter-routing-key"):
         if arg in out and not isinstance(out[arg], str):
             raise _ChanErr(406, f"PRECONDITION_FAILED - invalid type '{_type_name(out[arg])}' "
-                                f"for arg '{arg}' in queue '{name}' in vhost '/'",
+                                f"for arg '{arg}' in queue {_where(key)}",
                            QUEUE_DECLARE)
+        # a longstr, but dead-lettered messages carry it as exchange / routing
+        # key, shortstrs in basic.deliver and get-ok: a longer one made every
+        # delivery of them fail (found by tests/fuzz)
+        if arg in out and len(out[arg].encode("utf-8")) > 255:
+            raise bad(arg, "longer than 255 bytes")
     if "x-overflow" in out and out["x-overflow"] not in _OVERFLOW:
         raise bad("x-overflow", "invalid_overflow")
     if "x-dead-letter-routing-key" in out and "x-dead-letter-exchange" not in out:
@@ -215,7 +234,7 @@ class BrokerState:
 
     __slots__ = ("now", "exchanges", "queues", "channels", "conns", "exclusive",
                  "ttl_index", "expires_index", "dedup", "counter", "message_bytes",
-                 "members", "in_sync", "draining", "users")
+                 "members", "in_sync", "draining", "users", "vhosts", "permissions")
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -246,12 +265,22 @@ class BrokerState:
         self.draining: dict[str, None] = {}
         # user -> (password hash, tags); replaced, never mutated (the wire reads it)
         self.users: dict[str, tuple[str, tuple[str, ...]]] = {}
+        # vhosts (ordered set) and (user, vhost) -> (configure, write, read)
+        # patterns; copy on write like users (the wire checks them)
+        self.vhosts: dict[str, None] = {}
+        self.permissions: dict[tuple[str, str], tuple[str, str, str]] = {}
+
+
+def _add_vhost(s: BrokerState, vhost: str) -> None:
+    s.vhosts = {**s.vhosts, vhost: None}
+    for name, type_ in DEFAULT_EXCHANGES:
+        key = resource_key(vhost, name)
+        s.exchanges[key] = Exchange(key, type_, durable=True)
 
 
 def default_state() -> BrokerState:
     s = BrokerState()
-    for name, type_ in DEFAULT_EXCHANGES:
-        s.exchanges[name] = Exchange(name, type_, durable=True)
+    _add_vhost(s, DEFAULT_VHOST)
     return s
 
 
@@ -372,13 +401,26 @@ class _Applier:
     def reply(self, chan: ChanId, method: str, fields: dict[str, Any] | None = None) -> None:
         self.fx.append(Reply(chan, method, fields or {}))
 
+    @staticmethod
+    def key(ch: Channel, name: str, ids: tuple[int, int]) -> str:
+        """The table key of `name` in the channel's vhost."""
+        if SEP in name:  # would alias another vhost's resource
+            raise _ChanErr(406, "PRECONDITION_FAILED - resource names cannot contain NUL", ids)
+        return resource_key(ch.vhost, name)
+
     # -- channels and connections -------------------------------------------
 
     def channel_open(self, cmd: ChannelOpen) -> None:
         s = self.s
         if cmd.chan in s.channels:
             return
-        s.channels[cmd.chan] = Channel(cmd.chan)
+        if cmd.vhost not in s.vhosts:  # deleted between connection.open and now
+            conn = cmd.chan.conn_id
+            self.close_connection(conn)
+            self.fx.append(ConnectionError(conn, 530, f"NOT_ALLOWED - vhost {cmd.vhost} not "
+                                                      f"found", 20, 10))
+            return
+        s.channels[cmd.chan] = Channel(cmd.chan, cmd.vhost)
         s.conns.setdefault(cmd.chan.conn_id, {})[cmd.chan] = None
 
     def channel_close(self, cmd: ChannelClose) -> None:
@@ -497,13 +539,58 @@ class _Applier:
             s.in_sync = {n: None for n in s.in_sync if n != cmd.node}
         if cmd.node in s.draining:  # added back later, it starts afresh
             s.draining = {n: None for n in s.draining if n != cmd.node}
+        # its clients can no longer reach the log (it stops serving): drop them
+        # here, or their consumers would hold unacked deliveries for ever
+        self.drop_connections_of(cmd.node, f"CONNECTION_FORCED - node {cmd.node} was removed "
+                                           "from the cluster")
 
     def user_put(self, cmd: UserPut) -> None:
         self.s.users = {**self.s.users, cmd.name: (cmd.password_hash, tuple(cmd.tags))}
 
     def user_delete(self, cmd: UserDelete) -> None:
-        if cmd.name in self.s.users:
-            self.s.users = {n: v for n, v in self.s.users.items() if n != cmd.name}
+        s = self.s
+        if cmd.name in s.users:
+            s.users = {n: v for n, v in s.users.items() if n != cmd.name}
+        if any(u == cmd.name for u, _ in s.permissions):
+            s.permissions = {k: v for k, v in s.permissions.items() if k[0] != cmd.name}
+
+    # -- vhosts and permissions (copy on write: the wire reads them) ------------
+
+    def vhost_put(self, cmd: VhostPut) -> None:
+        if cmd.name not in self.s.vhosts:
+            _add_vhost(self.s, cmd.name)
+
+    def vhost_delete(self, cmd: VhostDelete) -> None:
+        s = self.s
+        vhost = cmd.name
+        if vhost not in s.vhosts:
+            return
+        s.vhosts = {v: None for v in s.vhosts if v != vhost}
+        if any(v == vhost for _, v in s.permissions):
+            s.permissions = {k: p for k, p in s.permissions.items() if k[1] != vhost}
+        conns = dict.fromkeys(ch.id.conn_id for ch in s.channels.values() if ch.vhost == vhost)
+        for conn in conns:
+            self.close_connection(conn)
+            self.fx.append(ConnectionError(conn, 320, f"CONNECTION_FORCED - vhost '{vhost}' is "
+                                                      f"deleted", 0, 0))
+        for q in [q for k, q in s.queues.items() if split_key(k)[0] == vhost]:
+            self.delete_queue(q)
+        for key in [k for k in s.exchanges if split_key(k)[0] == vhost]:
+            x = s.exchanges.get(key)
+            if x is not None:
+                self.delete_exchange(x)
+
+    def permission_set(self, cmd: PermissionSet) -> None:
+        s = self.s
+        if cmd.user in s.users and cmd.vhost in s.vhosts:
+            s.permissions = {**s.permissions,
+                             (cmd.user, cmd.vhost): (cmd.configure, cmd.write, cmd.read)}
+
+    def permission_clear(self, cmd: PermissionClear) -> None:
+        s = self.s
+        key = (cmd.user, cmd.vhost)
+        if key in s.permissions:
+            s.permissions = {k: p for k, p in s.permissions.items() if k != key}
 
     def set_draining(self, cmd: SetDraining) -> None:
         s = self.s
@@ -534,15 +621,17 @@ class _Applier:
 
     def exchange_declare(self, cmd: ExchangeDeclare) -> None:
         s = self.s
-        if cmd.chan not in s.channels:
+        ch = s.channels.get(cmd.chan)
+        if ch is None:
             return
         name = cmd.exchange
-        x = s.exchanges.get(name)
+        key = self.key(ch, name, EXCHANGE_DECLARE)
+        x = s.exchanges.get(key)
         if cmd.passive:
             if name == "":
                 raise _default_x(EXCHANGE_DECLARE)
             if x is None:
-                raise _not_found("exchange", name, EXCHANGE_DECLARE)
+                raise _not_found("exchange", key, EXCHANGE_DECLARE)
         else:
             if cmd.exchange_type not in EXCHANGE_TYPES:
                 raise _ConnErr(503, f"COMMAND_INVALID - invalid exchange type "
@@ -553,7 +642,7 @@ class _Applier:
                 if name.startswith("amq."):
                     raise _ChanErr(403, f"ACCESS_REFUSED - exchange name '{name}' contains "
                                         f"reserved prefix 'amq.*'", EXCHANGE_DECLARE)
-                s.exchanges[name] = Exchange(name, cmd.exchange_type, cmd.durable,
+                s.exchanges[key] = Exchange(key, cmd.exchange_type, cmd.durable,
                                              cmd.auto_delete, cmd.internal, dict(cmd.arguments),
                                              home=cmd.chan.node)
             else:
@@ -565,26 +654,28 @@ class _Applier:
                         g = _b(got) if isinstance(got, bool) else got
                         c = _b(cur) if isinstance(cur, bool) else cur
                         raise _ChanErr(406, f"PRECONDITION_FAILED - inequivalent arg '{arg}' "
-                                            f"for exchange '{name}' in vhost '/': received "
+                                            f"for exchange {_where(key)}: received "
                                             f"'{g}' but current is '{c}'", EXCHANGE_DECLARE)
         if not cmd.nowait:
             self.reply(cmd.chan, "Exchange.DeclareOk")
 
     def exchange_delete(self, cmd: ExchangeDelete) -> None:
         s = self.s
-        if cmd.chan not in s.channels:
+        ch = s.channels.get(cmd.chan)
+        if ch is None:
             return
         name = cmd.exchange
+        key = self.key(ch, name, EXCHANGE_DELETE)
         if name == "":
             raise _default_x(EXCHANGE_DELETE)
         if name.startswith("amq."):
-            raise _ChanErr(403, f"ACCESS_REFUSED - deletion of system exchange '{name}' in "
-                                f"vhost '/' not allowed", EXCHANGE_DELETE)
-        x = s.exchanges.get(name)
+            raise _ChanErr(403, f"ACCESS_REFUSED - deletion of system exchange {_where(key)} "
+                                f"not allowed", EXCHANGE_DELETE)
+        x = s.exchanges.get(key)
         if x is not None:
             if cmd.if_unused and x.bindings:
-                raise _ChanErr(406, f"PRECONDITION_FAILED - exchange '{name}' in vhost '/' "
-                                    f"in use", EXCHANGE_DELETE)
+                raise _ChanErr(406, f"PRECONDITION_FAILED - exchange {_where(key)} in use",
+                               EXCHANGE_DELETE)
             self.delete_exchange(x)
         if not cmd.nowait:
             self.reply(cmd.chan, "Exchange.DeleteOk")
@@ -630,45 +721,52 @@ class _Applier:
 
     def exchange_bind(self, cmd: ExchangeBind) -> None:
         s = self.s
-        if cmd.chan not in s.channels:
+        ch = s.channels.get(cmd.chan)
+        if ch is None:
             return
         if cmd.source == "" or cmd.destination == "":
             raise _default_x(EXCHANGE_BIND)
-        src = s.exchanges.get(cmd.source)
+        skey = self.key(ch, cmd.source, EXCHANGE_BIND)
+        dkey = self.key(ch, cmd.destination, EXCHANGE_BIND)
+        src = s.exchanges.get(skey)
         if src is None:
-            raise _not_found("exchange", cmd.source, EXCHANGE_BIND)
-        if cmd.destination not in s.exchanges:
-            raise _not_found("exchange", cmd.destination, EXCHANGE_BIND)
-        self._bind(src, (True, cmd.destination), cmd.routing_key, cmd.arguments)
+            raise _not_found("exchange", skey, EXCHANGE_BIND)
+        if dkey not in s.exchanges:
+            raise _not_found("exchange", dkey, EXCHANGE_BIND)
+        self._bind(src, (True, dkey), cmd.routing_key, cmd.arguments)
         if not cmd.nowait:
             self.reply(cmd.chan, "Exchange.BindOk")
 
     def exchange_unbind(self, cmd: ExchangeUnbind) -> None:
         s = self.s
-        if cmd.chan not in s.channels:
+        ch = s.channels.get(cmd.chan)
+        if ch is None:
             return
         if cmd.source == "" or cmd.destination == "":
             raise _default_x(EXCHANGE_UNBIND)
-        src = s.exchanges.get(cmd.source)
+        src = s.exchanges.get(self.key(ch, cmd.source, EXCHANGE_UNBIND))
         if src is not None:
-            self._unbind(src, (True, cmd.destination), cmd.routing_key, cmd.arguments)
+            self._unbind(src, (True, self.key(ch, cmd.destination, EXCHANGE_UNBIND)),
+                         cmd.routing_key, cmd.arguments)
         if not cmd.nowait:
             self.reply(cmd.chan, "Exchange.UnbindOk")
 
     # -- queues -------------------------------------------------------------
 
-    def _queue_for(self, chan: ChanId, name: str, ids: tuple[int, int]) -> Queue:
+    def _queue_for(self, ch: Channel, name: str, ids: tuple[int, int]) -> Queue:
         """Look a queue up for a command that needs exclusive access."""
-        q = self.s.queues.get(name)
+        key = self.key(ch, name, ids)
+        q = self.s.queues.get(key)
         if q is None:
-            raise _not_found("queue", name, ids)
-        if q.owner is not None and q.owner != chan.conn_id:
-            raise _locked(name, ids)
+            raise _not_found("queue", key, ids)
+        if q.owner is not None and q.owner != ch.id.conn_id:
+            raise _locked(key, ids)
         return q
 
     def queue_declare(self, cmd: QueueDeclare) -> None:
         s = self.s
-        if cmd.chan not in s.channels:
+        ch = s.channels.get(cmd.chan)
+        if ch is None:
             return
         name = cmd.queue
         generated = False
@@ -676,24 +774,31 @@ class _Applier:
             s.counter += 1
             name = _gen_name("amq.gen-", cmd.chan, s.counter)
             generated = True
-        q = s.queues.get(name)
+        key = self.key(ch, name, QUEUE_DECLARE)
+        q = s.queues.get(key)
         if q is None:
             if cmd.passive:
-                raise _not_found("queue", name, QUEUE_DECLARE)
+                raise _not_found("queue", key, QUEUE_DECLARE)
             if name.startswith("amq.") and not generated:
                 raise _ChanErr(403, f"ACCESS_REFUSED - queue name '{name}' contains reserved "
                                     f"prefix 'amq.*'", QUEUE_DECLARE)
-            args = _validate_queue_args(name, cmd.arguments)
+            args = _validate_queue_args(key, cmd.arguments)
             owner = cmd.chan.conn_id if cmd.exclusive else None
-            q = Queue(name, cmd.durable, owner, cmd.auto_delete, args, cmd.chan.node, s.now)
-            s.queues[name] = q
+            q = Queue(key, cmd.durable, owner, cmd.auto_delete, args, cmd.chan.node, s.now)
+            if cmd.default_max_length and "x-max-length" not in args:
+                # the node's default bound; publishers past it are nacked (not
+                # drop-head: a confirmed message must never vanish silently)
+                q.max_length = cmd.default_max_length
+                if "x-overflow" not in args:
+                    q.overflow = "reject-publish"
+            s.queues[key] = q
             if owner is not None:
-                s.exclusive.setdefault(owner, {})[name] = None
+                s.exclusive.setdefault(owner, {})[key] = None
             if q.expires is not None:
-                s.expires_index[name] = None
+                s.expires_index[key] = None
         else:
             if q.owner is not None and q.owner != cmd.chan.conn_id:
-                raise _locked(name, QUEUE_DECLARE)
+                raise _locked(key, QUEUE_DECLARE)
             if not cmd.passive:
                 if cmd.exclusive != q.exclusive:  # either way round, like RabbitMQ
                     raise _locked(name, QUEUE_DECLARE)
@@ -707,13 +812,14 @@ class _Applier:
     def _check_equivalent(self, q: Queue, cmd: QueueDeclare) -> None:
         def ineq(arg: str, why: str) -> _ChanErr:
             return _ChanErr(406, f"PRECONDITION_FAILED - inequivalent arg '{arg}' for queue "
-                                 f"'{q.name}' in vhost '/': {why}", QUEUE_DECLARE)
+                                 f"{_where(q.name)}: {why}", QUEUE_DECLARE)
 
         for arg, got, cur in (("durable", cmd.durable, q.durable),
                               ("auto_delete", cmd.auto_delete, q.auto_delete)):
             if got != cur:
                 raise ineq(arg, f"received '{_b(got)}' but current is '{_b(cur)}'")
-        new = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in cmd.arguments.items()}
+        new = {k: (v.decode("utf-8", "replace") if isinstance(v, bytes) else v)
+               for k, v in cmd.arguments.items()}  # not UTF-8: see _validate_queue_args
         for arg in _EQUIV_ARGS:
             got_v, cur_v = new.get(arg), q.arguments.get(arg)
             if freeze(got_v) != freeze(cur_v):
@@ -723,37 +829,42 @@ class _Applier:
 
     def queue_bind(self, cmd: QueueBind) -> None:
         s = self.s
-        if cmd.chan not in s.channels:
+        ch = s.channels.get(cmd.chan)
+        if ch is None:
             return
         if cmd.exchange == "":
             raise _default_x(QUEUE_BIND)
-        x = s.exchanges.get(cmd.exchange)
+        xkey = self.key(ch, cmd.exchange, QUEUE_BIND)
+        x = s.exchanges.get(xkey)
         if x is None:
-            raise _not_found("exchange", cmd.exchange, QUEUE_BIND)
-        q = self._queue_for(cmd.chan, cmd.queue, QUEUE_BIND)
+            raise _not_found("exchange", xkey, QUEUE_BIND)
+        q = self._queue_for(ch, cmd.queue, QUEUE_BIND)
         self._bind(x, (False, q.name), cmd.routing_key, cmd.arguments)
         if not cmd.nowait:
             self.reply(cmd.chan, "Queue.BindOk")
 
     def queue_unbind(self, cmd: QueueUnbind) -> None:
         s = self.s
-        if cmd.chan not in s.channels:
+        ch = s.channels.get(cmd.chan)
+        if ch is None:
             return
         if cmd.exchange == "":
             raise _default_x(QUEUE_UNBIND)
-        q = s.queues.get(cmd.queue)
+        qkey = self.key(ch, cmd.queue, QUEUE_UNBIND)
+        q = s.queues.get(qkey)
         if q is not None and q.owner is not None and q.owner != cmd.chan.conn_id:
             raise _locked(q.name, QUEUE_UNBIND)
-        x = s.exchanges.get(cmd.exchange)
+        x = s.exchanges.get(self.key(ch, cmd.exchange, QUEUE_UNBIND))
         if x is not None:
-            self._unbind(x, (False, cmd.queue), cmd.routing_key, cmd.arguments)
+            self._unbind(x, (False, qkey), cmd.routing_key, cmd.arguments)
         self.reply(cmd.chan, "Queue.UnbindOk")
 
     def queue_purge(self, cmd: QueuePurge) -> None:
         s = self.s
-        if cmd.chan not in s.channels:
+        ch = s.channels.get(cmd.chan)
+        if ch is None:
             return
-        q = self._queue_for(cmd.chan, cmd.queue, QUEUE_PURGE)
+        q = self._queue_for(ch, cmd.queue, QUEUE_PURGE)
         msgs = q.take_all()
         for m in msgs:
             s.message_bytes -= m.size
@@ -762,18 +873,19 @@ class _Applier:
 
     def queue_delete(self, cmd: QueueDelete) -> None:
         s = self.s
-        if cmd.chan not in s.channels:
+        ch = s.channels.get(cmd.chan)
+        if ch is None:
             return
         count = 0
-        if cmd.queue in s.queues:
-            q = self._queue_for(cmd.chan, cmd.queue, QUEUE_DELETE)
+        if self.key(ch, cmd.queue, QUEUE_DELETE) in s.queues:
+            q = self._queue_for(ch, cmd.queue, QUEUE_DELETE)
             if cmd.if_unused and q.consumers:
-                raise _ChanErr(406, f"PRECONDITION_FAILED - queue '{q.name}' in vhost '/' "
-                                    f"in use", QUEUE_DELETE)
+                raise _ChanErr(406, f"PRECONDITION_FAILED - queue {_where(q.name)} in use",
+                               QUEUE_DELETE)
             count = q.ready_count()
             if cmd.if_empty and count:
-                raise _ChanErr(406, f"PRECONDITION_FAILED - queue '{q.name}' in vhost '/' "
-                                    f"not empty", QUEUE_DELETE)
+                raise _ChanErr(406, f"PRECONDITION_FAILED - queue {_where(q.name)} not empty",
+                               QUEUE_DELETE)
             self.delete_queue(q)
         if not cmd.nowait:
             self.reply(cmd.chan, "Queue.DeleteOk", {"message_count": count})
@@ -831,13 +943,13 @@ class _Applier:
         if tag in ch.consumers:
             raise _ConnErr(530, f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'",
                            BASIC_CONSUME)
-        q = self._queue_for(cmd.chan, cmd.queue, BASIC_CONSUME)
+        q = self._queue_for(ch, cmd.queue, BASIC_CONSUME)
         if tag == "":
             s.counter += 1
             tag = _gen_name("amq.ctag-", cmd.chan, s.counter)
         if q.exclusive_consumer is not None or (cmd.exclusive and q.consumers):
-            raise _ChanErr(403, f"ACCESS_REFUSED - queue '{q.name}' in vhost '/' in "
-                                f"exclusive use", BASIC_CONSUME)
+            raise _ChanErr(403, f"ACCESS_REFUSED - queue {_where(q.name)} in exclusive use",
+                           BASIC_CONSUME)
         c = Consumer(ch, tag, q, cmd.no_ack, cmd.exclusive, cmd.credit)
         ch.consumers[tag] = c
         q.consumers[(cmd.chan, tag)] = c
@@ -942,10 +1054,11 @@ class _Applier:
 
     def basic_publish(self, cmd: BasicPublish) -> None:
         s = self.s
-        if cmd.chan not in s.channels:
+        ch = s.channels.get(cmd.chan)
+        if ch is None:
             return
         try:
-            names = self._route(cmd, BASIC_PUBLISH)
+            names = self._route(ch, cmd, BASIC_PUBLISH)
             exp = _expiration_ms(cmd.props)
         except _ChanErr:
             if cmd.seq > 0:
@@ -953,17 +1066,19 @@ class _Applier:
             raise
         self._publish(cmd, names, exp)
 
-    def _route(self, cmd: BasicPublish, ids: tuple[int, int]) -> list[str]:
+    def _route(self, ch: Channel, cmd: BasicPublish, ids: tuple[int, int]) -> list[str]:
         s = self.s
         xname = cmd.exchange
-        if xname == "":
-            return [cmd.routing_key] if cmd.routing_key in s.queues else []
-        x = s.exchanges.get(xname)
+        if xname == "":  # the default exchange: the routing key names a queue
+            qkey = resource_key(ch.vhost, cmd.routing_key)
+            return [qkey] if qkey in s.queues and SEP not in cmd.routing_key else []
+        xkey = self.key(ch, xname, ids)
+        x = s.exchanges.get(xkey)
         if x is None:
-            raise _not_found("exchange", xname, ids)
+            raise _not_found("exchange", xkey, ids)
         if x.internal:
             raise _ChanErr(403, f"ACCESS_REFUSED - cannot publish to internal exchange "
-                                f"'{xname}' in vhost '/'", ids)
+                                f"{_where(xkey)}", ids)
         return route(s.exchanges, x, cmd.routing_key, cmd.props.get("headers"))
 
     def _publish(self, cmd: BasicPublish, names: list[str], exp: int | None) -> None:
@@ -1023,7 +1138,8 @@ class _Applier:
         s.message_bytes -= m.size
         if q.dlx is None:
             return
-        x = s.exchanges.get(q.dlx)
+        vhost, qname = split_key(q.name)
+        x = s.exchanges.get(resource_key(vhost, q.dlx))
         if x is None:
             return
         props = dict(m.props)
@@ -1031,7 +1147,7 @@ class _Applier:
         deaths = [d for d in (headers.get("x-death") or []) if isinstance(d, dict)]
         entry: dict[str, Any] | None = None
         for i, d in enumerate(deaths):
-            if d.get("queue") == q.name and d.get("reason") == reason:
+            if d.get("queue") == qname and d.get("reason") == reason:
                 entry = dict(d)
                 entry["count"] = int(d.get("count", 1)) + 1
                 del deaths[i]
@@ -1041,7 +1157,7 @@ class _Applier:
             cc = headers.get("CC")
             if isinstance(cc, list):
                 rks.extend(str(k) for k in cc)
-            entry = {"count": 1, "reason": reason, "queue": q.name,
+            entry = {"count": 1, "reason": reason, "queue": qname,
                      "time": datetime.datetime.fromtimestamp(int(s.now), datetime.UTC),
                      "exchange": m.exchange, "routing-keys": rks}
             if "expiration" in props:
@@ -1050,16 +1166,17 @@ class _Applier:
         deaths.insert(0, entry)
         headers["x-death"] = deaths
         headers.setdefault("x-first-death-reason", reason)
-        headers.setdefault("x-first-death-queue", q.name)
+        headers.setdefault("x-first-death-queue", qname)
         headers.setdefault("x-first-death-exchange", m.exchange)
         props["headers"] = headers
         rk = q.dlrk if q.dlrk is not None else m.routing_key
-        if x.name == "":  # the default exchange routes by queue name
-            targets = [rk] if rk in s.queues else []
+        if q.dlx == "":  # the default exchange routes by queue name
+            tkey = resource_key(vhost, rk)
+            targets = [tkey] if tkey in s.queues and SEP not in rk else []
         else:
             targets = route(s.exchanges, x, rk, headers)
         for name in targets:
-            if reason != "rejected" and _is_cycle(name, deaths):
+            if reason != "rejected" and _is_cycle(split_key(name)[1], deaths):
                 continue
             t = s.queues[name]
             self.enqueue(t, q.dlx, rk, props, m.body, m.persistent, None)
@@ -1130,7 +1247,7 @@ class _Applier:
         ch = s.channels.get(cmd.chan)
         if ch is None:
             return
-        q = self._queue_for(cmd.chan, cmd.queue, BASIC_GET)
+        q = self._queue_for(ch, cmd.queue, BASIC_GET)
         q.last_used = s.now
         now = s.now
         while True:
@@ -1164,7 +1281,7 @@ class _Applier:
         outstanding = dict.fromkeys(ch.unacked)
         for sub in cmd.commands:
             if isinstance(sub, BasicPublish):
-                self._route(sub, TX_COMMIT)
+                self._route(ch, sub, TX_COMMIT)
                 try:
                     _expiration_ms(sub.props)
                 except _ChanErr as e:
@@ -1182,7 +1299,7 @@ class _Applier:
                     del outstanding[t]
         for sub in cmd.commands:
             if isinstance(sub, BasicPublish):
-                self._publish(sub, self._route(sub, TX_COMMIT), _expiration_ms(sub.props))
+                self._publish(sub, self._route(ch, sub, TX_COMMIT), _expiration_ms(sub.props))
             elif isinstance(sub, BasicAck):
                 self.basic_ack(sub, TX_COMMIT)
             else:
@@ -1253,6 +1370,10 @@ _HANDLERS: dict[type, Callable[[_Applier, Any], None]] = {
     SetDraining: _Applier.set_draining,
     UserPut: _Applier.user_put,
     UserDelete: _Applier.user_delete,
+    VhostPut: _Applier.vhost_put,
+    VhostDelete: _Applier.vhost_delete,
+    PermissionSet: _Applier.permission_set,
+    PermissionClear: _Applier.permission_clear,
     MarkOutOfSync: _Applier.mark_out_of_sync,
     MarkInSync: _Applier.mark_in_sync,
 }

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -19,7 +20,7 @@ from node.admin.server import (
     call_transfer_leadership,
 )
 
-from .builders import build_all, build_configmap, build_statefulset
+from .builders import build_all, build_configmap, build_raft_secret, build_statefulset
 from .model import (
     Action,
     AddMember,
@@ -133,6 +134,9 @@ def execute(action: Action, spec: Spec, obs: Observed, patch_status: dict[str, A
     name, ns = obs.name, obs.namespace
     apps, core = client.AppsV1Api(), client.CoreV1Api()
     if isinstance(action, CreateResources):
+        # first, so no pod starts without it; an existing one (409) is kept: the
+        # members' volumes were formed with that password
+        _create(build_raft_secret(name, ns, secrets.token_urlsafe(32)))
         for manifest in build_all(spec, name, ns):
             _create(manifest)
     elif isinstance(action, ScaleStatefulSet):
@@ -186,6 +190,7 @@ def _create(manifest: dict[str, Any]) -> None:
     kind, ns = manifest["kind"], manifest["metadata"]["namespace"]
     create: Any = {
         "ConfigMap": client.CoreV1Api().create_namespaced_config_map,
+        "Secret": client.CoreV1Api().create_namespaced_secret,
         "Service": client.CoreV1Api().create_namespaced_service,
         "StatefulSet": client.AppsV1Api().create_namespaced_stateful_set,
         "PodDisruptionBudget": client.PolicyV1Api().create_namespaced_pod_disruption_budget,

@@ -24,8 +24,8 @@ def _node_has_unsafe_flag() -> bool:
 
 def test_unsafe_early_confirm_makes_the_suite_fail(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    if not _node_has_unsafe_flag():
-        pytest.skip("this node build has no MIRRORQ_UNSAFE_EARLY_CONFIRM flag")
+    # a failure, not a skip: without the flag the proof that the suite catches loss is gone
+    assert _node_has_unsafe_flag(), "no MIRRORQ_UNSAFE_EARLY_CONFIRM flag under node/: the broken build is gone"
     env = short_env(MIRRORQ_UNSAFE_EARLY_CONFIRM="1", **KILL_UNDER_BACKLOG)
     for k in list(env):
         monkeypatch.setenv(k, env[k])

@@ -136,3 +136,24 @@ def test_local_cluster_bad_args_exit_2(tmp_path: Path) -> None:
         s.listen(1)
         _assert_usage_error(_cli("up", "--nodes", "2", "--base-port", str(base), "--dir", d), "in use")
     assert not (Path(d) / "cluster.json").exists(), "nothing is recorded when the ports are taken"
+
+
+def test_local_cluster_user_config_without_password_gets_the_generated_one(tmp_path: Path) -> None:
+    """Nodes with peers refuse to start without a Raft password: `up` hands a --config
+    that sets none the directory's generated password (cluster.toml, mode 0600)."""
+    d = tmp_path / "lc-cfg"
+    cfg = tmp_path / "mine.toml"
+    cfg.write_text("heartbeat = 30\n[raft]\nelection_min = 0.5\n")
+    base = _free_base(2)
+    try:
+        up = _cli("up", "--nodes", "2", "--base-port", str(base), "--dir", str(d),
+                  "--config", str(cfg), "--timeout", "60")
+        assert up.returncode == 0, f"up failed: {up.stderr}\n{up.stdout}"
+        generated = d / "cluster.toml"
+        assert generated.stat().st_mode & 0o777 == 0o600
+        assert "password" in generated.read_text() and "password" not in cfg.read_text()
+        for pid in (n["pid"] for n in json.loads((d / "cluster.json").read_text())["nodes"]):
+            assert b"password" not in Path(f"/proc/{pid}/cmdline").read_bytes()  # not in ps
+    finally:
+        _cli("down", "--dir", str(d), timeout=60)
+        _kill_recorded(d)

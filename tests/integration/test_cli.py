@@ -10,6 +10,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import pika
 import pytest
 
 from tests.broker_proc import REPO, NodeProcess, free_port, wait_for
@@ -89,15 +90,64 @@ def test_bad_config_file_exit_2(tmp_path: Path, text: str, needle: str) -> None:
 
 def test_admin_status_and_metrics(own_node: NodeProcess) -> None:
     own_node.start()
-    proc = run_cli("status", "--admin-port", str(own_node.admin_port))
+    proc = run_cli("status", "--admin-port", str(own_node.admin_port), "--json")
     assert proc.returncode == 0, proc.stderr
     status = json.loads(proc.stdout)
     assert status["node_id"] == own_node.node_id and status["role"] == "leader"
     assert status["amqp_port"] == own_node.amqp_port
-    with urllib.request.urlopen(f"http://127.0.0.1:{own_node.metrics_port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    assert f'mirrorq_is_leader{{node="{own_node.node_id}"}} 1' in text
-    assert "mirrorq_journal_flushes" in text
+    # real traffic, then every metric issue 3 names must be there with its value
+    conn = pika.BlockingConnection(pika.URLParameters(own_node.url))
+    ch = conn.channel()
+    ch.queue_declare("metrics-q")
+    ch.confirm_delivery()
+    for i in range(5):
+        ch.basic_publish("", "metrics-q", b"%d" % i)
+    got = 0
+    for method, _props, _body in ch.consume("metrics-q", inactivity_timeout=5):
+        assert method is not None
+        got += 1
+        if got == 2:
+            ch.basic_nack(method.delivery_tag, requeue=True)  # comes back redelivered
+        else:
+            ch.basic_ack(method.delivery_tag)
+        if got == 6:
+            break
+    ch.cancel()
+    ch.queue_declare("metrics-q2")
+    ch.basic_publish("", "metrics-q2", b"held")
+    node = own_node.node_id
+
+    def metrics() -> dict[str, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{own_node.metrics_port}/metrics",
+                                    timeout=5) as r:
+            text = r.read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
+
+    def settled() -> dict[str, float] | None:
+        m = metrics()
+        return m if m.get(f'mirrorq_acked_total{{node="{node}"}}') == 5 else None
+
+    m = wait_for(settled, timeout=10, what="acks counted")
+    conn.close()
+    assert m[f'mirrorq_is_leader{{node="{node}"}}'] == 1
+    assert m[f'mirrorq_published_total{{node="{node}"}}'] == 6
+    assert m[f'mirrorq_confirmed_total{{node="{node}"}}'] == 6
+    assert m[f'mirrorq_nacked_total{{node="{node}"}}'] == 0
+    assert m[f'mirrorq_delivered_total{{node="{node}"}}'] == 6
+    assert m[f'mirrorq_redelivered_total{{node="{node}"}}'] == 1
+    assert m[f'mirrorq_leader_changes_total{{node="{node}"}}'] == 0
+    assert m[f'mirrorq_in_sync_size{{node="{node}"}}'] == 1
+    assert m[f'mirrorq_term{{node="{node}"}}'] >= 1 and f'mirrorq_commit_index{{node="{node}"}}' in m
+    assert m[f'mirrorq_queue_messages_ready{{node="{node}",vhost="/",queue="metrics-q2"}}'] == 1
+    assert m[f'mirrorq_queue_messages_ready{{node="{node}",vhost="/",queue="metrics-q"}}'] == 0
+    assert m[f'mirrorq_confirm_latency_seconds_count{{node="{node}"}}'] == 6
+    assert m[f'mirrorq_confirm_latency_seconds_bucket{{node="{node}",le="+Inf"}}'] == 6
+    assert "mirrorq_journal_flushes_total" in " ".join(m)
     own_node.kill9()
     assert_usage_error(run_cli("status", "--admin-port", str(own_node.admin_port)), "cannot reach")
 
@@ -107,7 +157,7 @@ def test_drain_and_revive_cli(own_node: NodeProcess) -> None:
     port = str(own_node.admin_port)
     assert_usage_error(run_cli("drain", "--admin-port", port, "--node-id", "ghost"), "drain refused")
     assert_usage_error(run_cli("drain"), "--admin-port")
-    proc = run_cli("drain", "--admin-port", port)
+    proc = run_cli("drain", "--admin-port", port, "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["status"]["draining"] == [own_node.node_id]
@@ -121,7 +171,7 @@ def test_drain_and_revive_cli(own_node: NodeProcess) -> None:
         return False
     wait_for(refused, timeout=10, what="the AMQP listener to close")
     assert doc["status"]["in_sync"] == [own_node.node_id]
-    proc = run_cli("revive", "--admin-port", port)
+    proc = run_cli("revive", "--admin-port", port, "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["status"]["draining"] == []
     wait_for(lambda: not refused(), timeout=10, what="the AMQP listener to reopen")

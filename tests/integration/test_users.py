@@ -35,8 +35,19 @@ def refused(node: NodeProcess, user: str, password: str) -> bool:
     return False
 
 
+def closed_by_broker(conn: pika.BlockingConnection,
+                     timeout: float = 15.0) -> pika.exceptions.ConnectionClosedByBroker:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            conn.process_data_events(time_limit=0.2)
+        except pika.exceptions.ConnectionClosedByBroker as exc:
+            return exc
+    raise AssertionError("the broker did not close the connection")
+
+
 def users(node: NodeProcess) -> dict[str, list[str]]:
-    proc = run_cli("users", "--admin-port", str(node.admin_port), "list")
+    proc = run_cli("users", "--admin-port", str(node.admin_port), "list", "--json")
     assert proc.returncode == 0, proc.stderr
     return {u["name"]: u["tags"] for u in json.loads(proc.stdout)["users"]}
 
@@ -48,6 +59,11 @@ def test_users_seeded_added_used_deleted(own_node: NodeProcess) -> None:
     proc = run_cli("users", "--admin-port", port, "add", "alice", "s3cret", "--tags", "administrator")
     assert proc.returncode == 0, proc.stderr
     assert users(own_node) == {"alice": ["administrator"], "guest": []}
+    with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as exc:  # no permissions yet
+        connect(own_node, "alice", "s3cret")
+    assert "530" in str(exc.value) and "access to vhost '/' refused" in str(exc.value), exc.value
+    proc = run_cli("permissions", "--admin-port", port, "set", "alice", ".*", ".*", ".*")
+    assert proc.returncode == 0, proc.stderr
     conn = connect(own_node, "alice", "s3cret")
     ch = conn.channel()
     ch.queue_declare("users-q")
@@ -62,8 +78,12 @@ def test_users_seeded_added_used_deleted(own_node: NodeProcess) -> None:
     own_node.kill9()
     own_node.start()
     connect(own_node, "alice", "n3w").close()
+    held = connect(own_node, "alice", "n3w")
     assert run_cli("users", "--admin-port", port, "delete", "alice").returncode == 0
     assert refused(own_node, "alice", "n3w")
+    # RabbitMQ closes a deleted user's connections
+    closed = closed_by_broker(held)
+    assert closed.reply_code == 320 and "user 'alice' was deleted" in closed.reply_text, closed
     connect(own_node, "guest", "guest").close()
     assert_usage_error(run_cli("users", "--admin-port", port, "delete", "alice"), "no user")
     assert_usage_error(run_cli("users", "--admin-port", port, "frob"), "invalid choice")

@@ -55,6 +55,7 @@ RESOURCES = [
     ("apiextensions.k8s.io/v1/customresourcedefinitions", "CustomResourceDefinition", False, True),
     ("v1/pods", "Pod", True, True),
     ("v1/configmaps", "ConfigMap", True, False),
+    ("v1/secrets", "Secret", True, False),
     ("v1/services", "Service", True, True),
     ("v1/persistentvolumeclaims", "PersistentVolumeClaim", True, True),
     ("v1/events", "Event", True, False),

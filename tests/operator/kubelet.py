@@ -7,9 +7,11 @@ FakeKubelet plays the StatefulSet controller and the kubelet for one cluster:
   name) on 127.0.0.1, at the ports of the operator's local addressing
   (model.Addressing, MIRRORQ_OPERATOR_LOCAL_BASE_PORT);
 - a pod starts only once the ConfigMap exists, the way the operator's start
-  script (builders.START_SCRIPT) would start it: peers = the ConfigMap's
-  `members` but itself; --join when its volume holds no Raft journal and the
-  ConfigMap says the cluster has `formed`;
+  script (builders.START_SCRIPT) would start it: with the ConfigMap's rendered
+  `mirrorq.toml`, the container's Secret-backed environment (the Raft password:
+  a missing Secret keeps the pod from starting, CreateContainerConfigError),
+  peers = the ConfigMap's `members` but itself; --join when its volume holds no
+  Raft journal and the ConfigMap says the cluster has `formed`;
 - each pod has a PersistentVolumeClaim `data-NAME-k` (uid from the API
   server) and a data directory that outlives the pod (scale down keeps both,
   like a StatefulSet's volumeClaimTemplates);
@@ -28,6 +30,7 @@ over time (admin Status), for the test's one-change-at-a-time assertions.
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -44,7 +47,7 @@ from typing import Any
 from mirrorq_operator.model import Addressing
 
 from node.admin.server import call_status
-from tests.cluster_proc import BASE_CONFIG, ClusterNode
+from tests.cluster_proc import ClusterNode
 
 CRASH_BACKOFF = 10.0
 CRASH_BACKOFF_MAX = 300.0
@@ -191,7 +194,6 @@ class FakeKubelet(threading.Thread):
         self._stop_ev = threading.Event()
         self._sts_status: dict[str, Any] = {}
         base_dir.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(BASE_CONFIG)
 
     # ---------------------------------------------------------------- paths
     def _core(self, plural: str, name: str = "") -> str:
@@ -315,11 +317,31 @@ class FakeKubelet(threading.Thread):
                          "resources": {"requests": {"storage": "1Gi"}}}})
         self.pvc_uids[k] = pvc["metadata"]["uid"]
 
+    def _secret_env(self) -> dict[str, str]:
+        """The container's env entries taken from Secrets (secretKeyRef), as the kubelet
+        injects them; a missing Secret or key fails the start like CreateContainerConfigError."""
+        sts = self.api.get(self._sts_path) or {}
+        containers = sts.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or []
+        env: dict[str, str] = {}
+        for entry in (containers[0].get("env") or []) if containers else []:
+            ref = (entry.get("valueFrom") or {}).get("secretKeyRef")
+            if ref is None:
+                continue
+            secret = self.api.get(self._core("secrets", ref["name"])) or {}
+            value = (secret.get("data") or {}).get(ref["key"])
+            if value is None:
+                raise RuntimeError(f"CreateContainerConfigError: secret {ref['name']} has no "
+                                   f"key {ref['key']}")
+            env[entry["name"]] = base64.b64decode(value).decode()
+        return env
+
     def _start(self, pod: Pod, cm: dict[str, Any]) -> None:
-        """What START_SCRIPT does: peers from the ConfigMap, --join on an empty volume
-        once the cluster has formed."""
+        """What START_SCRIPT does: the rendered config and the Secret-backed env, peers
+        from the ConfigMap, --join on an empty volume once the cluster has formed."""
         node = pod.node
         data = cm.get("data") or {}
+        node.env = self._secret_env()
+        self.config_path.write_text(data.get("mirrorq.toml") or "")
         members = (data.get("members") or "").split()
         node.peers = {m: self.addressing.raft_address(self.cluster, self.ns, int(m.rsplit("-", 1)[1]))
                       for m in members if m != node.node_id}

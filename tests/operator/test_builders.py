@@ -1,6 +1,8 @@
 """Pure tests of the manifest builders' key fields."""
 from __future__ import annotations
 
+import base64
+
 from mirrorq_operator.builders import (
     build_all,
     build_client_service,
@@ -8,7 +10,9 @@ from mirrorq_operator.builders import (
     build_headless_service,
     build_network_policy,
     build_pdb,
+    build_raft_secret,
     build_statefulset,
+    raft_secret_name,
 )
 from mirrorq_operator.model import Spec
 
@@ -82,3 +86,15 @@ def test_build_all_is_pure_and_complete():
     assert sorted(kinds) == sorted(["ConfigMap", "Service", "Service", "PodDisruptionBudget",
                                     "NetworkPolicy", "StatefulSet"])
     assert build_all(SPEC, "mq", "ns1") == build_all(SPEC, "mq", "ns1")
+
+
+def test_raft_password_comes_from_a_secret_never_the_configmap():
+    sec = build_raft_secret("mq", "ns1", "s3cret")
+    assert sec["kind"] == "Secret" and sec["metadata"]["name"] == raft_secret_name("mq") == "mq-raft"
+    assert base64.b64decode(sec["data"]["raft-password"]) == b"s3cret"
+    (c,) = build_statefulset(SPEC, "mq", "ns1")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["MIRRORQ_RAFT_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": "mq-raft", "key": "raft-password"}
+    cm = build_configmap(SPEC, "mq", "ns1")
+    assert "password" not in cm["data"]["mirrorq.toml"] and "s3cret" not in str(build_all(SPEC, "mq", "ns1"))

@@ -45,6 +45,12 @@ class FakeProposer:
     def users(self) -> dict[str, tuple[str, tuple[str, ...]]]:
         return {}
 
+    def vhosts(self) -> dict[str, None]:
+        return {"/": None}
+
+    def permissions(self) -> dict[tuple[str, str], tuple[str, str, str]]:
+        return {}
+
     def blocked_reason(self) -> str | None:
         return None
 
@@ -492,7 +498,8 @@ def test_queue_declare_and_reply_effect() -> None:
     c.handshake()
     chan = c.open(1)
     c.send(1, pc.Queue.Declare(queue="q", durable=True, arguments={"x-a": 1}))
-    assert c.p.cmds[-1] == C.QueueDeclare(chan, "q", False, True, False, False, {"x-a": 1}, False)
+    assert c.p.cmds[-1] == C.QueueDeclare(chan, "q", False, True, False, False, {"x-a": 1}, False,
+                                         1_000_000)
     c.effects(E.Reply(chan, "Queue.DeclareOk", {"queue": "q", "message_count": 0,
                                                 "consumer_count": 0}))
     [(ch, ok)] = c.recv()

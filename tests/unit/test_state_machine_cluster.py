@@ -139,6 +139,25 @@ def test_drop_member_leaves_members_and_in_sync() -> None:
     assert list(h.state.members) == ["n1"]
 
 
+def test_drop_member_drops_the_removed_nodes_clients_and_requeues() -> None:
+    """A removed node's proposals never commit again, so its ConnectionClose
+    would never arrive: DropMember itself releases its consumers' unacked
+    deliveries (redelivered to consumers elsewhere) and its consumers."""
+    h = Harness()
+    members(h, "n1", "n2", "n3")
+    h.open(C1)
+    h.open(R1)
+    h.run(qdecl(C1, "q"), pub(C1, "q", b"m"))
+    assert bodies(h.run(consume(R1, "q", "on-n2"))) == [b"m"]
+    fx = h.run(DropMember("n2"))
+    closed = [e for e in fx if isinstance(e, ConnectionError)]
+    assert [(e.conn, e.reply_code) for e in closed] == [(R1.conn_id, 320)]
+    assert "removed from the cluster" in closed[0].reply_text
+    assert not h.state.queues["q"].consumers
+    again = h.run(consume(C1, "q", "on-n1"))
+    assert [(d.body, d.redelivered) for d in delivers(again)] == [(b"m", True)]
+
+
 def test_membership_dicts_are_replaced_not_mutated() -> None:
     """The Raft adapter reads members/in_sync from another thread."""
     h = Harness()

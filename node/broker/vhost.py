@@ -1,0 +1,33 @@
+"""Virtual hosts: how a (vhost, name) pair becomes one key of the broker's
+exchange and queue tables (pure).
+
+The default vhost "/" keeps plain names, so its keys are what clients see;
+other vhosts prefix the name with the vhost and a NUL, a byte that may
+appear in no vhost and (enforced by the state machine) in no resource name,
+so keys of different vhosts never collide.
+"""
+from __future__ import annotations
+
+DEFAULT_VHOST = "/"
+SEP = "\x00"
+
+
+def resource_key(vhost: str, name: str) -> str:
+    return name if vhost == DEFAULT_VHOST else f"{vhost}{SEP}{name}"
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """(vhost, name) of a table key."""
+    vhost, sep, name = key.partition(SEP)
+    return (vhost, name) if sep else (DEFAULT_VHOST, key)
+
+
+def vhost_name_error(name: str) -> str | None:
+    """Why `name` cannot be a vhost, or None."""
+    if not name:
+        return "a vhost needs a name"
+    if SEP in name:
+        return "a vhost name cannot contain NUL"
+    if len(name.encode()) > 255:
+        return "a vhost name is at most 255 bytes"
+    return None

@@ -1,0 +1,93 @@
+"""Limits with clear errors (issue 7): channels per connection, message size
+and the default queue length, on a real node configured with small values,
+driven by pika. Each limit answers with its AMQP code, closes only what the
+spec says, and the node keeps serving. (max_connections and the alarms have
+their own tests in test_users.py and test_disk_alarm.py; frame_max in
+test_bad_input.py.)"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pika
+import pika.exceptions
+import pytest
+from pamqp import commands as spec
+
+from tests.broker_proc import NodeProcess, uniq
+from tests.integration.conftest import RawClient
+
+pytestmark = pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")), reason="mirrorq's own config")
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    base = Path(tmp_path_factory.mktemp("limits"))
+    cfg = base / "node.toml"
+    cfg.write_text("channel_max = 3\nmax_message_size = 1000\ndefault_queue_max_length = 3\n")
+    n = NodeProcess(base / "data", extra_args=("--config", str(cfg)))
+    n.start()
+    try:
+        yield n
+    finally:
+        n.stop()
+
+
+def connect(node: NodeProcess) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(node.url + "?heartbeat=0"))
+
+
+def test_channel_max_is_negotiated_and_enforced(node: NodeProcess) -> None:
+    with connect(node) as conn:
+        assert conn._impl.params.channel_max == 3  # tune carried the limit
+        chans = [conn.channel() for _ in range(3)]
+        assert [c.channel_number for c in chans] == [1, 2, 3]
+        with pytest.raises(pika.exceptions.NoFreeChannels):
+            conn.channel()  # the client honours it ...
+    # ... and a client that does not gets 530 NOT_ALLOWED for the connection
+    raw = RawClient(node)
+    try:
+        raw.handshake()
+        raw.send_frame(spec.Channel.Open(), 4)
+        closes = [v for _, v in raw.read_until_closed() if isinstance(v, spec.Connection.Close)]
+        assert closes and closes[0].reply_code == 530 and "channel_max" in closes[0].reply_text
+    finally:
+        raw.close()
+
+
+def test_message_size_over_max_is_a_channel_error(node: NodeProcess) -> None:
+    q = uniq("size")
+    with connect(node) as conn:
+        ch = conn.channel()
+        ch.queue_declare(q)
+        ch.confirm_delivery()
+        ch.basic_publish("", q, b"x" * 1000)  # at the limit: fine
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+            ch.basic_publish("", q, b"x" * 1001)
+        assert exc.value.reply_code == 406 and "larger than configured max size 1000" in \
+            exc.value.reply_text, exc.value
+        ch2 = conn.channel()  # only the channel closed
+        assert ch2.queue_declare(q, passive=True).method.message_count == 1
+        ch2.queue_delete(q)
+
+
+def test_default_queue_length_nacks_beyond_it(node: NodeProcess) -> None:
+    q, own = uniq("deflen"), uniq("ownlen")
+    with connect(node) as conn:
+        ch = conn.channel()
+        ch.queue_declare(q, durable=True)
+        ch.queue_declare(own, arguments={"x-max-length": 10})
+        ch.confirm_delivery()
+        for i in range(3):
+            ch.basic_publish("", q, b"%d" % i, pika.BasicProperties(delivery_mode=2))
+        with pytest.raises(pika.exceptions.NackError):
+            ch.basic_publish("", q, b"3", pika.BasicProperties(delivery_mode=2))
+        for i in range(10):  # its own x-max-length wins over the default
+            ch.basic_publish("", own, b"%d" % i)
+        assert ch.queue_declare(q, passive=True).method.message_count == 3
+        bodies = [ch.basic_get(q, auto_ack=True)[2] for _ in range(3)]
+        assert bodies == [b"0", b"1", b"2"]  # nothing confirmed was dropped
+        ch.basic_publish("", q, b"again")  # room again
+        ch.queue_delete(q)
+        ch.queue_delete(own)

@@ -1,0 +1,265 @@
+"""The typed admin API in-process, against a fake Membership: the call_*
+helpers give back the same dicts (and Python types) the node built, and
+errors map to the right gRPC status codes."""
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from node.admin import admin_pb2 as pb
+from node.admin import server as admin
+from node.app.queue_view import queue_rows, split_queue_key
+from tests.broker_proc import free_port
+
+STATUS: dict[str, Any] = {
+    "node_id": "n1", "role": "leader", "leader": None, "term": 3, "commit_index": 42,
+    "last_applied": 42, "log_len": 7, "members": ["n1", "n2"], "in_sync": ["n1"], "draining": [],
+    "has_quorum": True, "mirrored_index": 41, "blocked": False, "pending_batches": 0,
+    "resends": 0, "nacked_publishes": 0, "journal_flushes": 9, "snapshots": 0,
+    "last_snapshot_seconds": 0.0, "last_snapshot_bytes": 0, "applied_batches": 5,
+    "message_bytes": 0, "connections": 2, "amqp_port": 5672, "queues": 1, "amqps_port": None,
+    # keys the schema does not name travel as JSON, types intact
+    "failed_batches": {"n2": 1}, "future_ratio": 0.5, "future_count": 3,
+}
+
+
+class FakeMembership:
+    def __init__(self) -> None:
+        self.users_: dict[str, tuple[str, tuple[str, ...]]] = {"guest": ("h", ())}
+        self.vhosts_: dict[str, None] = {"/": None}
+        self.perms: dict[tuple[str, str], tuple[str, str, str]] = {}
+        self.calls: list[tuple[Any, ...]] = []
+
+    async def add_member(self, node_id: str, address: str) -> None:
+        self.calls.append(("add", node_id, address))
+
+    async def remove_member(self, node_id: str) -> None:
+        raise KeyError(f"no member {node_id!r}")
+
+    async def transfer_leadership(self, node_id: str | None = None) -> str:
+        self.calls.append(("transfer", node_id))
+        return node_id or "n2"
+
+    async def set_draining(self, node_id: str | None = None, draining: bool = True) -> None:
+        self.calls.append(("drain", node_id, draining))
+
+    async def put_user(self, name: str, password: str, tags: tuple[str, ...] = ()) -> None:
+        self.users_[name] = ("h", tags)
+
+    async def delete_user(self, name: str) -> None:
+        del self.users_[name]
+
+    def users(self) -> dict[str, tuple[str, tuple[str, ...]]]:
+        return self.users_
+
+    async def put_vhost(self, name: str) -> None:
+        if "\x00" in name:
+            raise ValueError("a vhost name cannot contain NUL")
+        self.vhosts_[name] = None
+
+    async def delete_vhost(self, name: str) -> None:
+        del self.vhosts_[name]
+
+    def vhosts(self) -> dict[str, None]:
+        return self.vhosts_
+
+    async def set_permissions(self, user: str, vhost: str, configure: str, write: str,
+                              read: str) -> None:
+        for p in (configure, write, read):
+            try:
+                re.compile(p)
+            except re.error as exc:
+                raise ValueError(f"bad pattern {p!r}: {exc}") from exc
+        if user not in self.users_ or vhost not in self.vhosts_:
+            raise KeyError(f"no user {user!r} or vhost {vhost!r}")
+        self.perms[(user, vhost)] = (configure, write, read)
+
+    async def clear_permissions(self, user: str, vhost: str) -> None:
+        del self.perms[(user, vhost)]
+
+    def permissions(self) -> dict[tuple[str, str], tuple[str, str, str]]:
+        return self.perms
+
+
+ROWS = [{"name": "a", "vhost": "/", "ready": 3, "unacked": 1, "consumers": 1, "durable": True},
+        {"name": "b", "vhost": "v1", "ready": 0, "unacked": 0, "consumers": 0, "durable": False}]
+
+
+class Served:
+    def __init__(self, membership: Any, token: str | None = None) -> None:
+        self.port = free_port()
+        self.membership = membership
+        self.loop = asyncio.new_event_loop()
+        self.server = admin.AdminServer(lambda: dict(STATUS), membership, queues=lambda: ROWS,
+                                        token=token)
+        started = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(self.server.start("127.0.0.1", self.port))
+            started.set()
+            self.loop.run_forever()
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        assert started.wait(10)
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
+    monkeypatch.delenv(admin.TOKEN_ENV, raising=False)
+    monkeypatch.delenv(admin.CA_ENV, raising=False)
+    s = Served(FakeMembership())
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def code_of(fn: Any, *args: Any, **kw: Any) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as err:
+        fn(*args, **kw)
+    return err.value.code()  # type: ignore[no-any-return,attr-defined,unused-ignore]
+
+
+def test_status_round_trip_keeps_shapes_and_types(served: Served) -> None:
+    st = admin.call_status("127.0.0.1", served.port)
+    assert st == STATUS
+    for key, value in STATUS.items():
+        assert type(st[key]) is type(value), key
+
+
+def test_status_mapping_without_a_server() -> None:
+    msg = admin.status_to_pb({"term": True, "role": 5, "members": ["a", 1], "leader": "n2"})
+    # a value of an unexpected type is not coerced: it travels as JSON
+    assert not msg.HasField("term") and set(msg.extra) == {"term", "role", "members"}
+    back = admin.pb_to_status(pb.NodeStatus.FromString(msg.SerializeToString()))
+    assert back["term"] is True and back["role"] == 5 and back["members"] == ["a", 1]
+    assert back["leader"] == "n2" and back["commit_index"] is None and back["in_sync"] == []
+
+
+def test_changes_return_ok_and_status(served: Served) -> None:
+    reply = admin.call_add_member("127.0.0.1", served.port, "n3", "127.0.0.1:25999")
+    assert reply == {"ok": True, "status": STATUS}
+    assert admin.call_transfer_leadership("127.0.0.1", served.port)["ok"] is True
+    admin.call_transfer_leadership("127.0.0.1", served.port, "n2")
+    admin.call_drain("127.0.0.1", served.port)
+    admin.call_revive("127.0.0.1", served.port, node_id="n2")
+    assert served.membership.calls == [("add", "n3", "127.0.0.1:25999"), ("transfer", None),
+                                       ("transfer", "n2"), ("drain", None, True),
+                                       ("drain", "n2", False)]
+    assert code_of(admin.call_remove_member, "127.0.0.1", served.port, "ghost") \
+        == grpc.StatusCode.FAILED_PRECONDITION
+    assert code_of(admin.call_add_member, "127.0.0.1", served.port, "n4", "no-port") \
+        == grpc.StatusCode.INVALID_ARGUMENT
+    assert code_of(admin.call_add_member, "127.0.0.1", served.port, "", "h:1") \
+        == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_users_vhosts_permissions(served: Served) -> None:
+    port = served.port
+    admin.call_user_put("127.0.0.1", port, "alice", "pw", ["administrator"])
+    assert admin.call_user_list("127.0.0.1", port) == {
+        "users": [{"name": "alice", "tags": ["administrator"]}, {"name": "guest", "tags": []}]}
+    assert admin.call_vhost_put("127.0.0.1", port, "v1")["ok"] is True
+    assert admin.call_vhost_list("127.0.0.1", port) == {"vhosts": [{"name": "/"}, {"name": "v1"}]}
+    assert code_of(admin.call_vhost_put, "127.0.0.1", port, "bad\x00name") \
+        == grpc.StatusCode.INVALID_ARGUMENT
+    assert code_of(admin.call_vhost_put, "127.0.0.1", port, "") == grpc.StatusCode.INVALID_ARGUMENT
+    assert code_of(admin.call_vhost_delete, "127.0.0.1", port, "nope") \
+        == grpc.StatusCode.FAILED_PRECONDITION
+    admin.call_permission_set("127.0.0.1", port, "alice", "v1", ".*", "^amq\\.", "")
+    admin.call_permission_set("127.0.0.1", port, "guest", "/", ".*", ".*", ".*")
+    assert code_of(admin.call_permission_set, "127.0.0.1", port, "alice", "v1", "(", "", "") \
+        == grpc.StatusCode.INVALID_ARGUMENT
+    assert code_of(admin.call_permission_set, "127.0.0.1", port, "bob", "v1", "", "", "") \
+        == grpc.StatusCode.FAILED_PRECONDITION
+    every = admin.call_permission_list("127.0.0.1", port)["permissions"]
+    assert every == [
+        {"user": "alice", "vhost": "v1", "configure": ".*", "write": "^amq\\.", "read": ""},
+        {"user": "guest", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"}]
+    assert admin.call_permission_list("127.0.0.1", port, vhost="/")["permissions"] == every[1:]
+    assert admin.call_permission_list("127.0.0.1", port, user="alice")["permissions"] == every[:1]
+    admin.call_permission_clear("127.0.0.1", port, "alice", "v1")
+    assert code_of(admin.call_permission_clear, "127.0.0.1", port, "alice", "v1") \
+        == grpc.StatusCode.FAILED_PRECONDITION
+    admin.call_vhost_delete("127.0.0.1", port, "v1")
+    assert admin.call_vhost_list("127.0.0.1", port) == {"vhosts": [{"name": "/"}]}
+
+
+def test_list_queues(served: Served) -> None:
+    assert admin.call_list_queues("127.0.0.1", served.port) == {"queues": ROWS}
+    assert admin.call_list_queues("127.0.0.1", served.port, vhost="v1") == {"queues": ROWS[1:]}
+
+
+def test_a_node_without_vhosts_answers_unimplemented(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Old:
+        async def put_user(self, name: str, password: str, tags: tuple[str, ...] = ()) -> None:
+            pass
+    monkeypatch.delenv(admin.TOKEN_ENV, raising=False)
+    s = Served(Old())
+    try:
+        assert code_of(admin.call_vhost_put, "127.0.0.1", s.port, "v") \
+            == grpc.StatusCode.UNIMPLEMENTED
+        assert code_of(admin.call_vhost_list, "127.0.0.1", s.port) == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        s.close()
+
+
+def test_token_interceptor(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(admin.TOKEN_ENV, raising=False)
+    s = Served(FakeMembership(), token="s3cret-token")
+    try:
+        assert code_of(admin.call_status, "127.0.0.1", s.port) == grpc.StatusCode.UNAUTHENTICATED
+        assert code_of(admin.call_status, "127.0.0.1", s.port, token="wrong") \
+            == grpc.StatusCode.UNAUTHENTICATED
+        assert code_of(admin.call_add_member, "127.0.0.1", s.port, "n9", "h:1", token="wrong") \
+            == grpc.StatusCode.UNAUTHENTICATED
+        assert s.membership.calls == []
+        assert admin.call_status("127.0.0.1", s.port, token="s3cret-token")["node_id"] == "n1"
+        monkeypatch.setenv(admin.TOKEN_ENV, "s3cret-token")  # what existing callers rely on
+        assert admin.call_status("127.0.0.1", s.port)["node_id"] == "n1"
+    finally:
+        s.close()
+
+
+def test_split_queue_key() -> None:
+    assert split_queue_key("orders") == ("/", "orders")
+    assert split_queue_key("v1\x00orders") == ("v1", "orders")
+    assert split_queue_key("v1\x00a\x00b") == ("v1", "a\x00b")
+
+
+def test_queue_rows_counts_unacked_per_queue() -> None:
+    class Q:
+        def __init__(self, ready: int, consumers: int, durable: bool) -> None:
+            self.n, self.consumers, self.durable = ready, dict.fromkeys(range(consumers)), durable
+
+        def ready_count(self) -> int:
+            return self.n
+
+    class Ch:
+        def __init__(self, unacked: dict[int, tuple[Any, Any, Any]]) -> None:
+            self.unacked = unacked
+
+    class State:
+        pass
+
+    a, b = Q(2, 1, True), Q(0, 0, False)
+    state = State()
+    state.queues = {"a": a, "v\x00b": b}  # type: ignore[attr-defined]
+    state.channels = {1: Ch({1: (a, None, None), 2: (b, None, None)}),  # type: ignore[attr-defined]
+                      2: Ch({7: (a, None, None)})}
+    assert queue_rows(state) == [
+        {"name": "a", "vhost": "/", "ready": 2, "unacked": 2, "consumers": 1, "durable": True},
+        {"name": "b", "vhost": "v", "ready": 0, "unacked": 1, "consumers": 0, "durable": False}]

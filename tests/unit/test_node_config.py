@@ -1,0 +1,104 @@
+"""Node config rules of the security issue: where the Raft password comes from,
+when a cluster must have one, and the [tls] table."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from node.app.config import (
+    NO_CLUSTER_PASSWORD,
+    ConfigError,
+    NodeConfig,
+    apply_env,
+    apply_file,
+    check_cluster_password,
+    check_tls,
+)
+
+
+def cfg_from(tmp_path: Path, text: str) -> NodeConfig:
+    path = tmp_path / "node.toml"
+    path.write_text(text)
+    cfg = NodeConfig(node_id="n1", data_dir=str(tmp_path / "d"))
+    apply_file(cfg, str(path))
+    return cfg
+
+
+def test_single_node_needs_no_password() -> None:
+    check_cluster_password(NodeConfig(node_id="n1", data_dir="d"))
+
+
+@pytest.mark.parametrize("peers,join", [({"n2": "127.0.0.1:1"}, False), ({}, True)])
+def test_cluster_without_password_is_refused_unless_insecure_dev(peers: dict[str, str],
+                                                                 join: bool) -> None:
+    cfg = NodeConfig(node_id="n1", data_dir="d")
+    cfg.raft.peers, cfg.raft.join = peers, join
+    with pytest.raises(ConfigError) as err:
+        check_cluster_password(cfg)
+    assert str(err.value) == NO_CLUSTER_PASSWORD and "\n" not in str(err.value)
+    cfg.insecure_dev = True
+    check_cluster_password(cfg)
+    cfg.insecure_dev, cfg.raft.password = False, "s3cret"
+    check_cluster_password(cfg)
+
+
+def test_password_file_relative_to_the_config_and_newline_stripped(tmp_path: Path) -> None:
+    (tmp_path / "raft.pw").write_text("s3cret\n")
+    assert cfg_from(tmp_path, '[raft]\npassword_file = "raft.pw"\n').raft.password == "s3cret"
+
+
+@pytest.mark.parametrize("text,needle", [
+    ('[raft]\npassword_file = "missing.pw"\n', "cannot read raft.password_file"),
+    ('[raft]\npassword_file = "empty.pw"\n', "is empty"),
+    ('[raft]\npassword = "a"\npassword_file = "empty.pw"\n', "not both"),
+    ('[raft]\npassword = ""\n', "non-empty"),
+    ('[tls]\nverify = "peer"\n', "tls.verify must be one of"),
+    ('[tls]\nport = 0\n', "tls.port"),
+    ('[tls]\nonly = "yes"\n', "tls.only"),
+    ('[tls]\nciphers = "x"\n', "unknown key tls.ciphers"),
+])
+def test_bad_security_config(tmp_path: Path, text: str, needle: str) -> None:
+    (tmp_path / "empty.pw").write_text("\n")
+    with pytest.raises(ConfigError, match=needle):
+        cfg_from(tmp_path, text)
+
+
+def test_env_password_wins_over_the_file(tmp_path: Path) -> None:
+    cfg = cfg_from(tmp_path, '[raft]\npassword = "from-file"\n')
+    apply_env(cfg, {})
+    assert cfg.raft.password == "from-file"
+    apply_env(cfg, {"MIRRORQ_RAFT_PASSWORD": ""})  # empty = unset
+    assert cfg.raft.password == "from-file"
+    apply_env(cfg, {"MIRRORQ_RAFT_PASSWORD": "from-env"})
+    assert cfg.raft.password == "from-env"
+
+
+def test_tls_paths_relative_to_the_config(tmp_path: Path) -> None:
+    cfg = cfg_from(tmp_path, '[tls]\nport = 5671\ncert = "c.pem"\nkey = "/abs/k.pem"\n'
+                             'verify = "required"\nonly = true\n')
+    t = cfg.tls
+    assert (t.port, t.cert, t.key, t.verify, t.only) == (5671, str(tmp_path / "c.pem"), "/abs/k.pem",
+                                                        "required", True)
+
+
+def test_tls_needs_a_port_and_a_port_needs_files() -> None:
+    cfg = NodeConfig(node_id="n1", data_dir="d")
+    check_tls(cfg)  # no [tls]: nothing to do
+    assert cfg.amqps_context is None
+    cfg.tls.only = True
+    with pytest.raises(ConfigError, match="tls.only needs an amqps port"):
+        check_tls(cfg)
+    cfg.tls.only, cfg.tls.cert = False, "/x.pem"
+    with pytest.raises(ConfigError, match="no amqps port"):
+        check_tls(cfg)
+    cfg.tls.cert, cfg.tls.port = "", 5671
+    with pytest.raises(ConfigError, match="needs tls.cert"):
+        check_tls(cfg)
+
+
+def test_peer_common_name() -> None:
+    from node.amqp.tls import peer_common_name
+    cert = {"subject": ((("organizationName", "acme"),), (("commonName", "alice"),))}
+    assert peer_common_name(cert) == "alice"
+    assert peer_common_name({}) is None and peer_common_name(None) is None
