@@ -760,7 +760,8 @@ def drain(node: ClusterNode, queue: str, idle: float = 3.0, timeout: float = 120
     return out
 
 
-def declare(node: ClusterNode, *queues: str, durable: bool = True) -> None:
+def declare(node: ClusterNode, *queues: str, durable: bool = True,
+            arguments: dict[str, Any] | None = None) -> None:
     import pika
     conn = pika.BlockingConnection(pika.ConnectionParameters(
         host=node.host, port=node.amqp_port, heartbeat=0, socket_timeout=10,
@@ -768,7 +769,7 @@ def declare(node: ClusterNode, *queues: str, durable: bool = True) -> None:
     try:
         ch = conn.channel()
         for q in queues:
-            ch.queue_declare(q, durable=durable)
+            ch.queue_declare(q, durable=durable, arguments=arguments)
     finally:
         conn.close()
 

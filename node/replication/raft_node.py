@@ -48,6 +48,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.journal import MetaStorer
 from pysyncobj.pickle import dumps as _pysyncobj_dumps
+from pysyncobj.syncobj import _RAFT_STATE
 from pysyncobj.transport import TCPTransport
 
 from node.broker.password import hash_password
@@ -296,7 +297,8 @@ class RaftNode:
         self._congested = False
         self._drain_listeners: list[Callable[[], None]] = []
         self._waiters: dict[int, asyncio.Future[None]] = {}
-        self._timers: list[asyncio.TimerHandle] = []
+        # the pending handle of each recurring timer (replaced when it re-arms)
+        self._timers: dict[str, asyncio.TimerHandle] = {}
         self._no_leader_since: float | None = None  # since when without quorum
         # last time any batch outcome arrived: a full pipeline drains slowly
         # under flat-out load, so age alone does not mean the log is stuck
@@ -343,6 +345,7 @@ class RaftNode:
         self.delivered = 0
         self.redelivered = 0
         self.leader_changes = 0
+        self.deferred_elections = 0  # see _run
         self._last_leader: Any = None
         self.confirm_latency = Histogram()
 
@@ -387,7 +390,7 @@ class RaftNode:
         self._syncobj.addOnTickCallback(self._on_tick)
         self._thread = threading.Thread(target=self._run, name=f"raft-{self.node_id}", daemon=True)
         self._thread.start()
-        self._timers.append(self.loop.call_later(0.25, self._watch))
+        self._timers["watch"] = self.loop.call_later(0.25, self._watch)
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
         """Leader known, log applied, and our NodeUp applied."""
@@ -402,10 +405,10 @@ class RaftNode:
         fut: asyncio.Future[None] = self.loop.create_future()
         self._waiters[seq] = fut
         await asyncio.wait_for(fut, max(0.1, deadline - time.monotonic()))
-        self._timers.append(self.loop.call_later(self.config.tick_interval, self._propose_tick))
+        self._timers["tick"] = self.loop.call_later(self.config.tick_interval, self._propose_tick)
 
     def stop(self) -> None:
-        for t in self._timers:
+        for t in self._timers.values():
             t.cancel()
         self._stop.set()
         if self._thread is not None:
@@ -416,12 +419,31 @@ class RaftNode:
     def _run(self) -> None:
         so = self._syncobj
         assert so is not None
+        # pysyncobj checks a follower's election deadline at the start of a tick,
+        # before it reads the socket: after this thread was held up (a long apply,
+        # the GIL on 2 busy cores, a snapshot fork) it would campaign although
+        # the leader's heartbeats sit unread in the buffer, and depose a healthy
+        # leader. After such a gap the deadline moves past this tick's read.
+        stall = max(self.config.election_min / 2, 4 * self.config.idle_tick)
+        prev = time.monotonic()
         while not self._stop.is_set():
+            now = time.monotonic()
+            if now - prev > stall + self.config.idle_tick:
+                self._defer_election(so, now)
+            prev = now
             try:
                 so.doTick(self.config.idle_tick)
             except Exception:  # noqa: BLE001 - a bad tick must not kill replication
                 log.exception("raft tick failed")
                 time.sleep(0.05)
+
+    def _defer_election(self, so: _BrokerLog, now: float) -> None:
+        if so._SyncObj__raftState != _RAFT_STATE.FOLLOWER:  # type: ignore[attr-defined]
+            return
+        deadline = now + self.config.election_min
+        if so._SyncObj__raftElectionDeadline < deadline:  # type: ignore[attr-defined]
+            so._SyncObj__raftElectionDeadline = deadline  # type: ignore[attr-defined]
+            self.deferred_elections += 1
 
     # ------------------------------------------------------- raft thread
     def _apply(self, batch: Batch) -> str:
@@ -791,8 +813,7 @@ class RaftNode:
     def _watch(self) -> None:
         """Every 250 ms: nack publishes that could not be made safe in time,
         and block publishers while this node cannot reach a majority."""
-        self._timers = [t for t in self._timers if not t.cancelled()]
-        self._timers.append(self.loop.call_later(0.25, self._watch))
+        self._timers["watch"] = self.loop.call_later(0.25, self._watch)
         now = time.monotonic()
         nacks: list[Effect] = []
         stuck = False
@@ -833,7 +854,7 @@ class RaftNode:
 
     def _propose_tick(self) -> None:
         self.propose(Tick())
-        self._timers.append(self.loop.call_later(self.config.tick_interval, self._propose_tick))
+        self._timers["tick"] = self.loop.call_later(self.config.tick_interval, self._propose_tick)
 
     def _on_removed(self) -> None:
         if self.on_removed is not None:
@@ -1070,6 +1091,7 @@ class RaftNode:
             "redelivered": self.redelivered,
             "acked": self.acked,
             "leader_changes": self.leader_changes,
+            "deferred_elections": self.deferred_elections,
             "in_sync_size": len(self.state.in_sync),
             "confirm_latency": self.confirm_latency.snapshot(),
         }

@@ -12,7 +12,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from node.admin.server import call_user_put
+from node.admin.server import call_permission_set, call_user_put
 from tests.cluster_proc import Cluster
 from tests.netns import NetLab, ensure_iptables, require_netns
 
@@ -41,6 +41,7 @@ def test_guest_refused_from_a_non_loopback_address(lab: NetLab,
     assert "can only connect via localhost" in str(err.value), str(err.value)
     # a real user is fine from anywhere (the admin API listens on the node's address too)
     call_user_put(node.host, node.admin_port, "app", "pw")
+    call_permission_set(node.host, node.admin_port, "app", "/", ".*", ".*", ".*")
     conn = connect(node.host, node.amqp_port, "app", "pw")
     conn.channel().queue_declare("lb-q")
     conn.close()

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pika
 
+from node.admin.server import call_transfer_leadership
 from node.app.config import NO_CLUSTER_PASSWORD
 from tests.cluster_proc import (
     REPO,
@@ -116,6 +117,10 @@ def test_intruders_without_the_password_cannot_join_or_disturb(
     c = cluster_factory(3).start()
     n3 = c.node("n3")
     leader = c.leader()
+    if leader is n3:  # n3 is the one replaced below: the leader must be another node
+        call_transfer_leadership(n3.host, n3.admin_port, "n1")
+        wait_for(lambda: c.leader() is c.node("n1"), timeout=30, what="n1 to lead")
+        leader = c.node("n1")
     queue = "raft-password-q"
     conn = pika_conn(leader)
     conn.channel().queue_declare(queue, durable=True)

@@ -7,7 +7,9 @@ injects a crash, a hang, an unbounded buffer or a 541 and expects a finding.
 """
 from __future__ import annotations
 
+import gc
 import random
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -26,6 +28,21 @@ CONN_INPUTS = 4_000
 TIME_LIMIT = 5.0  # CPU seconds per input; generous: an input takes milliseconds
 HYPO = settings(max_examples=150, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@pytest.fixture(autouse=True)
+def _no_gc_in_deep_recursion() -> Iterator[None]:
+    """Inputs nest tables thousands deep on purpose. A garbage collection that
+    starts down there runs finalizers of objects left by earlier tests (sockets,
+    transports) at the recursion limit; they fail as "unraisable" exceptions and
+    pytest cannot even format their tracebacks. Collect before, not during."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.collect()
 
 
 def _report(st_: fz.Stats) -> str:
