@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 AMQP_PORT ?= 5672
 
-.PHONY: run test lint unit integration bench clean chaos soak fuzz
+.PHONY: run test lint unit integration bench clean chaos soak fuzz proto
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,7 +50,6 @@ bench: $(STAMP)
 
 # proto: regenerate node/admin/admin_pb2*.py from admin.proto (checked in; the
 # drift test tests/unit/test_admin_proto.py compares them with a fresh run)
-.PHONY: proto
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. node/admin/admin.proto
 

@@ -100,7 +100,10 @@ class Connection:
         self.config = config
         self.clock = clock
         self.phase = AWAIT_HEADER
-        self.reader = frame.FrameReader(max(config.frame_max, 4096))
+        # frame-min-size until tune-ok, as RabbitMQ: an unauthenticated peer
+        # cannot make the node decode big field tables (pamqp decodes them in
+        # quadratic time: 131 KB of tiny entries cost ~0.5 s of the event loop)
+        self.reader = frame.FrameReader(frame.FRAME_MIN_SIZE)
         self.out: list[bytes] = []
         self.close_transport = False
         self.channels: dict[int, Channel] = {}

@@ -24,6 +24,7 @@ FRAME_HEARTBEAT = 8
 FRAME_END = 0xCE
 FRAME_END_BYTES = b"\xce"
 FRAME_OVERHEAD = 8  # 7-byte header + end octet
+FRAME_MIN_SIZE = 4096  # the largest frame a peer must accept before tune (AMQP frame-min-size)
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 HEARTBEAT = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 

@@ -7,6 +7,7 @@ test_bad_input.py.)"""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -91,3 +92,29 @@ def test_default_queue_length_nacks_beyond_it(node: NodeProcess) -> None:
         ch.basic_publish("", q, b"again")  # room again
         ch.queue_delete(q)
         ch.queue_delete(own)
+
+
+def test_frame_over_frame_min_size_before_tune_is_501(node: NodeProcess) -> None:
+    """Before tune only frame-min-size (4096) frames are taken, as in RabbitMQ:
+    an unauthenticated peer cannot feed the node a 100 KB field table (pamqp
+    decodes tables in quadratic time). Under frame_max, so it is the pre-tune
+    limit that refuses it."""
+    from pamqp import frame as pframe
+    from pamqp import header as pheader
+    raw = RawClient(node)
+    try:
+        raw.send(pframe.marshal(pheader.ProtocolHeader(), 0))
+        raw.expect(spec.Connection.Start)
+        props = {f"k{i}": i for i in range(8_000)}  # ~100 KB of tiny entries: < frame_max
+        start = time.monotonic()
+        raw.send(pframe.marshal(spec.Connection.StartOk(
+            client_properties=props, mechanism="PLAIN", response="\0guest\0guest",
+            locale="en_US"), 0))
+        closes = [v for _, v in raw.read_until_closed() if isinstance(v, spec.Connection.Close)]
+        assert closes and closes[0].reply_code == 501 and "frame_too_large" in \
+            closes[0].reply_text, closes
+        assert time.monotonic() - start < 5.0
+    finally:
+        raw.close()
+    with connect(node) as conn:  # everyone else keeps being served
+        conn.channel().queue_declare("", exclusive=True)
