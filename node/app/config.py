@@ -47,7 +47,7 @@ class NodeConfig:
     raft: RaftConfig = field(default_factory=RaftConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
-    # --insecure-dev: a cluster whose Raft port takes unauthenticated pickles
+    # --insecure-dev: a cluster whose Raft links are not authenticated
     insecure_dev: bool = False
     # built from `tls` by check_tls() at start-up (so a bad [tls] is exit 2, not a crash)
     amqps_context: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
@@ -59,7 +59,8 @@ _WIRE_KEYS = {"frame_max", "channel_max", "heartbeat", "memory_high_watermark", 
 _RAFT_KEYS = {"password", "password_file", "batch_max_commands", "batch_max_bytes", "max_inflight_batches",
               "max_inflight_bytes", "election_min", "election_max", "leader_fallback",
               "compaction_min_entries", "compaction_min_time", "tick_interval",
-              "out_of_sync_after", "nack_after", "block_after"}
+              "out_of_sync_after", "nack_after", "block_after", "tls_cert", "tls_key", "tls_ca",
+              "follower_window_bytes", "append_chunk_bytes"}
 
 
 def _int(name: str, value: Any, lo: int, hi: int) -> int:
@@ -113,6 +114,10 @@ def apply_file(cfg: NodeConfig, path: str) -> None:
                     if "password_file" in value:
                         raise ConfigError("set raft.password or raft.password_file, not both")
                     cfg.raft.password = rvalue
+                elif rkey in ("tls_cert", "tls_key", "tls_ca"):
+                    if not isinstance(rvalue, str) or not rvalue:
+                        raise ConfigError(f"raft.{rkey} must be a file path")
+                    setattr(cfg.raft, rkey, _relative(path, rvalue, f"raft.{rkey}"))
                 elif rkey == "password_file":
                     cfg.raft.password = _read_secret(_relative(path, rvalue, "raft.password_file"),
                                                      "raft.password_file")
@@ -175,7 +180,8 @@ def _apply_tls(tls: TlsConfig, table: dict[str, Any], path: str) -> None:
 
 RAFT_PASSWORD_ENV = "MIRRORQ_RAFT_PASSWORD"
 NO_CLUSTER_PASSWORD = ("cluster mode needs [raft] password in the config file (or "
-                       f"{RAFT_PASSWORD_ENV}), or --insecure-dev for a throwaway development cluster")
+                       f"{RAFT_PASSWORD_ENV}) or [raft] tls_cert/tls_key/tls_ca, or --insecure-dev "
+                       "for a throwaway development cluster")
 
 
 def apply_env(cfg: NodeConfig, environ: Mapping[str, str]) -> None:
@@ -186,10 +192,21 @@ def apply_env(cfg: NodeConfig, environ: Mapping[str, str]) -> None:
 
 
 def check_cluster_password(cfg: NodeConfig) -> None:
-    """pysyncobj unpickles what its port receives: with peers (or --join) the port
-    must be authenticated (Fernet with the password) unless --insecure-dev says
-    this is a throwaway cluster. A single node talks to nobody: no password needed."""
-    if (cfg.raft.peers or cfg.raft.join) and not cfg.raft.password and not cfg.insecure_dev:
+    """With peers (or --join) the Raft links must be authenticated (mutual TLS
+    from the cluster CA, or a challenge-response over the password) unless
+    --insecure-dev says this is a throwaway cluster. A single node talks to
+    nobody: nothing needed. TLS files must be given together and load."""
+    r = cfg.raft
+    tls = (r.tls_cert, r.tls_key, r.tls_ca)
+    if any(tls) and not all(tls):
+        raise ConfigError("raft TLS needs tls_cert, tls_key and tls_ca together")
+    if all(tls):
+        from node.replication.transport import tls_contexts
+        try:
+            tls_contexts(*tls)  # type: ignore[arg-type]
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"raft TLS files do not load: {e}") from None
+    if (r.peers or r.join) and not r.password and not all(tls) and not cfg.insecure_dev:
         raise ConfigError(NO_CLUSTER_PASSWORD)
 
 

@@ -27,6 +27,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from node.app.pki import make_ca, make_member
+
 EXIT_USAGE = 2
 MAX_NODES = 20  # metrics ports (P+10020+i) would reach the admin ports of node 21
 ADMIN_OFFSET = 10000
@@ -190,6 +192,10 @@ def _spawn(d: Path, n: dict[str, Any], nodes: list[dict[str, Any]], config: Path
     peers = peers_arg(nodes, n["id"])
     if peers:
         argv += ["--peers", peers]
+        # mutual TLS between members, from this directory's own cluster CA
+        tls = d / "tls"
+        cert, key = make_member(tls, n["id"], [n["host"]])
+        argv += ["--raft-tls-cert", str(cert), "--raft-tls-key", str(key), "--raft-tls-ca", str(tls / "ca.pem")]
     env = dict(os.environ)
     if raft_password is not None:
         env["MIRRORQ_RAFT_PASSWORD"] = raft_password  # in the environment, never in argv (ps)
@@ -258,6 +264,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     password = None if _sets_raft_password(config) else _generated_password(d)
     state = {"nodes": nodes, "base_port": args.base_port, "host": args.host,
              "config": str(config), "started_at": time.time()}
+    if len(nodes) > 1:
+        make_ca(d / "tls")
     for n in nodes:
         n["pid"] = _spawn(d, n, nodes, config, args.log_level, password)
         save_state(d, state)  # record each pid as soon as it exists: `down` can always find it

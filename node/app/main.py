@@ -59,8 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--join", action="store_true",
                        help="joining an existing cluster: never campaign before hearing a leader")
     serve.add_argument("--insecure-dev", action="store_true",
-                       help="allow a cluster without [raft] password (throwaway development only: "
-                            "the Raft port then unpickles whatever it receives)")
+                       help="allow a cluster without [raft] password or TLS (throwaway development "
+                            "only: anyone who reaches the Raft port can join the log)")
+    serve.add_argument("--raft-tls-cert", help="PEM certificate of this member (mutual TLS between members)")
+    serve.add_argument("--raft-tls-key", help="PEM private key for --raft-tls-cert")
+    serve.add_argument("--raft-tls-ca", help="PEM CA that signed every member's certificate")
     serve.add_argument("--admin-port", type=_port)
     serve.add_argument("--metrics-port", type=_port)
     serve.add_argument("--config", help="TOML file (users, frame_max, heartbeat, memory_high_watermark, raft...)")
@@ -93,6 +96,10 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
     cfg.raft.peers = parse_peers(args.peers)
     cfg.raft.peers.pop(cfg.node_id, None)
     cfg.raft.join = bool(args.join)
+    for key in ("tls_cert", "tls_key", "tls_ca"):
+        value = getattr(args, f"raft_{key}")
+        if value:
+            setattr(cfg.raft, key, value)
     cfg.insecure_dev = bool(args.insecure_dev)
     if os.environ.get("MIRRORQ_UNSAFE_EARLY_CONFIRM") == "1":
         cfg.raft.unsafe_early_confirm = True
@@ -202,10 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("pysyncobj").setLevel(logging.WARNING)
-    if cfg.insecure_dev and (cfg.raft.peers or cfg.raft.join) and not cfg.raft.password:
-        log.warning("INSECURE (--insecure-dev): cluster without [raft] password; the Raft port "
-                    "%s:%d unpickles whatever it receives (arbitrary code execution for anyone "
-                    "who can reach it). Throwaway development clusters only.",
+    if cfg.insecure_dev and (cfg.raft.peers or cfg.raft.join) and not cfg.raft.password \
+            and not cfg.raft.tls_ca:
+        log.warning("INSECURE (--insecure-dev): cluster without [raft] password or TLS; anyone who "
+                    "reaches the Raft port %s:%d can take part in the log. Throwaway development "
+                    "clusters only.",
                     cfg.raft.host, cfg.raft.port)
     if cfg.raft.unsafe_early_confirm:
         log.critical("MIRRORQ_UNSAFE_EARLY_CONFIRM=1: confirming publishes BEFORE replication; "

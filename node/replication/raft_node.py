@@ -34,9 +34,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import logging
 import os
 import pickle
+import random
 import threading
 import time
 from collections import deque
@@ -44,16 +46,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.journal import MetaStorer
+from pysyncobj.monotonic import (
+    monotonic as clock,  # pysyncobj's clock (MONOTONIC_RAW): compare like with like
+)
+from pysyncobj.node import TCPNode
 from pysyncobj.pickle import dumps as _pysyncobj_dumps
-from pysyncobj.syncobj import _RAFT_STATE
-from pysyncobj.transport import TCPTransport
+from pysyncobj.syncobj import _COMMAND_TYPE, _RAFT_STATE
 
 from node.broker.password import hash_password
 from node.broker.permission import check_patterns
 from node.broker.vhost import DEFAULT_VHOST, vhost_name_error
+from node.replication.codec import CodecError, decode, decode_batch, encode, encode_batch
 from node.replication.command import (
     BasicAck,
     BasicPublish,
@@ -83,11 +89,14 @@ from node.replication.state_machine import (
     batch_verdict,
     default_state,
 )
+from node.replication.transport import PeerSecurity, PeerTransport, tls_contexts
 
 log = logging.getLogger(__name__)
 
 SNAPSHOT_PROTOCOL = pickle.HIGHEST_PROTOCOL  # protocol 5: bodies as raw bytes
 MIRRORED = "mq_mirrored"  # our transport message: leader -> followers
+PREVOTE, PREVOTE_REPLY = "mq_prevote", "mq_prevote_reply"  # Raft thesis §9.6
+TERM_NOTICE = "mq_term"  # "your term is behind mine": a stale leader steps down
 APPLIED, DUPLICATE, GAP = "applied", "dup", "gap"
 STARTUP_GRACE = 2.0  # seconds a restarted member listens before it may campaign
 
@@ -99,6 +108,12 @@ class RaftConfig:
     peers: dict[str, str] = field(default_factory=dict)  # node id -> host:port (others)
     join: bool = False  # joining a running cluster: wait to hear a leader before campaigning
     password: str | None = None
+    # mutual TLS between members (one cluster CA); with it the password is optional
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    follower_window_bytes: int = 1024 * 1024  # entry bytes in flight per follower
+    append_chunk_bytes: int = 256 * 1024  # entry bytes per AppendEntries
     batch_max_commands: int = 128
     batch_max_bytes: int = 512 * 1024  # well under append_entries_batch_bytes
     append_entries_batch_bytes: int = 4 * 1024 * 1024
@@ -120,6 +135,16 @@ class RaftConfig:
     unsafe_early_confirm: bool = False
     compaction_min_entries: int = 5000
     compaction_min_time: float = 300.0
+
+
+def _security(config: RaftConfig) -> PeerSecurity:
+    client = server = None
+    if config.tls_cert or config.tls_key or config.tls_ca:
+        if not (config.tls_cert and config.tls_key and config.tls_ca):
+            raise ValueError("raft TLS needs tls_cert, tls_key and tls_ca together")
+        client, server = tls_contexts(config.tls_cert, config.tls_key, config.tls_ca)
+    password = config.password.encode() if config.password else None
+    return PeerSecurity(password=password, client_tls=client, server_tls=server)
 
 
 class FsyncMetaStorer(MetaStorer):  # type: ignore[misc]
@@ -159,18 +184,21 @@ class _Conf(SyncObjConf):  # type: ignore[misc]
             self.raftMinTimeout, self.raftMaxTimeout = self._quiet
 
 
-class _Transport(TCPTransport):  # type: ignore[misc]
+class _Transport(PeerTransport):
     """Holds AppendEntries acks until the journal is flushed; carries the
-    leader's mirrored index to followers."""
+    leader's mirrored index, PreVote and term notices; drops RequestVote
+    while a live leader is known (Raft thesis §4.2.3)."""
 
     def __init__(self, syncobj: _BrokerLog, self_node: Any, other_nodes: Any) -> None:
         self._held: list[tuple[Any, dict[str, Any]]] = []
         self._owner = syncobj._owner
         self._syncobj_ref = syncobj
+        self.security = syncobj._owner.peer_security
         super().__init__(syncobj, self_node, other_nodes)
 
     def send(self, node: Any, message: Any) -> bool:
-        if isinstance(message, dict) and message.get("type") == "next_node_idx":
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "next_node_idx":
             if message.get("reset") and not message.get("success"):
                 # pysyncobj answers a mismatch with "my last index + 1" or "one
                 # before yours"; under load, answers to older in-flight appends
@@ -182,6 +210,8 @@ class _Transport(TCPTransport):  # type: ignore[misc]
                     message = dict(message, next_node_idx=floor)
             self._held.append((node, message))  # all of them, to keep their order
             return True
+        if kind == "request_vote" and self._owner._campaign_transfer:
+            message = dict(message, transfer=True)  # asked for by the leader (TimeoutNow)
         return bool(super().send(node, message))
 
     def release_held(self) -> None:
@@ -193,35 +223,159 @@ class _Transport(TCPTransport):  # type: ignore[misc]
         super().send(node, message)
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
-        if isinstance(message, dict):
-            kind = message.get("type")
-            if kind == MIRRORED:
-                self._owner._on_mirrored(int(message["index"]))
+        owner = self._owner
+        kind = message.get("type")
+        if kind == MIRRORED:
+            owner._on_mirrored(int(message["index"]))
+            return
+        if kind == PREVOTE:
+            owner._on_prevote(node, message)
+            return
+        if kind == PREVOTE_REPLY:
+            owner._on_prevote_reply(node, message)
+            return
+        if kind == TERM_NOTICE:
+            owner._on_term_notice(node, message)
+            return
+        if kind == "request_vote" and not message.get("transfer") and owner._leader_alive():
+            owner.ignored_votes += 1
+            return
+        if kind == "append_entries":
+            if "transmission" in message:
+                return  # pysyncobj's pickled chunking: never sent by us, never unpickled
+            if not owner._on_append_term(node, message):
                 return
-            if kind == "append_entries":
-                self._owner._leader_contact = time.monotonic()
-            if kind == "append_entries" and message.get("entries") and "prevLogIdx" in message \
-                    and "transmission" not in message:
-                message = self._owner._trim_append(node, message)
+            if message.get("entries") and "prevLogIdx" in message:
+                message = owner._trim_append(node, message)
                 if message is None:
                     return
         super()._onMessageReceived(node, message)
 
 
 class _BrokerLog(SyncObj):  # type: ignore[misc]
-    """SyncObj whose single replicated method applies one Batch."""
+    """SyncObj whose entries are codec-encoded Batches (no pickle in the log
+    or on the wire) and whose AppendEntries go out flow-controlled."""
 
     def __init__(self, owner: RaftNode, self_addr: str, others: list[str], conf: SyncObjConf) -> None:
         self._owner = owner
+        self._flow: dict[Any, _Flow] = {}
+        self._blobs: dict[tuple[int, int, int], bytes] = {}
         super().__init__(self_addr, others, conf, transportClass=_Transport)
         journal = self._SyncObj__raftLog
         if hasattr(journal, "_FileJournal__metaStorer"):
             old = journal._FileJournal__metaStorer
             journal._FileJournal__metaStorer = FsyncMetaStorer(old.getPath())
 
-    @replicated  # type: ignore[misc]
-    def apply(self, batch: Batch) -> str:
-        return self._owner._apply(batch)
+    def propose(self, batch: Batch, callback: Callable[[Any, int], None]) -> None:
+        self._applyCommand(encode_batch(batch), callback, _COMMAND_TYPE.REGULAR)
+
+    def change_member(self, address: str, add: bool, callback: Callable[[Any, int], None]) -> None:
+        self._applyCommand(encode(["add" if add else "rem", address]), callback, _COMMAND_TYPE.MEMBERSHIP)
+
+    # ---- pysyncobj's private hooks, replaced (name-mangled on purpose)
+    def _SyncObj__doApplyCommand(self, command: bytes) -> Any:  # noqa: N802
+        kind = command[0]
+        if kind == _COMMAND_TYPE.REGULAR:
+            return self._owner._apply(decode_batch(memoryview(command)[1:]))
+        if kind == _COMMAND_TYPE.VERSION:
+            log.error("ignoring a code-version entry (pysyncobj pickle; mirrorq never writes one)")
+            return None
+        return SyncObj._SyncObj__doApplyCommand(self, command)  # no-op and membership
+
+    def _SyncObj__parseChangeClusterRequest(self, command: bytes) -> list[Any] | None:  # noqa: N802
+        if command[0] != _COMMAND_TYPE.MEMBERSHIP:
+            return None
+        req = decode(memoryview(command)[1:])
+        if not (isinstance(req, list) and len(req) == 2 and req[0] in ("add", "rem")
+                and isinstance(req[1], str)):
+            raise CodecError("malformed membership entry")
+        return [req[0], req[1], TCPNode(req[1])]
+
+    def _SyncObj__sendAppendEntries(self) -> None:  # noqa: N802
+        self._replicate()
+
+    def _replicate(self) -> None:
+        """AppendEntries to every connected follower: entries in chunks of at
+        most append_chunk_bytes while fewer than follower_window_bytes are
+        unacknowledged (the next chunk after its reply), else a heartbeat.
+        A range of entries is encoded once for all followers."""
+        conf = self._SyncObj__conf
+        cfg = self._owner.config
+        now = clock()
+        period = conf.appendEntriesPeriod
+        self._SyncObj__newAppendEntriesTime = now + period
+        journal = self._SyncObj__raftLog
+        first, last = journal[0][1], journal[-1][1]
+        term, commit = self._SyncObj__raftCurrentTerm, self._SyncObj__raftCommitIndex
+        next_index, match = self._SyncObj__raftNextIndex, self._SyncObj__raftMatchIndex
+        connected = self._SyncObj__connectedNodes
+        transport: _Transport = self._SyncObj__transport
+        window, chunk = cfg.follower_window_bytes, cfg.append_chunk_bytes
+        for node in list(self._SyncObj__otherNodes):
+            if node not in connected:
+                self._SyncObj__serializer.cancelTransmisstion(node)
+                self._flow.pop(node, None)
+                continue
+            flow = self._flow.get(node)
+            if flow is None:
+                flow = self._flow[node] = _Flow()
+            nxt = next_index[node]
+            flow.settle(match.get(node, 0), nxt)
+            if nxt <= first:  # behind the snapshot: send it, in bounded chunks
+                self._send_snapshot(node, transport, term, commit, window, journal)
+                flow.last_sent = now
+                continue
+            sent = False
+            while nxt <= last and flow.inflight < window:
+                budget = min(chunk, window - flow.inflight)
+                i = nxt - first
+                entries = [journal[i]]
+                size = len(entries[0][0])
+                i += 1
+                while i <= last - first and size + len(journal[i][0]) <= budget:
+                    entries.append(journal[i])
+                    size += len(journal[i][0])
+                    i += 1
+                prev = journal[nxt - 1 - first]
+                header = {"type": "append_entries", "term": term, "commit_index": commit,
+                          "prevLogIdx": prev[1], "prevLogTerm": prev[2]}
+                if not transport.send_append(node, header, self._blob(entries)):
+                    break
+                flow.sent(entries[-1][1], size)
+                nxt = next_index[node] = entries[-1][1] + 1
+                sent = True
+            if not sent and now - flow.last_sent >= period / 2:
+                prev = journal[nxt - 1 - first]
+                transport.send_append(node, {"type": "append_entries", "term": term, "commit_index": commit,
+                                             "prevLogIdx": prev[1], "prevLogTerm": prev[2]}, _NO_ENTRIES)
+                sent = True
+            if sent:
+                flow.last_sent = now
+
+    def _blob(self, entries: list[tuple[bytes, int, int]]) -> bytes:
+        # (first index, last index, last term) names the range: Raft's log
+        # matching makes entries up to an (index, term) identical everywhere
+        key = (entries[0][1], entries[-1][1], entries[-1][2])
+        blob = self._blobs.get(key)
+        if blob is None:
+            if len(self._blobs) >= 8:
+                self._blobs.pop(next(iter(self._blobs)))
+            blob = self._blobs[key] = encode(entries)
+            self._owner.encoded_appends += 1
+        return blob
+
+    def _send_snapshot(self, node: Any, transport: _Transport, term: int, commit: int, window: int,
+                       journal: Any) -> None:
+        serializer = self._SyncObj__serializer
+        while transport.unsent_bytes(node) < window:
+            data = serializer.getTransmissionData(node)
+            transport.send(node, {"type": "append_entries", "term": term, "commit_index": commit,
+                                  "serialized": None if not data else list(data)})
+            if not data:
+                return
+            if data[2]:  # last chunk
+                self._SyncObj__raftNextIndex[node] = (journal[1][1] if len(journal) > 1 else journal[0][1]) + 1
+                return
 
     # pysyncobj keeps these private; we read them, never write them.
     def journal_flush(self) -> None:
@@ -251,6 +405,57 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
         if upto > self.raftCommitIndex:
             self._SyncObj__raftCommitIndex = upto
             self._SyncObj__raftLog.setRaftCommitIndex(upto)
+
+
+_NO_ENTRIES = encode([])
+
+
+class _Flow:
+    """Entry bytes sent to one follower and not yet acknowledged."""
+
+    __slots__ = ("chunks", "inflight", "last_sent")
+
+    def __init__(self) -> None:
+        self.chunks: deque[tuple[int, int]] = deque()  # (last index of a chunk, its bytes)
+        self.inflight = 0
+        self.last_sent = 0.0
+
+    def sent(self, last_index: int, size: int) -> None:
+        self.chunks.append((last_index, size))
+        self.inflight += size
+
+    def settle(self, match: int, next_index: int) -> None:
+        chunks = self.chunks
+        while chunks and chunks[0][0] <= match:
+            self.inflight -= chunks.popleft()[1]
+        if chunks and chunks[-1][0] >= next_index:  # nextIndex went back: resent from there
+            chunks.clear()
+            self.inflight = 0
+
+
+class _SnapshotUnpickler(pickle.Unpickler):
+    """A snapshot may arrive from the leader: build only the broker's own
+    types and plain containers, never an arbitrary callable."""
+
+    _ALLOWED = {
+        ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "bytearray"),
+        ("collections", "deque"), ("collections", "OrderedDict"), ("collections", "defaultdict"),
+        ("datetime", "datetime"), ("datetime", "date"), ("datetime", "timedelta"),
+        ("datetime", "timezone"), ("decimal", "Decimal"),
+        ("pysyncobj.node", "TCPNode"), ("pysyncobj.node", "Node"),
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self._ALLOWED or (module.startswith("node.") and not name.startswith("_")):
+            obj = super().find_class(module, name)
+            if module.startswith("node.") and not isinstance(obj, type):
+                raise pickle.UnpicklingError(f"snapshot refers to {module}.{name}, not a type")
+            return obj
+        raise pickle.UnpicklingError(f"snapshot refers to {module}.{name}: not allowed")
+
+
+def load_snapshot(data: bytes) -> Any:
+    return _SnapshotUnpickler(io.BytesIO(data)).load()
 
 
 @dataclass
@@ -302,7 +507,7 @@ class RaftNode:
         self._no_leader_since: float | None = None  # since when without quorum
         # last time any batch outcome arrived: a full pipeline drains slowly
         # under flat-out load, so age alone does not mean the log is stuck
-        self._last_progress = time.monotonic()
+        self._last_progress = clock()
         self._leader_contact = 0.0  # last AppendEntries received (raft thread writes)
         self._blocked: str | None = None
         self._proposed_control: dict[tuple[str, str], float] = {}
@@ -348,6 +553,17 @@ class RaftNode:
         self.deferred_elections = 0  # see _run
         self._last_leader: Any = None
         self.confirm_latency = Histogram()
+        # ---- peer links and elections (raft thread)
+        self.peer_security = _security(config)
+        self._campaign_transfer = False  # this campaign was asked for (TimeoutNow)
+        self._prevote_term = 0
+        self._prevote_grants: set[Any] = set()
+        self._prevote_won = False
+        self._term_noticed: dict[Any, float] = {}
+        self.prevote_rounds = 0
+        self.ignored_votes = 0
+        self.encoded_appends = 0
+        self.longest_stall = 0.0  # longest raft-thread loop iteration (s), idle poll included
 
     # ---------------------------------------------------------------- life
     def start(self) -> None:
@@ -381,7 +597,7 @@ class RaftNode:
             leaderFallbackTimeout=c.leader_fallback,
             logCompactionMinEntries=c.compaction_min_entries,
             logCompactionMinTime=c.compaction_min_time,
-            password=c.password,
+            password=None,  # links are authenticated by our transport, not Fernet per message
             commandsQueueSize=0,
             # reconnect to a restarted peer well within its startup grace
             connectionRetryTime=0.5,
@@ -394,17 +610,17 @@ class RaftNode:
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
         """Leader known, log applied, and our NodeUp applied."""
-        deadline = time.monotonic() + timeout
+        deadline = clock() + timeout
         so = self._syncobj
         assert so is not None
         while not (so.isReady() and so._getLeader() is not None):
-            if time.monotonic() > deadline:
+            if clock() > deadline:
                 raise TimeoutError("raft did not become ready (no leader / quorum)")
             await asyncio.sleep(0.02)
         seq = self._send_now([NodeUp(self.node_id, self.incarnation)])
         fut: asyncio.Future[None] = self.loop.create_future()
         self._waiters[seq] = fut
-        await asyncio.wait_for(fut, max(0.1, deadline - time.monotonic()))
+        await asyncio.wait_for(fut, max(0.1, deadline - clock()))
         self._timers["tick"] = self.loop.call_later(self.config.tick_interval, self._propose_tick)
 
     def stop(self) -> None:
@@ -425,17 +641,115 @@ class RaftNode:
         # the leader's heartbeats sit unread in the buffer, and depose a healthy
         # leader. After such a gap the deadline moves past this tick's read.
         stall = max(self.config.election_min / 2, 4 * self.config.idle_tick)
-        prev = time.monotonic()
+        prev = clock()
         while not self._stop.is_set():
-            now = time.monotonic()
-            if now - prev > stall + self.config.idle_tick:
+            now = clock()
+            gap = now - prev
+            if gap > self.longest_stall:
+                self.longest_stall = gap
+            if gap > stall + self.config.idle_tick:
                 self._defer_election(so, now)
             prev = now
             try:
+                self._gate_election(so, now)
                 so.doTick(self.config.idle_tick)
+                self._campaign_transfer = False
             except Exception:  # noqa: BLE001 - a bad tick must not kill replication
                 log.exception("raft tick failed")
                 time.sleep(0.05)
+
+    # ---------------------------------------------- elections (raft thread)
+    def _gate_election(self, so: _BrokerLog, now: float) -> None:
+        """PreVote (Raft thesis §9.6): before pysyncobj may start an election
+        (bump its term and ask for votes), ask the others whether they would
+        vote: only with a majority's yes does the election go ahead. A member
+        that is behind, slow or cut off thus never raises its term and
+        never disrupts a healthy leader."""
+        if so._SyncObj__raftState == _RAFT_STATE.LEADER or not so.otherNodes:  # type: ignore[attr-defined]
+            return
+        if so._SyncObj__transferInProgress:  # type: ignore[attr-defined]
+            self._campaign_transfer = True  # the leader asked: no pre-vote
+            return
+        if so._SyncObj__raftElectionDeadline > now + 2 * self.config.idle_tick:  # type: ignore[attr-defined]
+            return
+        if self._prevote_won:
+            self._prevote_won = False
+            so._SyncObj__raftElectionDeadline = 0  # type: ignore[attr-defined]
+            return
+        c = self.config
+        so._SyncObj__raftElectionDeadline = now + random.uniform(c.election_min, c.election_max)  # type: ignore[attr-defined]
+        self._prevote_term = so.raftCurrentTerm + 1
+        self._prevote_grants = set()
+        self.prevote_rounds += 1
+        last_index, last_term = self._log_tail(so)
+        transport = so.transport()
+        for node in list(so.otherNodes):
+            transport.send_raw(node, {"type": PREVOTE, "term": self._prevote_term,
+                                      "last_log_index": last_index, "last_log_term": last_term})
+
+    @staticmethod
+    def _log_tail(so: _BrokerLog) -> tuple[int, int]:
+        journal = so._SyncObj__raftLog
+        return (int(journal[-1][1]), int(journal[-1][2])) if len(journal) else (0, 0)
+
+    def _leader_alive(self) -> bool:
+        """A live leader is known: we lead and a majority answered within the
+        minimum election timeout, or we follow one heard from within it."""
+        so = self._syncobj
+        assert so is not None
+        now = clock()
+        bound = self.config.election_min
+        if so._isLeader():
+            fresh = sum(1 for t in list(so.last_response().values()) if now - t < bound)
+            return fresh + 1 > (len(so.otherNodes) + 1) / 2
+        return so._getLeader() is not None and now - self._leader_contact < bound
+
+    def _on_prevote(self, node: Any, msg: dict[str, Any]) -> None:
+        so = self._syncobj
+        assert so is not None
+        term = int(msg.get("term", 0))
+        theirs = (int(msg.get("last_log_term", 0)), int(msg.get("last_log_index", 0)))
+        mine_index, mine_term = self._log_tail(so)
+        granted = term > so.raftCurrentTerm and theirs >= (mine_term, mine_index) and not self._leader_alive()
+        so.transport().send_raw(node, {"type": PREVOTE_REPLY, "term": term, "granted": granted})
+
+    def _on_prevote_reply(self, node: Any, msg: dict[str, Any]) -> None:
+        so = self._syncobj
+        assert so is not None
+        if not msg.get("granted") or msg.get("term") != self._prevote_term \
+                or so._SyncObj__raftState == _RAFT_STATE.LEADER:  # type: ignore[attr-defined]
+            return
+        self._prevote_grants.add(node)
+        if len(self._prevote_grants) + 1 > (len(so.otherNodes) + 1) / 2:
+            self._prevote_won = True
+            so._SyncObj__raftElectionDeadline = 0  # type: ignore[attr-defined]
+
+    def _on_append_term(self, node: Any, msg: dict[str, Any]) -> bool:
+        """False: an AppendEntries from a stale term; tell its sender (at most
+        once a second) so that a leader that missed an election steps down."""
+        so = self._syncobj
+        assert so is not None
+        term = int(msg.get("term", 0))
+        now = clock()
+        if term >= so.raftCurrentTerm:
+            self._leader_contact = now
+            return True
+        if now - self._term_noticed.get(node, 0.0) > 1.0:
+            self._term_noticed[node] = now
+            so.transport().send_raw(node, {"type": TERM_NOTICE, "term": so.raftCurrentTerm})
+        return False
+
+    def _on_term_notice(self, node: Any, msg: dict[str, Any]) -> None:
+        so = self._syncobj
+        assert so is not None
+        term = int(msg.get("term", 0))
+        if term > so.raftCurrentTerm and so._isLeader():
+            log.warning("stepping down: a member is at term %d, above ours (%d)", term, so.raftCurrentTerm)
+            so._SyncObj__setCurrentTerm(term, None)  # type: ignore[attr-defined]
+            so._SyncObj__setState(_RAFT_STATE.FOLLOWER)  # type: ignore[attr-defined]
+            so._SyncObj__raftLeader = None  # type: ignore[attr-defined]
+            c = self.config
+            so._SyncObj__raftElectionDeadline = clock() + random.uniform(c.election_min, c.election_max)  # type: ignore[attr-defined]
 
     def _defer_election(self, so: _BrokerLog, now: float) -> None:
         if so._SyncObj__raftState != _RAFT_STATE.FOLLOWER:  # type: ignore[attr-defined]
@@ -557,7 +871,7 @@ class RaftNode:
         for node in self._in_sync_others(so):
             upto = min(upto, match.get(node, 0))
         sent, at = self._sent_mirrored
-        now = time.monotonic()
+        now = clock()
         if upto != sent or now - at > 0.1:
             self._sent_mirrored = (upto, now)
             transport = so.transport()
@@ -567,7 +881,7 @@ class RaftNode:
 
     def _leader_duties(self, so: _BrokerLog) -> None:
         st = self.state
-        now = time.monotonic()
+        now = clock()
         if not st.members:
             if not self._bootstrapped and so.isReady():
                 self._bootstrapped = True
@@ -603,7 +917,7 @@ class RaftNode:
     def _control(self, cmds: list[Command]) -> None:
         """Propose leader bookkeeping from the raft thread, at most once a
         second per command kind and member."""
-        now = time.monotonic()
+        now = clock()
         fresh = []
         for cmd in cmds:
             key = (type(cmd).__name__, getattr(cmd, "node", ""))
@@ -631,7 +945,7 @@ class RaftNode:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_path)
         part = self._dump_path + ".part"
-        self._snap_started = time.monotonic()
+        self._snap_started = clock()
         pid = os.fork()
         if pid == 0:  # child: no threads, no loop; write, sync, leave
             code = 1
@@ -663,13 +977,13 @@ class RaftNode:
         os.replace(self._dump_path + ".part", self._dump_path)
         _fsync_dir(self.data_dir)
         self.snapshots += 1
-        self.last_snapshot_seconds = time.monotonic() - self._snap_started
+        self.last_snapshot_seconds = clock() - self._snap_started
         self.last_snapshot_bytes = os.path.getsize(self._dump_path)
         return SERIALIZER_STATE.SUCCESS
 
     def _deserialize(self, filename: str) -> Any:
         with open(filename, "rb") as f:
-            state, raft_data = pickle.load(f)
+            state, raft_data = load_snapshot(f.read())
         self.state = state
         return raft_data
 
@@ -714,7 +1028,7 @@ class RaftNode:
         self._seq += 1
         seq = self._seq
         batch = Batch(self.node_id, self.incarnation, seq, time.time(), cmds)
-        self._pending[seq] = _Pending(batch, size, time.monotonic())
+        self._pending[seq] = _Pending(batch, size, clock())
         self._pending_bytes += size
         if self._resend_from is None:  # while resending, keep order: it goes out with the rest
             self._submit(batch)
@@ -726,13 +1040,18 @@ class RaftNode:
     def _submit(self, batch: Batch) -> None:
         so = self._syncobj
         assert so is not None
-        so.apply(batch, callback=lambda res, err, s=batch.seq: self._on_result(s, res, err))
+        seq = batch.seq
+
+        def done(res: Any, err: int) -> None:
+            self._on_result(seq, res, err)
+
+        so.propose(batch, done)
 
     def _deliver(self, out: list[tuple[tuple[str, int, int], list[Effect]]],
                  done: list[tuple[int, str]]) -> None:
         effects: list[Effect] = []
         me, inc = self.node_id, self.incarnation
-        now = time.monotonic()
+        now = clock()
         for (node, incarnation, seq), group in out:
             if node == me and incarnation == inc and seq in self._abandoned:
                 # already nacked: a late outcome must not confirm it too (S15)
@@ -803,7 +1122,7 @@ class RaftNode:
         start, self._resend_from = self._resend_from, None
         if start is None:
             return
-        now = time.monotonic()
+        now = clock()
         for seq, pending in self._pending.items():
             if seq >= start:
                 self.resends += 1
@@ -814,7 +1133,7 @@ class RaftNode:
         """Every 250 ms: nack publishes that could not be made safe in time,
         and block publishers while this node cannot reach a majority."""
         self._timers["watch"] = self.loop.call_later(0.25, self._watch)
-        now = time.monotonic()
+        now = clock()
         nacks: list[Effect] = []
         stuck = False
         for seq, pending in self._pending.items():
@@ -883,9 +1202,9 @@ class RaftNode:
         # DropMember, and a follower answers only after the tick that applied
         # what it learned. So an answer well after now means the node has
         # applied its own removal. Best effort: a dead node never answers.
-        since = time.monotonic() + 3 * so._getConf().appendEntriesPeriod
-        deadline = time.monotonic() + min(timeout, 5.0)
-        while time.monotonic() < deadline:
+        since = clock() + 3 * so._getConf().appendEntriesPeriod
+        deadline = clock() + min(timeout, 5.0)
+        while clock() < deadline:
             node = next((n for n in so.otherNodes if n.address == address), None)
             if node is None or so.last_response().get(node, 0.0) > since:
                 break
@@ -970,10 +1289,7 @@ class RaftNode:
         def done(res: Any, err: int) -> None:
             self.loop.call_soon_threadsafe(settle, err)
 
-        if add:
-            so.addNodeToCluster(address, callback=done)
-        else:
-            so.removeNodeFromCluster(address, callback=done)
+        so.change_member(address, add, done)
         err = await asyncio.wait_for(fut, timeout)
         if err != FAIL_REASON.SUCCESS:
             raise RuntimeError(f"membership change refused (reason {err})")
@@ -989,11 +1305,11 @@ class RaftNode:
             address = self.state.members.get(node_id) or self.config.peers.get(node_id)
             if address is None:
                 raise KeyError(f"no member {node_id!r}")
-        deadline = time.monotonic() + timeout
+        deadline = clock() + timeout
         err = FAIL_REASON.REQUEST_DENIED
         # pysyncobj sends TimeoutNow only when the target's matchIndex equals
         # the leader's last index: under load, retry until a moment it does
-        while err == FAIL_REASON.REQUEST_DENIED and time.monotonic() < deadline:
+        while err == FAIL_REASON.REQUEST_DENIED and clock() < deadline:
             fut: asyncio.Future[int] = self.loop.create_future()
 
             def settle(result: int, fut: asyncio.Future[int] = fut) -> None:
@@ -1007,14 +1323,14 @@ class RaftNode:
                 so.transferLeadership(address, callback=done)
 
             self._raft_tasks.append(request)
-            err = await asyncio.wait_for(fut, max(0.1, deadline - time.monotonic()))
+            err = await asyncio.wait_for(fut, max(0.1, deadline - clock()))
             if err == FAIL_REASON.REQUEST_DENIED:
                 await asyncio.sleep(0.02)
         if err != FAIL_REASON.SUCCESS:
             raise RuntimeError(f"leadership transfer refused (reason {err}): ask the leader, "
                                "and the target must be caught up")
-        deadline = max(deadline, time.monotonic() + 5.0)
-        while time.monotonic() < deadline:  # the request was sent; wait for the outcome
+        deadline = max(deadline, clock() + 5.0)
+        while clock() < deadline:  # the request was sent; wait for the outcome
             leader = self.status()["leader"]
             if leader not in (None, self.node_id) and (node_id is None or leader == node_id):
                 return str(leader)
@@ -1040,7 +1356,7 @@ class RaftNode:
         to nobody, so a cut-off follower keeps its old leader): a leader has
         heard from a majority within the fallback bound, a follower has heard
         from its leader within twice the election timeout."""
-        now = time.monotonic()
+        now = clock()
         if so._isLeader():
             fresh = sum(1 for t in list(so.last_response().values())
                         if now - t < self.config.leader_fallback)
@@ -1092,6 +1408,12 @@ class RaftNode:
             "acked": self.acked,
             "leader_changes": self.leader_changes,
             "deferred_elections": self.deferred_elections,
+            "prevote_rounds": self.prevote_rounds,
+            "ignored_votes": self.ignored_votes,
+            "peer_rejects": so.transport().peer_rejects,
+            "peer_tls": self.peer_security.tls,
+            "encoded_appends": self.encoded_appends,
+            "longest_raft_stall_ms": round(self.longest_stall * 1000, 1),
             "in_sync_size": len(self.state.in_sync),
             "confirm_latency": self.confirm_latency.snapshot(),
         }

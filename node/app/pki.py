@@ -1,0 +1,87 @@
+"""A cluster CA and member certificates for mutual TLS on the Raft port
+(local-cluster, tests; the operator and chart take theirs from a Secret).
+The only module that imports cryptography."""
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "mirrorq"),
+                      x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _write(path: Path, data: bytes, private: bool = False) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def make_ca(directory: Path, cn: str = "mirrorq cluster CA", days: int = 3650) -> tuple[Path, Path]:
+    """ca.pem and ca.key in `directory` (kept if they exist)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = directory / "ca.pem", directory / "ca.key"
+    if cert_path.exists() and key_path.exists():
+        return cert_path, key_path
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(_name(cn))
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=days))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                         content_commitment=False, key_encipherment=False,
+                                         data_encipherment=False, key_agreement=False,
+                                         encipher_only=False, decipher_only=False), critical=True)
+            .sign(key, hashes.SHA256()))
+    _write(key_path, _key_pem(key), private=True)
+    _write(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path
+
+
+def make_member(directory: Path, name: str, hosts: list[str], ca_dir: Path | None = None,
+                days: int = 3650) -> tuple[Path, Path]:
+    """name.pem / name.key signed by the CA in ca_dir (default: directory), for
+    both ends of a link (server and client auth). Kept if they exist."""
+    ca_dir = ca_dir or directory
+    cert_path, key_path = directory / f"{name}.pem", directory / f"{name}.key"
+    if cert_path.exists() and key_path.exists():
+        return cert_path, key_path
+    ca_cert = x509.load_pem_x509_certificate((ca_dir / "ca.pem").read_bytes())
+    ca_key = serialization.load_pem_private_key((ca_dir / "ca.key").read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = [x509.DNSName(name)]
+    for h in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            sans.append(x509.DNSName(h))
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(_name(name)).issuer_name(ca_cert.subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=days))
+            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH,
+                                                  x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    _write(key_path, _key_pem(key), private=True)
+    _write(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path

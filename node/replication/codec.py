@@ -1,0 +1,291 @@
+"""A compact binary encoding for everything that crosses the Raft port and
+everything the log holds: peer messages, Batches and their commands.
+
+No pickle: decoding builds only the value types below and the registered
+command tuples, so a peer (authenticated or not) cannot make a node construct
+arbitrary objects. Message bodies are copied into the encoding once, as raw
+bytes, never re-encoded per follower.
+
+Value tags (one byte each):
+  N None, T True, F False, i int64, I big int, d float64, s str, b bytes,
+  l list, t tuple, m dict, D datetime, E Decimal,
+  R record: class id (u8) then its fields, P BasicPublish (hot path).
+Lengths and counts are u32 little endian. Decoding checks every length
+against the bytes left and raises CodecError on anything malformed.
+"""
+from __future__ import annotations
+
+import datetime
+import decimal
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from node.replication import command as cmd
+from node.replication.ids import ChanId, ConnId
+
+MAX_DEPTH = 48
+
+
+class CodecError(ValueError):
+    """Bytes that are not a valid encoding (garbled, truncated, unknown tag)."""
+
+
+# Registered record types; the id is the index: append only, never reorder
+# (the journal on disk holds these ids).
+RECORDS: tuple[type, ...] = (
+    ChanId, ConnId, cmd.Batch,
+    cmd.ChannelOpen, cmd.ChannelClose, cmd.ChannelFlow, cmd.ConnectionClose,
+    cmd.ExchangeDeclare, cmd.ExchangeDelete, cmd.ExchangeBind, cmd.ExchangeUnbind,
+    cmd.QueueDeclare, cmd.QueueBind, cmd.QueueUnbind, cmd.QueuePurge, cmd.QueueDelete,
+    cmd.BasicQos, cmd.BasicConsume, cmd.BasicCancel, cmd.BasicCredit, cmd.BasicGet,
+    cmd.BasicPublish, cmd.BasicAck, cmd.BasicNack, cmd.BasicRecover, cmd.TxCommit,
+    cmd.Echo, cmd.Tick, cmd.NodeUp, cmd.NodeDown, cmd.MarkOutOfSync, cmd.MarkInSync,
+    cmd.SetMember, cmd.SetDraining, cmd.UserPut, cmd.UserDelete, cmd.VhostPut,
+    cmd.VhostDelete, cmd.PermissionSet, cmd.PermissionClear, cmd.DropMember,
+)
+_RECORD_ID: dict[type, int] = {t: i for i, t in enumerate(RECORDS)}
+_RECORD_ARITY: tuple[int, ...] = tuple(len(t._fields) for t in RECORDS)  # type: ignore[attr-defined]
+
+_Q = struct.Struct("<q")
+_D = struct.Struct("<d")
+_U = struct.Struct("<I")
+_PUB = struct.Struct("<qqqB")  # chan.conn, chan.serial, seq, mandatory
+
+
+# ------------------------------------------------------------------ encode
+def encode(value: Any) -> bytes:
+    out: list[bytes] = []
+    _enc(value, out)
+    return b"".join(out)
+
+
+def _enc(v: Any, out: list[bytes]) -> None:
+    fn = _ENCODERS.get(type(v))
+    if fn is None:
+        rid = _RECORD_ID.get(type(v))
+        if rid is None:
+            raise CodecError(f"cannot encode {type(v).__name__}")
+        out.append(b"R" + bytes((rid,)))
+        for f in v:
+            _enc(f, out)
+        return
+    fn(v, out)
+
+
+def _enc_int(v: int, out: list[bytes]) -> None:
+    if -(1 << 63) <= v < (1 << 63):
+        out.append(b"i" + _Q.pack(v))
+    else:
+        raw = v.to_bytes((v.bit_length() + 8) // 8, "little", signed=True)
+        out.append(b"I" + _U.pack(len(raw)) + raw)
+
+
+def _enc_str(v: str, out: list[bytes]) -> None:
+    raw = v.encode("utf-8", "surrogatepass")
+    out.append(b"s" + _U.pack(len(raw)))
+    out.append(raw)
+
+
+def _enc_bytes(v: bytes | bytearray | memoryview, out: list[bytes]) -> None:
+    out.append(b"b" + _U.pack(len(v)))
+    out.append(bytes(v) if not isinstance(v, bytes) else v)
+
+
+def _enc_seq(tag: bytes) -> Callable[[Any, list[bytes]], None]:
+    def enc(v: Any, out: list[bytes]) -> None:
+        out.append(tag + _U.pack(len(v)))
+        for item in v:
+            _enc(item, out)
+    return enc
+
+
+def _enc_dict(v: dict[Any, Any], out: list[bytes]) -> None:
+    out.append(b"m" + _U.pack(len(v)))
+    for k, item in v.items():
+        _enc(k, out)
+        _enc(item, out)
+
+
+def _enc_publish(v: cmd.BasicPublish, out: list[bytes]) -> None:
+    # the hot command: fixed fields in one struct, the body appended as is
+    chan = v.chan
+    node = chan.node.encode()
+    ex = v.exchange.encode()
+    rk = v.routing_key.encode()
+    out.append(b"P" + _PUB.pack(chan.conn, chan.serial, v.seq, v.mandatory)
+               + _U.pack(len(node)) + node + _U.pack(len(ex)) + ex + _U.pack(len(rk)) + rk)
+    if v.props:
+        _enc_dict(v.props, out)
+    else:
+        out.append(b"N")
+    out.append(_U.pack(len(v.body)))
+    out.append(v.body)
+
+
+_ENCODERS: dict[type, Callable[[Any, list[bytes]], None]] = {
+    type(None): lambda v, out: out.append(b"N"),
+    bool: lambda v, out: out.append(b"T" if v else b"F"),
+    int: _enc_int,
+    float: lambda v, out: out.append(b"d" + _D.pack(v)),
+    str: _enc_str,
+    bytes: _enc_bytes,
+    bytearray: _enc_bytes,
+    memoryview: _enc_bytes,
+    list: _enc_seq(b"l"),
+    tuple: _enc_seq(b"t"),
+    dict: _enc_dict,
+    datetime.datetime: lambda v, out: _enc_tagged_str(b"D", v.isoformat(), out),
+    decimal.Decimal: lambda v, out: _enc_tagged_str(b"E", str(v), out),
+    cmd.BasicPublish: _enc_publish,
+}
+
+
+def _enc_tagged_str(tag: bytes, s: str, out: list[bytes]) -> None:
+    raw = s.encode()
+    out.append(tag + _U.pack(len(raw)) + raw)
+
+
+# ------------------------------------------------------------------ decode
+def decode(data: bytes | memoryview) -> Any:
+    """Decode exactly one value that fills `data`."""
+    value, pos = decode_from(data, 0)
+    if pos != len(data):
+        raise CodecError(f"{len(data) - pos} trailing bytes")
+    return value
+
+
+def decode_from(data: bytes | memoryview, pos: int) -> tuple[Any, int]:
+    """Decode one value starting at `pos`; returns it and the position after it."""
+    buf = data if isinstance(data, bytes) else bytes(data)
+    try:
+        return _dec(buf, pos, 0)
+    except (struct.error, IndexError, UnicodeDecodeError, ValueError, TypeError,
+            decimal.InvalidOperation, OverflowError) as e:
+        if isinstance(e, CodecError):
+            raise
+        raise CodecError(f"malformed encoding: {e}") from None
+
+
+def _take(buf: bytes, pos: int, n: int) -> int:
+    end = pos + n
+    if n < 0 or end > len(buf):
+        raise CodecError("truncated")
+    return end
+
+
+def _dec(buf: bytes, pos: int, depth: int) -> tuple[Any, int]:
+    if depth > MAX_DEPTH:
+        raise CodecError("nested too deeply")
+    if pos >= len(buf):
+        raise CodecError("truncated")
+    tag = buf[pos]
+    pos += 1
+    if tag == 0x62:  # b
+        n = _U.unpack_from(buf, pos)[0]
+        end = _take(buf, pos + 4, n)
+        return buf[pos + 4:end], end
+    if tag == 0x69:  # i
+        return _Q.unpack_from(buf, pos)[0], pos + 8
+    if tag == 0x73:  # s
+        n = _U.unpack_from(buf, pos)[0]
+        end = _take(buf, pos + 4, n)
+        return buf[pos + 4:end].decode("utf-8", "surrogatepass"), end
+    if tag == 0x4E:  # N
+        return None, pos
+    if tag == 0x54:  # T
+        return True, pos
+    if tag == 0x46:  # F
+        return False, pos
+    if tag == 0x50:  # P
+        return _dec_publish(buf, pos, depth)
+    if tag == 0x52:  # R
+        rid = buf[pos]
+        if rid >= len(RECORDS):
+            raise CodecError(f"unknown record {rid}")
+        pos += 1
+        arity = _RECORD_ARITY[rid]
+        fields = []
+        for _ in range(arity):
+            f, pos = _dec(buf, pos, depth + 1)
+            fields.append(f)
+        return RECORDS[rid](*fields), pos
+    if tag in (0x6C, 0x74):  # l, t
+        n = _U.unpack_from(buf, pos)[0]
+        pos += 4
+        if n > len(buf) - pos:  # every item takes at least one byte
+            raise CodecError("truncated")
+        items = []
+        for _ in range(n):
+            item, pos = _dec(buf, pos, depth + 1)
+            items.append(item)
+        return (items if tag == 0x6C else tuple(items)), pos
+    if tag == 0x6D:  # m
+        n = _U.unpack_from(buf, pos)[0]
+        pos += 4
+        if 2 * n > len(buf) - pos:
+            raise CodecError("truncated")
+        out: dict[Any, Any] = {}
+        for _ in range(n):
+            k, pos = _dec(buf, pos, depth + 1)
+            v, pos = _dec(buf, pos, depth + 1)
+            try:
+                out[k] = v
+            except TypeError:
+                raise CodecError("unhashable key") from None
+        return out, pos
+    if tag == 0x64:  # d
+        return _D.unpack_from(buf, pos)[0], pos + 8
+    if tag == 0x49:  # I
+        n = _U.unpack_from(buf, pos)[0]
+        end = _take(buf, pos + 4, n)
+        if n > 64:
+            raise CodecError("integer too large")
+        return int.from_bytes(buf[pos + 4:end], "little", signed=True), end
+    if tag in (0x44, 0x45):  # D, E
+        n = _U.unpack_from(buf, pos)[0]
+        end = _take(buf, pos + 4, n)
+        if n > 64:
+            raise CodecError("value too long")
+        text = buf[pos + 4:end].decode()
+        if tag == 0x44:
+            return datetime.datetime.fromisoformat(text), end
+        return decimal.Decimal(text), end
+    raise CodecError(f"unknown tag {tag:#x}")
+
+
+def _dec_publish(buf: bytes, pos: int, depth: int) -> tuple[cmd.BasicPublish, int]:
+    conn, serial, seq, mandatory = _PUB.unpack_from(buf, pos)
+    pos += _PUB.size
+    strs = []
+    for _ in range(3):
+        n = _U.unpack_from(buf, pos)[0]
+        end = _take(buf, pos + 4, n)
+        strs.append(buf[pos + 4:end].decode())
+        pos = end
+    props, pos = _dec(buf, pos, depth + 1)
+    if props is None:
+        props = {}
+    elif not isinstance(props, dict):
+        raise CodecError("publish properties must be a table")
+    n = _U.unpack_from(buf, pos)[0]
+    end = _take(buf, pos + 4, n)
+    body = buf[pos + 4:end]
+    if mandatory > 1:
+        raise CodecError("bad mandatory flag")
+    return cmd.BasicPublish(ChanId(strs[0], conn, serial), seq, strs[1], strs[2],
+                            bool(mandatory), props, body), end
+
+
+# ----------------------------------------------------------------- batches
+def encode_batch(batch: cmd.Batch) -> bytes:
+    return encode(batch)
+
+
+def decode_batch(data: bytes | memoryview) -> cmd.Batch:
+    value = decode(data)
+    if type(value) is not cmd.Batch:
+        raise CodecError("not a batch")
+    if not isinstance(value.commands, list) or not all(type(c) in _RECORD_ID for c in value.commands):
+        raise CodecError("a batch holds commands only")
+    return value

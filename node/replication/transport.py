@@ -1,0 +1,643 @@
+"""Peer links for pysyncobj: our own connections under its TCPTransport.
+
+pysyncobj's own TcpConnection pickles, zlib-compresses and Fernet-encrypts
+every message once per follower, on the Raft thread, and unpickles whatever
+arrives. Here instead:
+- messages are encoded with node.replication.codec (no pickle, no zlib);
+  an AppendEntries batch is encoded once and the same bytes go to every
+  follower (sendmsg scatter-gather: no copy per follower in Python);
+- a link is authenticated once when it opens: mutual TLS from one cluster CA
+  when configured, and/or an HMAC challenge-response over the Raft password;
+  nothing but the handshake is read from a peer until it has proved itself
+  (pre-auth frames are at most 4 KiB), and a peer that fails gets its
+  connection closed and a log line;
+- writes are bounded (a peer that stops reading is dropped past
+  MAX_UNSENT), reads are bounded per poll event (the Raft thread returns to
+  its tick), and a link that has been silent for connectionTimeout is
+  closed (each side sends a ping after a second of its own silence).
+
+This module and raft_node.py are the only ones that import pysyncobj.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import hashlib
+import hmac
+import logging
+import os
+import socket
+import ssl
+import struct
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from pysyncobj.monotonic import monotonic as clock
+from pysyncobj.poller import POLL_EVENT_TYPE
+from pysyncobj.tcp_connection import CONNECTION_STATE
+from pysyncobj.transport import TCPTransport
+
+from node.replication.codec import CodecError, decode, decode_from, encode
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = b"MQRAFT01"
+K_HELLO, K_CHALLENGE, K_PROOF, K_WELCOME = 1, 2, 3, 4
+K_MSG, K_APPEND, K_PING = 16, 17, 32
+PRE_AUTH_MAX = 4096  # bytes of a handshake frame
+MAX_FRAME = 1 << 30  # an entry holds at most one batch; bodies are bounded far below
+MAX_UNSENT = 256 * 1024 * 1024  # a peer this far behind on reading is dropped
+READ_CHUNK = 256 * 1024
+READ_PER_EVENT = 4 * 1024 * 1024  # then back to the tick: heartbeats never starve
+PING_AFTER = 1.0
+_LEN = struct.Struct("<I")
+_HDR = struct.Struct("<IB")
+
+
+@dataclass(frozen=True)
+class PeerSecurity:
+    """How links prove who they are. password: HMAC key for the
+    challenge-response (None only with --insecure-dev or TLS); tls: client
+    and server contexts that require a certificate from the cluster CA."""
+
+    password: bytes | None = None
+    client_tls: ssl.SSLContext | None = None
+    server_tls: ssl.SSLContext | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.client_tls is not None
+
+
+def tls_contexts(cert: str, key: str, ca: str) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """Mutual TLS between members: each side presents its certificate and
+    requires one signed by the cluster CA. Names are not checked (members are
+    addressed by IP, and pod IPs change): the CA is the cluster's own."""
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client.check_hostname = False
+    client.verify_mode = ssl.CERT_REQUIRED
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.verify_mode = ssl.CERT_REQUIRED
+    for ctx in (client, server):
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(cert, key)
+        ctx.load_verify_locations(ca)
+    return client, server
+
+
+def _proof(key: bytes, role: bytes, *parts: bytes) -> bytes:
+    mac = hmac.new(key, b"mirrorq-raft-" + role, hashlib.sha256)
+    for p in parts:
+        mac.update(_LEN.pack(len(p)) + p)
+    return mac.digest()
+
+
+class PeerLink:
+    """One TCP (optionally TLS) link to a peer, driven by pysyncobj's poller.
+    Offers what TCPTransport uses of a TcpConnection: connect, send,
+    disconnect, state, the three callbacks."""
+
+    def __init__(self, poller: Any, security: PeerSecurity, self_address: str | None,
+                 timeout: float, sock: socket.socket | None = None,
+                 peer_label: str = "?", on_reject: Any = None) -> None:
+        self._poller = poller
+        self._security = security
+        self._self_address = self_address  # sent in HELLO (client side)
+        self._timeout = timeout
+        self._server_side = sock is not None
+        self._sock: socket.socket | None = None
+        self._fileno: int | None = None
+        self._state = CONNECTION_STATE.DISCONNECTED
+        self._authed = False
+        self._tcp_up = False
+        self._tls_handshaken = False
+        self._tls: ssl.SSLObject | None = None
+        self._tls_in: ssl.MemoryBIO | None = None
+        self._tls_out: ssl.MemoryBIO | None = None
+        self._rbuf = bytearray()
+        self._wq: deque[bytes | memoryview] = deque()
+        self._unsent = 0
+        self._nonce = b""
+        self._peer_nonce = b""
+        self.peer_address: str | None = None  # what the peer said it is (server side)
+        self.peer_label = peer_label
+        self.last_read = clock()
+        self.last_write = clock()
+        self.sent_bytes = 0
+        self._on_connected: Any = None
+        self._on_message: Any = None
+        self._on_disconnected: Any = None
+        self._on_reject = on_reject
+        if sock is not None:
+            self._adopt(sock)
+
+    # ------------------------------------------------ TcpConnection's face
+    def setOnConnectedCallback(self, cb: Any) -> None:  # noqa: N802 - pysyncobj's names
+        self._on_connected = cb
+
+    def setOnMessageReceivedCallback(self, cb: Any) -> None:  # noqa: N802
+        self._on_message = cb
+
+    def setOnDisconnectedCallback(self, cb: Any) -> None:  # noqa: N802
+        self._on_disconnected = cb
+
+    @property
+    def state(self) -> int:
+        return self._state
+
+    def fileno(self) -> int | None:
+        return self._fileno
+
+    def getSendBufferSize(self) -> int:  # noqa: N802
+        return self._unsent
+
+    def connect(self, host: str, port: int) -> bool:
+        self.disconnect()
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            sock.connect((host, port))
+        except OSError as e:
+            if e.errno not in (errno.EINPROGRESS, errno.EWOULDBLOCK):
+                sock.close()
+                return False
+        self.peer_label = f"{host}:{port}"
+        self._adopt(sock)
+        return True
+
+    def send(self, message: Any) -> None:
+        """A pysyncobj message (a dict), once the link is authenticated."""
+        if not self._authed:
+            return
+        self._send_frame(K_MSG, encode(message))
+
+    def send_append(self, header: dict[str, Any], entries_blob: bytes) -> None:
+        """AppendEntries whose (shared, already encoded) entries are sent as is."""
+        if not self._authed:
+            return
+        head = encode(header)
+        self._write([_HDR.pack(1 + 4 + len(head) + len(entries_blob), K_APPEND),
+                     _LEN.pack(len(head)), head, entries_blob])
+
+    def disconnect(self) -> None:
+        was = self._state != CONNECTION_STATE.DISCONNECTED
+        if self._fileno is not None:
+            self._poller.unsubscribe(self._fileno)
+            self._fileno = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._state = CONNECTION_STATE.DISCONNECTED
+        self._authed = False
+        self._tcp_up = self._tls_handshaken = False
+        self._nonce = self._peer_nonce = b""
+        self._tls = self._tls_in = self._tls_out = None
+        self._rbuf = bytearray()
+        self._wq.clear()
+        self._unsent = 0
+        if was and self._on_disconnected is not None:
+            self._on_disconnected()
+
+    # ------------------------------------------------------------ set-up
+    def _adopt(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 5)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 2)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+        self._sock = sock
+        self._fileno = sock.fileno()
+        self._state = CONNECTION_STATE.CONNECTING
+        self.last_read = self.last_write = clock()
+        events = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
+        if not self._server_side:
+            events |= POLL_EVENT_TYPE.WRITE  # writable = connected
+        self._poller.subscribe(self._fileno, self._on_event, events)
+        if self._server_side:
+            self._start_secure()
+
+    def _start_secure(self) -> None:
+        self._tcp_up = True
+        sec = self._security
+        if sec.tls:
+            ctx = sec.server_tls if self._server_side else sec.client_tls
+            assert ctx is not None
+            self._tls_in, self._tls_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+            self._tls = ctx.wrap_bio(self._tls_in, self._tls_out, server_side=self._server_side)
+            self._tls_step()
+        elif not self._server_side:
+            self._send_hello()
+
+    def _tls_step(self) -> None:
+        tls = self._tls
+        assert tls is not None
+        try:
+            tls.do_handshake()
+        except ssl.SSLWantReadError:
+            self._flush_tls()
+            return
+        except (ssl.SSLError, OSError) as e:
+            self._flush_tls()
+            self._reject(f"TLS handshake failed: {e}")
+            return
+        self._tls_handshaken = True
+        self._flush_tls()
+        if not self._server_side and self._sock is not None and not self._nonce:
+            self._send_hello()
+
+    def _send_hello(self) -> None:
+        self._nonce = os.urandom(32)
+        self._send_frame(K_HELLO, encode({"protocol": PROTOCOL, "address": self._self_address or "",
+                                          "nonce": self._nonce}))
+
+    def _reject(self, why: str) -> None:
+        if self._on_reject is not None:
+            self._on_reject(self.peer_label, why)
+        self.disconnect()
+
+    # ------------------------------------------------------------- I/O
+    def _on_event(self, descr: int, events: int) -> None:
+        if descr != self._fileno or self._sock is None:
+            self._poller.unsubscribe(descr)
+            return
+        if events & POLL_EVENT_TYPE.ERROR:
+            self.disconnect()
+            return
+        if not self._tcp_up:
+            if self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                self.disconnect()
+                return
+            self._start_secure()
+            if self._sock is None:
+                return
+        if events & POLL_EVENT_TYPE.WRITE:
+            self._flush()
+            if self._sock is None:
+                return
+        if events & POLL_EVENT_TYPE.READ:
+            self._read()
+
+    def _read(self) -> None:
+        got = 0
+        sock = self._sock
+        while sock is not None and got < READ_PER_EVENT:
+            try:
+                data = sock.recv(READ_CHUNK)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self.disconnect()
+                return
+            if not data:
+                self.disconnect()
+                return
+            got += len(data)
+            if self._tls is not None:
+                assert self._tls_in is not None
+                self._tls_in.write(data)
+                if not self._tls_handshaken:
+                    self._tls_step()
+                    if self._sock is None:
+                        return
+                if self._tls_handshaken:
+                    try:
+                        while True:
+                            self._rbuf += self._tls.read(READ_CHUNK)
+                    except ssl.SSLWantReadError:
+                        pass
+                    except (ssl.SSLError, OSError) as e:
+                        self._reject(f"TLS error: {e}")
+                        return
+            else:
+                self._rbuf += data
+            if len(data) < READ_CHUNK:
+                break
+        if got:
+            self.last_read = clock()
+        self._parse()
+
+    def _parse(self) -> None:
+        buf = self._rbuf
+        off = 0
+        while self._sock is not None and len(buf) - off >= 5:
+            n, kind = _HDR.unpack_from(buf, off)
+            limit = MAX_FRAME if self._authed else PRE_AUTH_MAX
+            if n == 0 or n > limit:
+                self._reject(f"bad frame length {n}" + ("" if self._authed else " before authentication"))
+                return
+            if len(buf) - off < 4 + n:
+                break
+            payload = bytes(buf[off + 5:off + 4 + n])
+            off += 4 + n
+            try:
+                self._on_frame(kind, payload)
+            except CodecError as e:
+                self._reject(f"undecodable frame: {e}")
+                return
+        if self._sock is not None:
+            del buf[:off]
+
+    def _on_frame(self, kind: int, payload: bytes) -> None:
+        if kind == K_PING:
+            return
+        if not self._authed:
+            self._on_handshake(kind, payload)
+            return
+        if kind == K_MSG:
+            message = decode(payload)
+        elif kind == K_APPEND:
+            (hlen,) = _LEN.unpack_from(payload, 0)
+            if hlen > len(payload) - 4:
+                raise CodecError("append header overruns its frame")
+            message, pos = decode_from(payload, 4)
+            if pos != 4 + hlen:
+                raise CodecError("append header length mismatch")
+            entries = decode(payload[pos:]) if pos < len(payload) else []
+            if not isinstance(message, dict) or not isinstance(entries, list):
+                raise CodecError("malformed append")
+            message["entries"] = entries
+        else:
+            raise CodecError(f"unknown frame kind {kind}")
+        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+            raise CodecError("a message is a table with a type")
+        if self._on_message is not None:
+            self._on_message(message)
+
+    def _on_handshake(self, kind: int, payload: bytes) -> None:
+        sec = self._security
+        key = sec.password or b""
+        msg = decode(payload)
+        if not isinstance(msg, dict):
+            raise CodecError("handshake frame is not a table")
+        if self._server_side and kind == K_HELLO and not self._peer_nonce:
+            nonce, address = msg.get("nonce"), msg.get("address")
+            if msg.get("protocol") != PROTOCOL or not isinstance(nonce, bytes) or len(nonce) != 32 \
+                    or not isinstance(address, str):
+                self._reject("not a mirrorq raft peer (bad hello)")
+                return
+            self._peer_nonce = nonce
+            self.peer_address = address
+            self._nonce = os.urandom(32)
+            self._send_frame(K_CHALLENGE, encode({"nonce": self._nonce,
+                                                  "proof": _proof(key, b"server", nonce, self._nonce)}))
+        elif not self._server_side and kind == K_CHALLENGE and self._nonce and not self._peer_nonce:
+            nonce, proof = msg.get("nonce"), msg.get("proof")
+            if not isinstance(nonce, bytes) or len(nonce) != 32 or not isinstance(proof, bytes) or \
+                    not hmac.compare_digest(proof, _proof(key, b"server", self._nonce, nonce)):
+                self._reject("the peer does not know the raft password")
+                return
+            self._peer_nonce = nonce
+            addr = (self._self_address or "").encode()
+            self._send_frame(K_PROOF, encode({"proof": _proof(key, b"client", nonce, self._nonce, addr)}))
+        elif self._server_side and kind == K_PROOF and self._peer_nonce:
+            proof = msg.get("proof")
+            addr = (self.peer_address or "").encode()
+            if not isinstance(proof, bytes) or \
+                    not hmac.compare_digest(proof, _proof(key, b"client", self._nonce, self._peer_nonce, addr)):
+                self._reject("wrong raft password")
+                return
+            self._send_frame(K_WELCOME, encode({}))
+            self._authenticated()
+        elif not self._server_side and kind == K_WELCOME and self._peer_nonce:
+            self._authenticated()
+        else:
+            self._reject(f"unexpected handshake frame {kind}")
+
+    def _authenticated(self) -> None:
+        self._authed = True
+        self._state = CONNECTION_STATE.CONNECTED
+        if self._on_connected is not None:
+            self._on_connected()
+
+    def ping_if_idle(self, now: float) -> None:
+        if self._authed and now - self.last_write > PING_AFTER:
+            self._send_frame(K_PING, b"\x00")
+
+    # ------------------------------------------------------------ writes
+    def _send_frame(self, kind: int, payload: bytes) -> None:
+        self._write([_HDR.pack(1 + len(payload), kind), payload])
+
+    def _write(self, parts: list[bytes]) -> None:
+        if self._sock is None:
+            return
+        self.last_write = clock()
+        if self._tls is not None:
+            tls = self._tls
+            try:
+                for p in parts:
+                    tls.write(p)
+            except ssl.SSLError as e:
+                self._reject(f"TLS error: {e}")
+                return
+            self._flush_tls()
+            return
+        for p in parts:
+            if p:
+                self._wq.append(p)
+                self._unsent += len(p)
+        self._flush()
+
+    def _flush_tls(self) -> None:
+        out = self._tls_out
+        if out is None or self._sock is None:
+            return
+        data = out.read()
+        if data:
+            self._wq.append(data)
+            self._unsent += len(data)
+        self._flush()
+
+    def _flush(self) -> None:
+        sock = self._sock
+        wq = self._wq
+        while sock is not None and wq:
+            try:
+                sent = sock.sendmsg(list(_first(wq, 64)))
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self.disconnect()
+                return
+            self.sent_bytes += sent
+            self._unsent -= sent
+            while sent:
+                head = wq[0]
+                if len(head) <= sent:
+                    sent -= len(head)
+                    wq.popleft()
+                else:
+                    wq[0] = memoryview(head)[sent:]
+                    sent = 0
+        if self._sock is None:
+            return
+        if self._unsent > MAX_UNSENT:
+            self._reject(f"peer stopped reading ({self._unsent} bytes unsent)")
+            return
+        events = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
+        if wq or not self._tcp_up:
+            events |= POLL_EVENT_TYPE.WRITE
+        assert self._fileno is not None
+        self._poller.subscribe(self._fileno, self._on_event, events)
+
+
+def _first(q: deque[bytes | memoryview], n: int) -> list[bytes | memoryview]:
+    out = []
+    for item in q:
+        out.append(item)
+        if len(out) >= n:
+            break
+    return out
+
+
+class _PeerServer:
+    """The Raft port: accepts links; each proves itself before it is a peer."""
+
+    def __init__(self, transport: PeerTransport, host: str, port: int) -> None:
+        self._transport = transport
+        self._host, self._port = host, port
+        self._sock: socket.socket | None = None
+
+    def bind(self) -> None:
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setblocking(False)
+        try:
+            sock.bind((self._host, self._port))
+            sock.listen(64)
+        except OSError:
+            sock.close()
+            raise
+        self._sock = sock
+        self._transport._poller().subscribe(sock.fileno(), self._on_accept,
+                                            POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR)
+
+    def unbind(self) -> None:
+        if self._sock is not None:
+            self._transport._poller().unsubscribe(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+
+    def _on_accept(self, _descr: int, events: int) -> None:
+        if self._sock is None:
+            return
+        for _ in range(16):
+            try:
+                sock, addr = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            self._transport._onNewIncomingConnection(self._transport._new_link(
+                sock=sock, peer_label=f"{addr[0]}:{addr[1]}"))
+
+
+class PeerTransport(TCPTransport):  # type: ignore[misc]
+    """TCPTransport's node bookkeeping (who connects to whom, reconnects,
+    membership changes) over PeerLinks. Utility messages and read-only nodes
+    of pysyncobj are not offered."""
+
+    security = PeerSecurity()
+
+    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:  # noqa: N803
+        self.peer_rejects = 0
+        self._last_reject_log = 0.0
+        super().__init__(syncObj, selfNode, otherNodes)
+
+    def _poller(self) -> Any:
+        return self._syncObj._poller
+
+    def _new_link(self, sock: socket.socket | None = None, peer_label: str = "?") -> PeerLink:
+        conf = self._syncObj.conf
+        address = None if self._selfNode is None else self._selfNode.address
+        return PeerLink(self._poller(), self.security, address, conf.connectionTimeout,
+                        sock=sock, peer_label=peer_label, on_reject=self._on_reject)
+
+    def _on_reject(self, peer: str, why: str) -> None:
+        self.peer_rejects += 1
+        now = clock()
+        if now - self._last_reject_log > 1.0:  # a flood must not flood the log
+            self._last_reject_log = now
+            log.warning("raft peer %s refused: %s (%d refused so far)", peer, why, self.peer_rejects)
+
+    # ---------------------------------------------------- TCPTransport's hooks
+    def _createServer(self) -> None:  # noqa: N802
+        conf = self._syncObj.conf
+        addr = conf.bindAddress or self._selfNode.address
+        host, port = addr.rsplit(":", 1)
+        if conf.bindAddress is None:
+            host = "::" if ":" in host else "0.0.0.0"
+        self._server = _PeerServer(self, host.strip("[]"), int(port))
+
+    def _onNewIncomingConnection(self, conn: PeerLink) -> None:  # noqa: N802
+        self._unknownConnections.add(conn)
+        conn.setOnConnectedCallback(functools.partial(self._on_incoming_authenticated, conn))
+        conn.setOnDisconnectedCallback(functools.partial(self._onDisconnected, conn))
+
+    def _on_incoming_authenticated(self, conn: PeerLink) -> None:
+        node = self._nodeAddrToNode.get(conn.peer_address or "")
+        self._unknownConnections.discard(conn)
+        if node is None:
+            self._on_reject(conn.peer_label, f"unknown member address {conn.peer_address!r}")
+            conn.setOnDisconnectedCallback(None)
+            conn.disconnect()
+            return
+        old = self._connections.get(node)
+        if old is not None and old is not conn:
+            old.setOnDisconnectedCallback(None)
+            old.disconnect()
+        self._connections[node] = conn
+        conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
+        conn.setOnDisconnectedCallback(functools.partial(self._onDisconnected, conn))
+        self._onNodeConnected(node)
+
+    def _onOutgoingConnected(self, conn: PeerLink) -> None:  # noqa: N802
+        node = self._connToNode(conn)
+        if node is not None:
+            self._onNodeConnected(node)
+
+    def addNode(self, node: Any) -> None:  # noqa: N802
+        self._nodes.add(node)
+        self._nodeAddrToNode[node.address] = node
+        if self._shouldConnect(node):
+            conn = self._new_link()
+            conn.setOnConnectedCallback(functools.partial(self._onOutgoingConnected, conn))
+            conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
+            conn.setOnDisconnectedCallback(functools.partial(self._onDisconnected, conn))
+            self._connections[node] = conn
+
+    def _onTick(self) -> None:  # noqa: N802
+        super()._onTick()
+        now = clock()
+        timeout = self._syncObj.conf.connectionTimeout
+        for conn in list(self._connections.values()) + list(self._unknownConnections):
+            if conn.state == CONNECTION_STATE.DISCONNECTED:
+                continue
+            if now - conn.last_read > timeout:
+                if conn.state == CONNECTION_STATE.CONNECTING and conn in self._unknownConnections:
+                    self._on_reject(conn.peer_label, "no handshake in time")
+                conn.disconnect()
+            else:
+                conn.ping_if_idle(now)
+
+    def link(self, node: Any) -> PeerLink | None:
+        conn = self._connections.get(node)
+        if conn is None or conn.state != CONNECTION_STATE.CONNECTED:
+            return None
+        return conn  # type: ignore[no-any-return]
+
+    def send_append(self, node: Any, header: dict[str, Any], entries_blob: bytes) -> bool:
+        conn = self.link(node)
+        if conn is None:
+            return False
+        conn.send_append(header, entries_blob)
+        return conn.state == CONNECTION_STATE.CONNECTED
+
+    def unsent_bytes(self, node: Any) -> int:
+        conn = self._connections.get(node)
+        return 0 if conn is None else conn.getSendBufferSize()
