@@ -39,7 +39,7 @@ def _closed_by_peer(sock: socket.socket, timeout: float = 10.0) -> bool:
         try:
             if sock.recv(65536) == b"":
                 return True
-        except socket.timeout:
+        except TimeoutError:
             continue
         except (ConnectionResetError, BrokenPipeError, ssl.SSLError, OSError):
             return True
