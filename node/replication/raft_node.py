@@ -812,6 +812,10 @@ class RaftNode:
             # this follower a heartbeat (100 ms) behind on what it may apply
             leader_commit = int(message.get("commit_index") or 0)
             so.advance_commit(min(leader_commit, entries[-1][1]), leader_commit)
+            # and it is the leader's heartbeat: pysyncobj never sees it, so
+            # push the election deadline as it would
+            c = self.config
+            so._SyncObj__raftElectionDeadline = clock() + random.uniform(c.election_min, c.election_max)  # type: ignore[attr-defined]
             return None
         prev = entries[same - 1]
         trimmed = dict(message)
