@@ -112,8 +112,10 @@ class RaftConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None
-    follower_window_bytes: int = 1024 * 1024  # entry bytes in flight per follower
-    append_chunk_bytes: int = 256 * 1024  # entry bytes per AppendEntries
+    # entry bytes in flight per follower (measured: 256 KiB bodies, 1 MiB gave ~27 MB/s,
+    # 4 MiB ~50 MB/s, 8 MiB no more)
+    follower_window_bytes: int = 4 * 1024 * 1024
+    append_chunk_bytes: int = 512 * 1024  # entry bytes per AppendEntries
     batch_max_commands: int = 128
     batch_max_bytes: int = 512 * 1024  # well under append_entries_batch_bytes
     append_entries_batch_bytes: int = 4 * 1024 * 1024
