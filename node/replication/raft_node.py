@@ -346,13 +346,16 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
                 flow.sent(entries[-1][1], size)
                 nxt = next_index[node] = entries[-1][1] + 1
                 sent = True
-            if not sent and now - flow.last_sent >= period / 2:
+            # an empty AppendEntries: the heartbeat, and the news of a new
+            # commit index at once (a follower's consumers wait on it)
+            if not sent and (commit > flow.commit_sent or now - flow.last_sent >= period / 2):
                 prev = journal[nxt - 1 - first]
                 transport.send_append(node, {"type": "append_entries", "term": term, "commit_index": commit,
                                              "prevLogIdx": prev[1], "prevLogTerm": prev[2]}, _NO_ENTRIES)
                 sent = True
             if sent:
                 flow.last_sent = now
+                flow.commit_sent = commit
 
     def _blob(self, entries: list[tuple[bytes, int, int]]) -> bytes:
         # (first index, last index, last term) names the range: Raft's log
@@ -415,12 +418,13 @@ _NO_ENTRIES = encode([])
 class _Flow:
     """Entry bytes sent to one follower and not yet acknowledged."""
 
-    __slots__ = ("chunks", "inflight", "last_sent")
+    __slots__ = ("chunks", "inflight", "last_sent", "commit_sent")
 
     def __init__(self) -> None:
         self.chunks: deque[tuple[int, int]] = deque()  # (last index of a chunk, its bytes)
         self.inflight = 0
         self.last_sent = 0.0
+        self.commit_sent = 0  # the commit index the follower was last told
 
     def sent(self, last_index: int, size: int) -> None:
         self.chunks.append((last_index, size))
