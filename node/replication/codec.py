@@ -50,7 +50,9 @@ _RECORD_ARITY: tuple[int, ...] = tuple(len(t._fields) for t in RECORDS)  # type:
 _Q = struct.Struct("<q")
 _D = struct.Struct("<d")
 _U = struct.Struct("<I")
-_PUB = struct.Struct("<qqqB")  # chan.conn, chan.serial, seq, mandatory
+# chan.conn, chan.serial, seq, mandatory, then the lengths of node, exchange,
+# routing key and body
+_PUB = struct.Struct("<qqqBIIII")
 
 
 # ------------------------------------------------------------------ encode
@@ -108,19 +110,19 @@ def _enc_dict(v: dict[Any, Any], out: list[bytes]) -> None:
 
 
 def _enc_publish(v: cmd.BasicPublish, out: list[bytes]) -> None:
-    # the hot command: fixed fields in one struct, the body appended as is
+    # the hot command: fixed fields and lengths in one struct, the body as is
     chan = v.chan
     node = chan.node.encode()
     ex = v.exchange.encode()
     rk = v.routing_key.encode()
-    out.append(b"P" + _PUB.pack(chan.conn, chan.serial, v.seq, v.mandatory)
-               + _U.pack(len(node)) + node + _U.pack(len(ex)) + ex + _U.pack(len(rk)) + rk)
+    body = v.body
+    out.append(b"P" + _PUB.pack(chan.conn, chan.serial, v.seq, v.mandatory, len(node), len(ex), len(rk),
+                                len(body)) + node + ex + rk)
     if v.props:
         _enc_dict(v.props, out)
     else:
         out.append(b"N")
-    out.append(_U.pack(len(v.body)))
-    out.append(v.body)
+    out.append(body)
 
 
 _ENCODERS: dict[type, Callable[[Any, list[bytes]], None]] = {
@@ -255,26 +257,24 @@ def _dec(buf: bytes, pos: int, depth: int) -> tuple[Any, int]:
 
 
 def _dec_publish(buf: bytes, pos: int, depth: int) -> tuple[cmd.BasicPublish, int]:
-    conn, serial, seq, mandatory = _PUB.unpack_from(buf, pos)
-    pos += _PUB.size
-    strs = []
-    for _ in range(3):
-        n = _U.unpack_from(buf, pos)[0]
-        end = _take(buf, pos + 4, n)
-        strs.append(buf[pos + 4:end].decode())
-        pos = end
-    props, pos = _dec(buf, pos, depth + 1)
-    if props is None:
-        props = {}
-    elif not isinstance(props, dict):
-        raise CodecError("publish properties must be a table")
-    n = _U.unpack_from(buf, pos)[0]
-    end = _take(buf, pos + 4, n)
-    body = buf[pos + 4:end]
-    if mandatory > 1:
-        raise CodecError("bad mandatory flag")
-    return cmd.BasicPublish(ChanId(strs[0], conn, serial), seq, strs[1], strs[2],
-                            bool(mandatory), props, body), end
+    conn, serial, seq, mandatory, n_node, n_ex, n_rk, n_body = _PUB.unpack_from(buf, pos)
+    a = pos + _PUB.size
+    b = a + n_node
+    c = b + n_ex
+    d = _take(buf, c, n_rk)
+    if mandatory > 1 or d >= len(buf):
+        raise CodecError("bad publish")
+    if buf[d] == 0x4E:  # N: no properties
+        props: Any = {}
+        d += 1
+    else:
+        props, d = _dec(buf, d, depth + 1)
+        if not isinstance(props, dict):
+            raise CodecError("publish properties must be a table")
+    end = _take(buf, d, n_body)
+    return cmd.BasicPublish(ChanId(buf[a:b].decode(), conn, serial), seq, buf[b:c].decode(),
+                            buf[c:c + n_rk].decode(), mandatory == 1, props,
+                            buf[d:end]), end
 
 
 # ----------------------------------------------------------------- batches
