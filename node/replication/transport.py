@@ -429,8 +429,7 @@ class PeerLink:
         if self._tls is not None:
             tls = self._tls
             try:
-                for p in parts:
-                    tls.write(p)
+                tls.write(b"".join(parts))  # one write: fewer, fuller TLS records
             except ssl.SSLError as e:
                 self._reject(f"TLS error: {e}")
                 return
