@@ -12,6 +12,9 @@ Scenarios (the same on both brokers, one broker at a time so they do not share t
   consume   drain that queue with manual acks (prefetch, ack multiple every K)
   tx        T persistent messages with tx.commit after each
 
+Bodies are incompressible by default (--payload random: 256 distinct random bodies per
+publisher, cycled); --payload compressible repeats one random block (zlib shrinks it ~100x).
+
 Prints a table and writes the JSON (default bench/results/latest.json).
 Exit status: 0 if every scenario on every broker completed, 1 otherwise.
 """
@@ -287,10 +290,11 @@ def run_scenarios(cp: str, url: str, a: argparse.Namespace) -> dict[str, Any]:
     q = f"bench-c-{uuid.uuid4().hex[:8]}"
     confirm_args = ["--mode", "confirms", "--count", str(a.count), "--size", str(a.size),
                     "--window", str(a.window), "--publishers", str(a.publishers),
-                    "--queue", q, "--timeout", str(int(a.stall)), "--warmup", str(a.warmup)]
+                    "--queue", q, "--timeout", str(int(a.stall)), "--warmup", str(a.warmup),
+                    "--payload", a.payload]
     if not a.no_consume:
         confirm_args.append("--keep")
-    log(f"  confirms: {a.count} x {a.size} B, window {a.window}, {a.publishers} publisher(s)")
+    log(f"  confirms: {a.count} x {a.size} B ({a.payload}), window {a.window}, {a.publishers} publisher(s)")
     out["confirms"] = bench(cp, url, a.timeout, *confirm_args)
     log(f"    -> {summary(out['confirms'])}")
     if not a.no_consume:
@@ -302,7 +306,7 @@ def run_scenarios(cp: str, url: str, a: argparse.Namespace) -> dict[str, Any]:
         log(f"    -> {summary(out['consume'])}")
     log(f"  tx: {a.tx_count} x {a.size} B, tx.commit each")
     out["tx"] = bench(cp, url, a.timeout, "--mode", "tx", "--count", str(a.tx_count),
-                      "--size", str(a.size))
+                      "--size", str(a.size), "--payload", a.payload)
     log(f"    -> {summary(out['tx'])}")
     c, t = out["confirms"].get("msg_per_s"), out["tx"].get("msg_per_s")
     if c and t:
@@ -392,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, help="confirms messages (default 10000; quick 500)")
     p.add_argument("--tx-count", type=int, help="tx.commit-each messages (default 2000; quick 50)")
     p.add_argument("--size", type=int, default=1024, help="message body bytes (default 1024)")
+    p.add_argument("--payload", choices=["random", "compressible"], default="random",
+                   help="bodies: random = 256 distinct random bodies per publisher, cycled (default); "
+                   "compressible = one random block repeated (zlib shrinks it ~100x)")
     p.add_argument("--window", type=int, default=1000, help="max unconfirmed per publisher (default 1000)")
     p.add_argument("--publishers", type=int, default=1)
     p.add_argument("--warmup", type=int, help="untimed confirms warmup messages (default 2000; quick 0)")
@@ -445,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "host": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "params": {"quick": a.quick, "count": a.count, "tx_count": a.tx_count, "size": a.size,
+                   "payload": a.payload,
                    "window": a.window, "publishers": a.publishers, "warmup": a.warmup,
                    "prefetch": a.prefetch, "ack_every": a.ack_every, "consume": not a.no_consume,
                    "persistent": True, "durable_queue": True},

@@ -6,6 +6,8 @@
     .venv/bin/python bench/suite.py --quick              # small counts, 1 repeat, all targets
     .venv/bin/python bench/suite.py --smoke --targets mirrorq-1          # seconds
     .venv/bin/python bench/suite.py --targets mirrorq-3,rabbitmq-3q --scenarios S1,S1w,S4
+    .venv/bin/python bench/suite.py --targets mirrorq-3,rabbitmq-3q --alternate \\
+        --scenarios S1,S1w100,S3p300,S3auto --payloads random,compressible   # issue 11's table
 
 Scenarios (1 KiB persistent messages to a fresh durable queue unless said otherwise; the
 load is bench/java/Bench.java on the RabbitMQ Java client, one JVM per run):
@@ -24,6 +26,17 @@ load is bench/java/Bench.java on the RabbitMQ Java client, one JVM per run):
            end-to-end latency p50/p99 over the measured seconds after a warm-up
   S5       100,000 publishes with confirms and no window: publish rate of the last 10%
            of the publishes / the first 10% (must not collapse), and the confirm rate
+
+Payloads (--payloads, default random): `random` = per publisher 256 distinct random bodies
+(seeded, repeatable), cycled per publish, so nothing compresses (real payloads);
+`compressible` = one random block sent again and again, the generator's old behaviour, which
+zlib (in mirrorq's Raft transport) shrinks ~100x. With both, every scenario runs with each
+(alternating within every repeat) and the table has a row per payload; cases other than
+random are keyed `<scenario>/<payload>` in the JSON.
+
+--alternate: repeat i of every target before repeat i+1 of any (each target is started and
+stopped once per round, on fresh data), so slow drifts of the machine's load hit all targets
+alike; default: all repeats of a target back to back.
 
 Writes bench/results/suite.json (parameters, machine, versions, every repeat's raw
 result, medians, ratios) and a PNG chart next to it; prints a table. Exit status 0 only
@@ -90,6 +103,26 @@ SCENARIO_BY_ID = {s["id"]: s for s in SCENARIOS}
 # which latency fields a scenario reports as p50/p99
 LATENCY_OF = {"S1": "confirm", "S1w100": "confirm", "S1w1000": "confirm", "S2": "commit",
               "S4": "e2e", "S5": "confirm"}
+
+# --------------------------------------------------------------------------- payloads
+
+PAYLOADS = ["random", "compressible"]
+PAYLOAD_WHAT = {
+    "random": "256 distinct random bodies per publisher (seeded), cycled: incompressible",
+    "compressible": "one random block repeated (zlib shrinks it ~100x)",
+}
+
+
+def case_key(sid: str, payload: str) -> str:
+    """Key of one (scenario, payload) case: the scenario id for `random`, else `S1/compressible`."""
+    return sid if payload == "random" else f"{sid}/{payload}"
+
+
+def rotated(items: list[str], i: int) -> list[str]:
+    """`items` starting at position i (mod len): repeat i runs the payloads in another order."""
+    k = i % len(items) if items else 0
+    return items[k:] + items[:k]
+
 
 # --------------------------------------------------------------------------- targets
 
@@ -338,11 +371,13 @@ def run_java(cp: str, uri: str, timeout: float, *args: str) -> dict[str, Any]:
     return res
 
 
-def run_once(cp: str, target: Target, sid: str, a: argparse.Namespace) -> dict[str, Any]:
-    """One repeat of one scenario on one target, on a fresh queue."""
+def run_once(cp: str, target: Target, sid: str, a: argparse.Namespace,
+             payload: str = "random") -> dict[str, Any]:
+    """One repeat of one scenario on one target with one payload, on a fresh queue."""
     client, declare, placement = target.endpoint()
     q = f"bench-{sid.lower()}-{uuid.uuid4().hex[:8]}"
-    common = ["--size", str(a.size), "--timeout", str(int(a.stall)), "--declare-uri", declare]
+    common = ["--size", str(a.size), "--timeout", str(int(a.stall)), "--declare-uri", declare,
+              "--payload", payload]
     if target.queue_type:
         common += ["--queue-type", target.queue_type]
     warm = ["--warmup", str(a.warmup)]
@@ -368,7 +403,7 @@ def run_once(cp: str, target: Target, sid: str, a: argparse.Namespace) -> dict[s
                         "1000", "--publishers", "1", "--queue", q, "--keep", "--check-depth", *common)
         if "error" in fill:
             return {"error": f"fill: {fill['error']}", "fill": fill, "placement": placement,
-                    "sanity_ok": False}
+                    "payload": payload, "sanity_ok": False}
         args = ["--mode", "consume", "--queue", q, "--count", str(count), "--delete",
                 "--timeout", str(int(a.stall))]
         if sid == "S3auto":
@@ -376,7 +411,8 @@ def run_once(cp: str, target: Target, sid: str, a: argparse.Namespace) -> dict[s
         else:
             args += ["--prefetch", sid[len("S3p"):], "--ack-every", str(a.s3_ack_every)]
         res = run_java(cp, client, t, *args)
-        res["fill"] = {k: fill.get(k) for k in ("msg_per_s", "acked", "queue_count", "wall_s")}
+        res["fill"] = {k: fill.get(k) for k in ("msg_per_s", "acked", "queue_count", "wall_s",
+                                                "payload", "payload_pool")}
     elif sid == "S4":
         res = run_java(cp, client, t, "--mode", "latency", "--rate", str(a.s4_rate), "--duration",
                        str(a.s4_duration), "--warmup-seconds", str(a.s4_warmup), "--prefetch",
@@ -384,6 +420,7 @@ def run_once(cp: str, target: Target, sid: str, a: argparse.Namespace) -> dict[s
     else:
         raise ValueError(sid)
     res["placement"] = placement
+    res["payload"] = payload
     return res
 
 
@@ -431,18 +468,27 @@ def headline(sid: str) -> tuple[str, str, bool]:
     return "msg_per_s", "msg/s", True
 
 
-def comparisons(targets: dict[str, Any], scenario_ids: list[str]) -> list[dict[str, Any]]:
+def split_case(case: str) -> tuple[str, str]:
+    """(scenario id, payload) of a case key (see case_key)."""
+    sid, _, payload = case.partition("/")
+    return sid, payload or "random"
+
+
+def comparisons(targets: dict[str, Any], cases: list[str]) -> list[dict[str, Any]]:
+    """mirrorq / RabbitMQ ratios per case (scenario and payload)."""
     rows = []
-    for sid in scenario_ids:
+    for case in cases:
+        sid, payload = split_case(case)
         field, label, higher = headline(sid)
         for m, r in COMPARISONS:
-            ms = targets.get(m, {}).get("scenarios", {}).get(sid, {}).get("summary", {})
-            rs = targets.get(r, {}).get("scenarios", {}).get(sid, {}).get("summary", {})
+            ms = targets.get(m, {}).get("scenarios", {}).get(case, {}).get("summary", {})
+            rs = targets.get(r, {}).get("scenarios", {}).get(case, {}).get("summary", {})
             if not ms or not rs:  # the pair did not both run it (S0: RabbitMQ only)
                 continue
             mv = (ms.get(field) or {}).get("median")
             rv = (rs.get(field) or {}).get("median")
-            row: dict[str, Any] = {"scenario": sid, "mirrorq": m, "rabbitmq": r, "metric": label,
+            row: dict[str, Any] = {"scenario": sid, "payload": payload, "case": case,
+                                   "mirrorq": m, "rabbitmq": r, "metric": label,
                                    "higher_is_better": higher, "mirrorq_median": mv,
                                    "rabbitmq_median": rv,
                                    "ratio": round(mv / rv, 3) if mv and rv else None}
@@ -456,6 +502,29 @@ def comparisons(targets: dict[str, Any], scenario_ids: list[str]) -> list[dict[s
                 row["mirrorq_publish_split_ratio"] = msr
                 row["rabbitmq_publish_split_ratio"] = rsr
             rows.append(row)
+    return rows
+
+
+def payload_effects(targets: dict[str, Any], cases: list[str]) -> list[dict[str, Any]]:
+    """Per scenario and target run with both payloads: median(random) / median(compressible)
+    of the headline metric (msg/s; S4: e2e p99), i.e. what incompressible bodies cost."""
+    rows = []
+    for case in cases:
+        sid, payload = split_case(case)
+        if payload != "random" or case_key(sid, "compressible") not in cases:
+            continue
+        field, label, higher = headline(sid)
+        for key, entry in targets.items():
+            sc = entry.get("scenarios", {})
+            rs = sc.get(case, {}).get("summary", {})
+            cs = sc.get(case_key(sid, "compressible"), {}).get("summary", {})
+            if not rs or not cs:
+                continue
+            rv = (rs.get(field) or {}).get("median")
+            cv = (cs.get(field) or {}).get("median")
+            rows.append({"scenario": sid, "target": key, "metric": label, "higher_is_better": higher,
+                         "random_median": rv, "compressible_median": cv,
+                         "ratio": round(rv / cv, 3) if rv and cv else None})
     return rows
 
 
@@ -534,21 +603,27 @@ def fmt_num(v: float | None) -> str:
 
 
 def table(report: dict[str, Any]) -> str:
-    head = ["scenario", "target", "median msg/s [min-max]", "p50/p99 ms", "extra", "ratio mirrorq/RabbitMQ"]
+    payloads = report["params"].get("payloads", ["random"])
+    several = len(payloads) > 1
+    effects = {(e["scenario"], e["target"]): e for e in report.get("payload_effects", [])}
+    head = ["scenario", *(["payload"] if several else []), "target", "median msg/s [min-max]",
+            "p50/p99 ms", "extra", "ratio mirrorq/RabbitMQ", *(["random/compr."] if effects else [])]
     body: list[list[str]] = []
     ratio_of: dict[tuple[str, str], list[str]] = {}
     for c in report["comparisons"]:
+        case = c.get("case", c["scenario"])
         if c["ratio"] is not None:
             short = c["rabbitmq"].replace("rabbitmq-", "r")
             txt = f"{c['ratio']:.2f} vs {short}"
             if c["scenario"] == "S4":
                 txt = f"p99 {c['ratio']:.2f} / p50 {c.get('ratio_p50') or 0:.2f} vs {short}"
-            ratio_of.setdefault((c["scenario"], c["mirrorq"]), []).append(txt)
+            ratio_of.setdefault((case, c["mirrorq"]), []).append(txt)
         else:
-            ratio_of.setdefault((c["scenario"], c["mirrorq"]), [])
-    for sid in report["params"]["scenarios"]:
+            ratio_of.setdefault((case, c["mirrorq"]), [])
+    for case in report["params"].get("cases", report["params"]["scenarios"]):
+        sid, payload = split_case(case)
         for key in report["params"]["targets"]:
-            sc = report["targets"].get(key, {}).get("scenarios", {}).get(sid)
+            sc = report["targets"].get(key, {}).get("scenarios", {}).get(case)
             if sc is None:
                 continue
             s = sc["summary"]
@@ -568,8 +643,13 @@ def table(report: dict[str, Any]) -> str:
                 extra = f"enqueued {fmt_num(s['enqueued_msg_per_s']['median'])}/s"
             elif sid == "S4" and "e2e_sched_p99_ms" in s:
                 extra = f"p99 from schedule {fmt_num(s['e2e_sched_p99_ms']['median'])} ms"
-            ratio = "; ".join(ratio_of.get((sid, key), [])) if key.startswith("mirrorq") else ""
-            body.append([sid, key, cell, lat, extra, ratio])
+            ratio = "; ".join(ratio_of.get((case, key), [])) if key.startswith("mirrorq") else ""
+            row = [sid, *([payload] if several else []), key, cell, lat, extra, ratio]
+            if effects:
+                e = effects.get((sid, key))
+                row.append("" if payload != "random" else "-" if e is None or e["ratio"] is None
+                           else f"{'p99 ' if sid == 'S4' else ''}{e['ratio']:.2f}")
+            body.append(row)
     widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip(),
              "  ".join("-" * w for w in widths)]
@@ -598,11 +678,11 @@ def chart(report: dict[str, Any], path: Path) -> str | None:
     def summ(key: str, sid: str) -> dict[str, Any]:
         return report["targets"].get(key, {}).get("scenarios", {}).get(sid, {}).get("summary", {})
 
-    sids = report["params"]["scenarios"]
-    rate_sids = [s for s in sids if s != "S4"]
-    lat_sids = [s for s in sids if s in ("S1w100", "S1w1000", "S2", "S4")]
+    cases = report["params"].get("cases", report["params"]["scenarios"])
+    rate_sids = [c for c in cases if split_case(c)[0] != "S4"]
+    lat_sids = [c for c in cases if split_case(c)[0] in ("S1w100", "S1w1000", "S2", "S4")]
     panels = [p for p in (("rate", rate_sids), ("lat", lat_sids),
-                          ("split", ["S5"] if "S5" in sids else [])) if p[1]]
+                          ("split", [c for c in cases if split_case(c)[0] == "S5"])) if p[1]]
     fig, axes = plt.subplots(len(panels), 1, figsize=(max(10, 1.3 * len(rate_sids) + 6), 4.2 * len(panels)),
                              squeeze=False)
     width = 0.8 / len(keys)
@@ -630,11 +710,12 @@ def chart(report: dict[str, Any], path: Path) -> str | None:
                     ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker="_", color="black",
                                s=80, zorder=3)
         ax.set_xticks(range(len(ss)))
-        ax.set_xticklabels(ss)
+        ax.set_xticklabels([c.replace("/", "\n") for c in ss])
         if kind == "rate":
             ax.set_yscale("log")
             ax.set_ylabel("msg/s (median, min-max; log)")
-            ax.set_title("Throughput, 1 KiB persistent messages (S0: transient, no confirms)")
+            ax.set_title(f"Throughput, {report['params']['size']:,}-byte persistent messages "
+                         "(S0: transient, no confirms)")
             if "S0" in ss:
                 ax.axhline(S0_TARGET_MSG_PER_S, color="grey", linestyle=":", linewidth=1)
         elif kind == "lat":
@@ -651,7 +732,8 @@ def chart(report: dict[str, Any], path: Path) -> str | None:
             ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.005, 1.0))
     fig.suptitle(f"mirrorq vs RabbitMQ {report['versions'].get('rabbitmq') or ''} "
                  f"({report['machine'].get('cores')} cores, {report['params']['repeats']} repeat(s), "
-                 f"preset {report['params']['preset']})")
+                 f"preset {report['params']['preset']}, "
+                 f"payload {'/'.join(report['params'].get('payloads', ['random']))})")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -688,6 +770,62 @@ def parse_list(text: str, universe: list[str], groups: dict[str, list[str]], wha
     return [x for x in universe if x in chosen]
 
 
+def run_target(cp: str, key: str, entry: dict[str, Any], workdir: Path, sids: list[str],
+               payloads: list[str], reps: list[int], a: argparse.Namespace, epmd_before: set[int],
+               round_no: int | None) -> None:
+    """Start target `key`, run repeats `reps` (0-based) of every scenario with every payload,
+    stop it. Results go to entry["scenarios"][case]; a failure to start or set up the target to
+    entry["error"]. round_no: the round of an --alternate run (entry["rounds"] gets one item)."""
+    t_start = time.monotonic()
+    target: Target | None = None
+    rinfo: dict[str, Any] = {"round": round_no}
+    try:
+        if key.startswith("rabbitmq") and not os.path.exists(RABBITMQ_SERVER):
+            raise RuntimeError(f"{RABBITMQ_SERVER} not found (apt-get install rabbitmq-server)")
+        if key in ("rabbitmq-3q", "rabbitmq-3m") and not os.path.exists(RABBITMQCTL):
+            raise RuntimeError(f"{RABBITMQCTL} not found")
+        target = make_target(key, workdir)
+        log(f"== {key}: {TARGET_LABELS[key]}" + (f" (round {round_no})" if round_no else ""))
+        target.start()
+        rinfo["startup_s"] = round(time.monotonic() - t_start, 1)
+        rinfo["setup"] = target.setup_info(cp)
+        entry.setdefault("startup_s", rinfo["startup_s"])
+        entry.setdefault("setup", rinfo["setup"])
+        if isinstance(target, RabbitThree):
+            entry["rabbitmqctl_version"] = target.version
+        for sid in sids:
+            for i in reps:
+                for payload in rotated(payloads, i):
+                    case = case_key(sid, payload)
+                    sc = entry["scenarios"].setdefault(
+                        case, {"scenario": sid, "payload": payload, "repeats": [],
+                               "summary": summarize(sid, [])})
+                    if a.pause:
+                        time.sleep(a.pause)
+                    res = run_once(cp, target, sid, a, payload)
+                    res["repeat"] = i + 1
+                    sc["repeats"].append(res)
+                    sc["summary"] = summarize(sid, sc["repeats"])
+                    log(f"  {key} {case} #{i + 1}: " + one_line(sid, res))
+    except (Exception, KeyboardInterrupt, SystemExit) as exc:
+        entry["error"] = f"{type(exc).__name__}: {exc}" + (f" (round {round_no})" if round_no else "")
+        log(f"{key}: {entry['error']}")
+        if target is not None:
+            log(target.log_tail())
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise
+    finally:
+        if target is not None:
+            target.stop()
+        if key.startswith("rabbitmq"):
+            stop_new_epmd(epmd_before)
+        rinfo["elapsed_s"] = round(time.monotonic() - t_start, 1)
+        entry["elapsed_s"] = round(entry.get("elapsed_s", 0.0) + rinfo["elapsed_s"], 1)
+        if round_no is not None:
+            entry.setdefault("rounds", []).append(rinfo)
+        log(f"== {key} done in {rinfo['elapsed_s']} s" + (f" (round {round_no})" if round_no else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small counts, 1 repeat (minutes for all targets)")
@@ -699,7 +837,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--s0-targets", default="rabbitmq-1",
                    help="targets S0/S0p run on (default rabbitmq-1; else the first RabbitMQ target selected)")
     p.add_argument("--repeats", type=int, help="runs per scenario and target (default 3; quick/smoke 1)")
+    p.add_argument("--alternate", action="store_true",
+                   help="one round per repeat: every target runs repeat i (started and stopped again, "
+                   "fresh data) before any runs repeat i+1; default: a target's repeats back to back")
     p.add_argument("--size", type=int, default=1024, help="message body bytes (default 1024)")
+    p.add_argument("--payloads", default="random",
+                   help="comma list of random (default: 256 distinct random bodies per publisher, "
+                   "incompressible), compressible (one random block repeated, as before), or both")
     p.add_argument("--s0-count", type=int)
     p.add_argument("--s0-threads", type=int, default=4, help="S0 publisher threads, one connection each")
     p.add_argument("--s1-count", type=int, help="S1 and S1w messages (default 50,000)")
@@ -741,6 +885,8 @@ def main(argv: list[str] | None = None) -> int:
     for s in SCENARIOS:
         groups.setdefault(s["group"], []).append(s["id"])
     sids = parse_list(a.scenarios, SCENARIO_IDS, groups, "scenario")
+    payloads = parse_list(a.payloads, PAYLOADS, {"both": list(PAYLOADS)}, "payload")
+    cases = [case_key(sid, pl) for sid in sids for pl in payloads]
     s0_on = [k for k in parse_list(a.s0_targets, TARGET_KEYS, target_groups, "target") if k in keys]
     if not s0_on:
         s0_on = [k for k in keys if k.startswith("rabbitmq")][:1]
@@ -758,6 +904,11 @@ def main(argv: list[str] | None = None) -> int:
         "params": {
             "preset": preset, "repeats": a.repeats, "targets": keys, "scenarios": sids,
             "s0_targets": s0_on, "size": a.size, "persistent": True, "durable_queue": True,
+            "payloads": payloads, "payload_what": {pl: PAYLOAD_WHAT[pl] for pl in payloads},
+            "cases": cases, "alternate": a.alternate,
+            "order": ("rounds: repeat i on every target, then repeat i+1; payload order rotates per "
+                      "repeat" if a.alternate else "per target: each scenario's repeats back to back; "
+                      "payload order rotates per repeat"),
             "s0": {"count": a.s0_count, "threads": a.s0_threads, "S0": "transient",
                    "S0p": "persistent", "confirms": False, "target_msg_per_s": S0_TARGET_MSG_PER_S},
             "s1": {"count": a.s1_count, "windows": {"S1": "none", "S1w100": 100, "S1w1000": 1000},
@@ -778,7 +929,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if report["machine"]["other_brokers_running_at_start"]:
         log(f"WARNING: other brokers are running: {report['machine']['other_brokers_running_at_start']}")
-    log(f"preset {preset}: {a.repeats} repeat(s); targets {', '.join(keys)}; scenarios {', '.join(sids)}")
+    log(f"preset {preset}: {a.repeats} repeat(s){' in alternating rounds' if a.alternate else ''}; "
+        f"targets {', '.join(keys)}; scenarios {', '.join(sids)}; payloads {', '.join(payloads)}")
 
     epmd_before = epmd_pids()
     workdir = Path(tempfile.mkdtemp(prefix="mirrorq-suite-"))
@@ -786,47 +938,20 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     try:
         cp = compile_bench(workdir / "classes")
-        for key in keys:
-            entry: dict[str, Any] = {"label": TARGET_LABELS[key], "scenarios": {}}
-            report["targets"][key] = entry
-            t_start = time.monotonic()
-            target: Target | None = None
-            try:
-                if key.startswith("rabbitmq") and not os.path.exists(RABBITMQ_SERVER):
-                    raise RuntimeError(f"{RABBITMQ_SERVER} not found (apt-get install rabbitmq-server)")
-                if key in ("rabbitmq-3q", "rabbitmq-3m") and not os.path.exists(RABBITMQCTL):
-                    raise RuntimeError(f"{RABBITMQCTL} not found")
-                target = make_target(key, workdir)
-                log(f"== {key}: {TARGET_LABELS[key]}")
-                target.start()
-                entry["startup_s"] = round(time.monotonic() - t_start, 1)
-                entry["setup"] = target.setup_info(cp)
-                if isinstance(target, RabbitThree):
-                    entry["rabbitmqctl_version"] = target.version
-                for sid in todo(key):
-                    repeats: list[dict[str, Any]] = []
-                    for i in range(a.repeats):
-                        if a.pause:
-                            time.sleep(a.pause)
-                        res = run_once(cp, target, sid, a)
-                        res["repeat"] = i + 1
-                        repeats.append(res)
-                        log(f"  {key} {sid} #{i + 1}: " + one_line(sid, res))
-                    entry["scenarios"][sid] = {"repeats": repeats, "summary": summarize(sid, repeats)}
-            except (Exception, KeyboardInterrupt, SystemExit) as exc:
-                entry["error"] = f"{type(exc).__name__}: {exc}"
-                log(f"{key}: {entry['error']}")
-                if target is not None:
-                    log(target.log_tail())
-                if isinstance(exc, KeyboardInterrupt | SystemExit):
-                    raise
-            finally:
-                if target is not None:
-                    target.stop()
-                if key.startswith("rabbitmq"):
-                    stop_new_epmd(epmd_before)
-                entry["elapsed_s"] = round(time.monotonic() - t_start, 1)
-                log(f"== {key} done in {entry['elapsed_s']} s")
+        # one round with every repeat, or (--alternate) one round per repeat
+        rounds = [[i] for i in range(a.repeats)] if a.alternate else [list(range(a.repeats))]
+        for rnd, reps in enumerate(rounds):
+            if a.alternate:
+                log(f"==== round {rnd + 1} of {len(rounds)}")
+            rdir = workdir / f"round{rnd + 1}" if a.alternate else workdir
+            rdir.mkdir(exist_ok=True)
+            os.chmod(rdir, 0o755)
+            for key in keys:
+                entry = report["targets"].setdefault(key, {"label": TARGET_LABELS[key], "scenarios": {}})
+                if "error" in entry:  # it failed in an earlier round: not again
+                    continue
+                run_target(cp, key, entry, rdir, todo(key), payloads, reps, a, epmd_before,
+                           rnd + 1 if a.alternate else None)
     finally:
         if a.keep_workdir:
             log(f"workdir kept: {workdir}")
@@ -834,7 +959,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
         report["elapsed_s"] = round(time.time() - started, 1)
         report["machine"]["loadavg_at_end"] = list(os.getloadavg())
-        finish(report, a, sids)
+        finish(report, a)
 
     for entry in report["targets"].values():
         if "error" in entry or any(not sc["summary"]["sanity_ok"] for sc in entry["scenarios"].values()):
@@ -842,20 +967,23 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def finish(report: dict[str, Any], a: argparse.Namespace, sids: list[str]) -> None:
-    report["comparisons"] = comparisons(report["targets"], sids)
+def finish(report: dict[str, Any], a: argparse.Namespace) -> None:
+    cases = report["params"]["cases"]
+    report["comparisons"] = comparisons(report["targets"], cases)
+    report["payload_effects"] = payload_effects(report["targets"], cases)
     errors = []
     for key, entry in report["targets"].items():
         if "error" in entry:
             errors.append(f"{key}: {entry['error']}")
-        for sid, sc in entry["scenarios"].items():
+        for case, sc in entry["scenarios"].items():
             for e in sc["summary"].get("errors", []):
-                errors.append(f"{key} {sid}: {e}")
+                errors.append(f"{key} {case}: {e}")
     report["errors"] = errors
     report["sanity_ok"] = not errors
     gen = None
     for key in report["params"]["s0_targets"]:
-        s = report["targets"].get(key, {}).get("scenarios", {}).get("S0", {}).get("summary", {})
+        s0 = case_key("S0", report["params"]["payloads"][0])
+        s = report["targets"].get(key, {}).get("scenarios", {}).get(s0, {}).get("summary", {})
         if s.get("msg_per_s"):
             gen = {"target": key, "threads": a.s0_threads, "msg_per_s": s["msg_per_s"],
                    "meets_target": s["msg_per_s"]["median"] >= S0_TARGET_MSG_PER_S,
@@ -877,6 +1005,11 @@ def finish(report: dict[str, Any], a: argparse.Namespace, sids: list[str]) -> No
               f"(>= {S0_TARGET_MSG_PER_S:,}: {verdict})")
     print("\nratio = median(mirrorq) / median(RabbitMQ) of msg/s (S4: of the e2e latency "
           "percentiles, lower is better)")
+    for pl in report["params"]["payloads"]:
+        print(f"payload {pl}: {report['params']['size']:,}-byte bodies, {PAYLOAD_WHAT[pl]}")
+    if report.get("payload_effects"):
+        print("random/compr. = median(random) / median(compressible) on the same target (msg/s; "
+              "S4: e2e p99)")
     for e in errors:
         print(f"! {e}")
     print(f"results: {out}" + (f", chart: {report.get('chart')}" if not a.no_chart else "")

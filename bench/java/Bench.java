@@ -17,6 +17,7 @@ import java.util.Map;
 import java.util.NavigableSet;
 import java.util.Random;
 import java.util.Set;
+import java.util.SplittableRandom;
 import java.util.UUID;
 import java.util.concurrent.ConcurrentSkipListSet;
 import java.util.concurrent.CountDownLatch;
@@ -45,6 +46,15 @@ import java.util.concurrent.locks.LockSupport;
  * throwaway queue so the JVM is warm), --timeout SECONDS (stall timeout, default 120),
  * --transient (non-persistent), --check-depth (confirms: the queue must hold exactly
  * --count messages afterwards; only for a queue nobody else publishes to).
+ *
+ * Payload (confirms/publish/tx/latency): --payload random (default) sends, per publisher, a
+ * pool of --payload-pool (default 256) DISTINCT bodies of --size bytes filled from a
+ * SplittableRandom seeded with --payload-seed (default 42) + the publisher index (repeatable),
+ * cycled per publish: 256 x 1 KiB = 256 KiB, far beyond zlib's 32 KiB window, so a transport
+ * that compresses gains nothing, as with real (already compressed or encrypted) payloads. The
+ * pool is capped at 16 MiB (but at least 2 bodies). --payload compressible sends one random
+ * block (java.util.Random(42)) again and again, the generator's behaviour before: zlib shrinks
+ * a batch of those about 100x.
  *
  * Every message body starts with an 8-byte id ((publisher index << 32) | per-publisher
  * sequence number) so consumers can check that each message arrives exactly once; latency
@@ -139,10 +149,75 @@ public final class Bench {
 
     static int bodySize() { return Math.max(MIN_BODY, optInt("size", 1024)); }
 
+    /** The one block --payload compressible repeats (the same bytes as before issue 11). */
     static byte[] body(int size) {
         byte[] b = new byte[Math.max(MIN_BODY, size)];
         new Random(42).nextBytes(b);
         return b;
+    }
+
+    // ------------------------------------------------------------------ payloads
+
+    static final int POOL_MAX_BYTES = 16 << 20;
+
+    static String payload() {
+        String p = opt("payload", "random");
+        if (!p.equals("random") && !p.equals("compressible")) {
+            throw new IllegalArgumentException("unknown --payload " + p + " (random or compressible)");
+        }
+        return p;
+    }
+
+    /** Distinct bodies per publisher for --payload random: --payload-pool, capped at 16 MiB, >= 2. */
+    static int poolSize(int size) {
+        if (payload().equals("compressible")) return 1;
+        int want = Math.max(2, optInt("payload-pool", 256));
+        return Math.max(2, Math.min(want, POOL_MAX_BYTES / Math.max(MIN_BODY, size)));
+    }
+
+    static void describePayload(Out out, int size) {
+        out.put("payload", payload()).put("payload_pool", poolSize(size));
+        if (payload().equals("random")) out.put("payload_seed", optLong("payload-seed", 42));
+    }
+
+    static long optLong(String k, long def) { return Long.parseLong(opt(k, String.valueOf(def))); }
+
+    /** The bodies one publisher cycles through (its own arrays: it writes the id into them). */
+    static Bodies bodies(int size, int publisher) {
+        int n = Math.max(MIN_BODY, size);
+        ByteBuffer[] pool = new ByteBuffer[poolSize(size)];
+        if (payload().equals("compressible")) {
+            pool[0] = ByteBuffer.wrap(body(n));
+        } else {
+            SplittableRandom rnd = new SplittableRandom(optLong("payload-seed", 42) + publisher);
+            for (int i = 0; i < pool.length; i++) {
+                byte[] b = new byte[n];
+                rnd.nextBytes(b);
+                pool[i] = ByteBuffer.wrap(b);
+            }
+        }
+        return new Bodies(pool);
+    }
+
+    /**
+     * One publisher's bodies, used round robin. The id (and in latency mode the timestamps)
+     * is written into the chosen array in place: basicPublish copies the body into the
+     * client's frame before it returns, so the array is free again at once and the hot path
+     * allocates nothing. Not thread-safe: one instance per publishing thread.
+     */
+    static final class Bodies {
+        final ByteBuffer[] pool;
+        int next;
+
+        Bodies(ByteBuffer[] pool) { this.pool = pool; }
+
+        /** The next body of the pool, with `id` in bytes 0..7; publish its array(). */
+        ByteBuffer next(long id) {
+            ByteBuffer b = pool[next];
+            next = next + 1 == pool.length ? 0 : next + 1;
+            b.putLong(0, id);
+            return b;
+        }
     }
 
     static long msgId(int publisher, long seq) { return ((long) publisher << 32) | seq; }
@@ -202,7 +277,7 @@ public final class Bench {
      * (window <= 0: unbounded, publish as fast as the socket takes it).
      */
     static class ConfirmPublisher implements Runnable {
-        final int index; final int count; final String queue; final byte[] body; final int window;
+        final int index; final int count; final String queue; final Bodies bodies; final int window;
         final long stallNs;
         final ConcurrentSkipListSet<Long> unconfirmed = new ConcurrentSkipListSet<>();
         final Semaphore permits;
@@ -219,9 +294,9 @@ public final class Bench {
         Connection conn;
         Channel chan;
 
-        ConfirmPublisher(int index, int count, String queue, byte[] body, int window, long stallNs,
+        ConfirmPublisher(int index, int count, String queue, int size, int window, long stallNs,
                          CountDownLatch start) {
-            this.index = index; this.count = count; this.queue = queue; this.body = body.clone();
+            this.index = index; this.count = count; this.queue = queue; this.bodies = bodies(size, index);
             this.window = window; this.stallNs = stallNs; this.start = start;
             permits = window > 0 ? new Semaphore(window) : null;
             sentAt = new long[count + 1];
@@ -271,7 +346,6 @@ public final class Bench {
         public void run() {
             try {
                 AMQP.BasicProperties p = props();
-                ByteBuffer bb = ByteBuffer.wrap(body);
                 start.await();
                 for (int i = 1; i <= count; i++) {
                     if (permits != null && !permits.tryAcquire(stallNs, TimeUnit.NANOSECONDS)) {
@@ -280,7 +354,7 @@ public final class Bench {
                     }
                     long seq = chan.getNextPublishSeqNo();
                     if (seq != i) throw new IllegalStateException("publish seq " + seq + " != " + i);
-                    bb.putLong(0, msgId(index, seq));
+                    byte[] body = bodies.next(msgId(index, seq)).array();
                     sentAt[i] = System.nanoTime();
                     unconfirmed.add(seq);
                     int o = outstanding.incrementAndGet();
@@ -303,13 +377,13 @@ public final class Bench {
     }
 
     /** Untimed confirmed publishes to a throwaway non-durable queue: JIT-warm the client. */
-    static void warmup(Out out, Channel ach, byte[] body, int window, long stallNs) throws Exception {
+    static void warmup(Out out, Channel ach, int size, int window, long stallNs) throws Exception {
         int warmup = optInt("warmup", 0);
         if (warmup <= 0) return;
         String wq = "bench-warmup-" + UUID.randomUUID().toString().substring(0, 8);
         ach.queueDeclare(wq, false, false, false, null);
         CountDownLatch go = new CountDownLatch(1);
-        ConfirmPublisher w = new ConfirmPublisher(0, warmup, wq, body, window > 0 ? window : 1000, stallNs, go);
+        ConfirmPublisher w = new ConfirmPublisher(0, warmup, wq, size, window > 0 ? window : 1000, stallNs, go);
         w.open();
         go.countDown();
         w.run();
@@ -328,19 +402,19 @@ public final class Bench {
         String queue = queueName("confirms");
         out.put("queue", queue).put("count", count).put("size", size).put("window", window).put("publishers", pubs);
         out.put("persistent", !flag("transient"));
+        describePayload(out, size);
 
         Connection admin = adminConnection();
         try {
             Channel ach = admin.createChannel();
             declare(ach, queue);
-            byte[] body = body(size);
-            warmup(out, ach, body, window, stallNs);
+            warmup(out, ach, size, window, stallNs);
             CountDownLatch start = new CountDownLatch(1);
             List<ConfirmPublisher> ps = new ArrayList<>();
             List<Thread> ts = new ArrayList<>();
             for (int i = 0; i < pubs; i++) {
                 int share = count / pubs + (i < count % pubs ? 1 : 0);
-                ConfirmPublisher p = new ConfirmPublisher(i, share, queue, body, window, stallNs, start);
+                ConfirmPublisher p = new ConfirmPublisher(i, share, queue, size, window, stallNs, start);
                 p.open();
                 ps.add(p);
                 Thread t = new Thread(p, "publisher-" + i);
@@ -406,12 +480,12 @@ public final class Bench {
         String queue = queueName("publish");
         out.put("queue", queue).put("count", count).put("size", size).put("threads", threads);
         out.put("persistent", !flag("transient"));
+        describePayload(out, size);
         Connection admin = adminConnection();
         try {
             Channel ach = admin.createChannel();
             declare(ach, queue);
-            byte[] body0 = body(size);
-            warmup(out, ach, body0, 1000, stallNs);
+            warmup(out, ach, size, 1000, stallNs);
             CountDownLatch start = new CountDownLatch(1);
             List<Connection> conns = new ArrayList<>();
             List<Thread> ts = new ArrayList<>();
@@ -423,15 +497,13 @@ public final class Bench {
                 Connection c = factory().newConnection("mirrorq-bench-publish");
                 conns.add(c);
                 final Channel ch = c.createChannel();
-                final byte[] body = body0.clone();
+                final Bodies bodies = bodies(size, idx);
                 Thread t = new Thread(() -> {
                     try {
                         AMQP.BasicProperties p = props();
-                        ByteBuffer bb = ByteBuffer.wrap(body);
                         start.await();
                         for (int s = 1; s <= share; s++) {
-                            bb.putLong(0, msgId(idx, s));
-                            ch.basicPublish("", queue, p, body);
+                            ch.basicPublish("", queue, p, bodies.next(msgId(idx, s)).array());
                         }
                         doneAt[idx] = System.nanoTime();
                     } catch (Throwable e) {
@@ -474,23 +546,22 @@ public final class Bench {
         int size = bodySize();
         String queue = queueName("tx");
         out.put("queue", queue).put("count", count).put("size", size).put("persistent", !flag("transient"));
+        describePayload(out, size);
         Connection admin = adminConnection();
         Connection conn = factory().newConnection("mirrorq-bench-tx");
         try {
             Channel ach = admin.createChannel();
             declare(ach, queue);
-            byte[] body = body(size);
-            warmup(out, ach, body, 1000, TimeUnit.SECONDS.toNanos(optInt("timeout", 120)));
+            warmup(out, ach, size, 1000, TimeUnit.SECONDS.toNanos(optInt("timeout", 120)));
             Channel ch = conn.createChannel();
             ch.txSelect();
-            ByteBuffer bb = ByteBuffer.wrap(body);
+            Bodies bodies = bodies(size, 0);
             AMQP.BasicProperties p = props();
             long[] lat = new long[count];
             long t0 = System.nanoTime();
             for (int i = 0; i < count; i++) {
                 long c0 = System.nanoTime();
-                bb.putLong(0, msgId(0, i + 1));
-                ch.basicPublish("", queue, p, body);
+                ch.basicPublish("", queue, p, bodies.next(msgId(0, i + 1)).array());
                 ch.txCommit();
                 lat[i] = System.nanoTime() - c0;
             }
@@ -606,13 +677,13 @@ public final class Bench {
         out.put("queue", queue).put("rate", rate).put("duration_s", duration).put("warmup_s", warmSec)
            .put("count", total).put("measured", total - warmN).put("size", size).put("prefetch", prefetch)
            .put("persistent", !flag("transient"));
+        describePayload(out, size);
         Connection admin = adminConnection();
         Connection cconn = null;
         try {
             Channel ach = admin.createChannel();
             declare(ach, queue);
-            byte[] body = body(size);
-            warmup(out, ach, body, 1000, stallNs);
+            warmup(out, ach, size, 1000, stallNs);
             final long[] e2e = new long[total + 1];
             final long[] e2eSched = new long[total + 1];
             final AtomicInteger got = new AtomicInteger();
@@ -643,12 +714,11 @@ public final class Bench {
                 }
             });
             CountDownLatch start = new CountDownLatch(1);
-            ConfirmPublisher pub = new ConfirmPublisher(0, total, queue, body, 0, stallNs, start) {
+            ConfirmPublisher pub = new ConfirmPublisher(0, total, queue, size, 0, stallNs, start) {
                 @Override
                 public void run() {
                     try {
                         AMQP.BasicProperties p = props();
-                        ByteBuffer bb = ByteBuffer.wrap(this.body);
                         double interval = 1e9 / rate;
                         long t0 = System.nanoTime();
                         long maxLag = 0;
@@ -659,14 +729,14 @@ public final class Bench {
                             maxLag = Math.max(maxLag, now - due);
                             long seq = chan.getNextPublishSeqNo();
                             if (seq != i) throw new IllegalStateException("publish seq " + seq + " != " + i);
-                            bb.putLong(0, msgId(0, seq));
+                            ByteBuffer bb = bodies.next(msgId(0, seq));
                             long ts = System.nanoTime();
                             bb.putLong(8, ts);
                             bb.putLong(16, due);
                             sentAt[i] = ts;
                             unconfirmed.add(seq);
                             outstanding.incrementAndGet();
-                            chan.basicPublish("", queue, p, this.body);
+                            chan.basicPublish("", queue, p, bb.array());
                             if (!chan.isOpen()) throw new IllegalStateException("channel closed");
                         }
                         lagNs = maxLag;
