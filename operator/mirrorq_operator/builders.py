@@ -21,6 +21,14 @@ CONFIG_DIR = "/etc/mirrorq"
 # ConfigMap, nor in argv). The operator creates it once with a random value.
 RAFT_PASSWORD_KEY = "raft-password"
 RAFT_PASSWORD_ENV = "MIRRORQ_RAFT_PASSWORD"
+# spec.raftTls.secretName: mutual TLS on the Raft links from one cluster CA. The
+# Secret (kubernetes.io/tls plus ca.crt: cert-manager's layout) is mounted here,
+# beside the config (a mount inside the read-only ConfigMap volume could not be
+# created), and mirrorq.toml's [raft] names the files, as the chart does. The
+# password stays: it still authenticates the link.
+RAFT_TLS_DIR = "/etc/mirrorq-raft-tls"
+RAFT_TLS_VOLUME = "raft-tls"
+RAFT_TLS_FILES = {"tls_cert": "tls.crt", "tls_key": "tls.key", "tls_ca": "ca.crt"}
 
 # Peers come from the operator-maintained `members` key; an empty data dir after
 # the cluster has formed starts with --join (never bootstraps a second cluster).
@@ -82,12 +90,20 @@ def build_raft_secret(name: str, namespace: str, password: str) -> dict[str, Any
             "data": {RAFT_PASSWORD_KEY: base64.b64encode(password.encode()).decode()}}
 
 
+def raft_tls_config() -> dict[str, str]:
+    """The [raft] keys (dotted, for _toml) naming the mounted Secret's files."""
+    return {f"raft.{key}": f"{RAFT_TLS_DIR}/{file}" for key, file in RAFT_TLS_FILES.items()}
+
+
 def build_configmap(spec: Spec, name: str, namespace: str, members: list[str] | None = None,
                     formed: bool = False) -> dict[str, Any]:
     initial = members if members is not None else [pod_name(name, k) for k in range(spec.replicas)]
+    config = dict(spec.config)
+    if spec.raft_tls_secret:
+        config.update(raft_tls_config())
     return {
         "apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(name, namespace),
-        "data": {"mirrorq.toml": _toml(dict(spec.config)), "start.sh": START_SCRIPT,
+        "data": {"mirrorq.toml": _toml(config), "start.sh": START_SCRIPT,
                  "members": "\n".join(initial) + "\n", "formed": "true" if formed else "false"},
     }
 
@@ -113,6 +129,13 @@ def build_statefulset(spec: Spec, name: str, namespace: str,
     if spec.tls_secret:
         mounts.append({"name": "tls", "mountPath": "/etc/mirrorq-tls", "readOnly": True})
         volumes.append({"name": "tls", "secret": {"secretName": spec.tls_secret}})
+    if spec.raft_tls_secret:
+        mounts.append({"name": RAFT_TLS_VOLUME, "mountPath": RAFT_TLS_DIR, "readOnly": True})
+        # only the three keys (a missing one is a mount error naming it); 0440 with
+        # the pod's fsGroup: readable by the broker, not by other users
+        volumes.append({"name": RAFT_TLS_VOLUME, "secret": {
+            "secretName": spec.raft_tls_secret, "defaultMode": 0o440,
+            "items": [{"key": f, "path": f} for f in RAFT_TLS_FILES.values()]}})
     container = {
         "name": "mirrorq", "image": spec.image, "command": ["/bin/sh", f"{CONFIG_DIR}/start.sh"],
         "ports": _ports(), "env": env, "volumeMounts": mounts,

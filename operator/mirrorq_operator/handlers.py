@@ -17,7 +17,7 @@ from typing import Any
 import kopf
 
 from . import kube
-from .model import Spec, UpdateStatus, WaitFor
+from .model import Spec, SpecError, UpdateStatus, WaitFor
 from .plan import describe, plan, with_failure
 
 GROUP, VERSION, PLURAL = "mirrorq.io", "v1alpha1", "mirrorqclusters"
@@ -55,7 +55,13 @@ def _reconcile(spec: Any, name: str, namespace: str, meta: Any, status: Any,
                patch: kopf.Patch, logger: Any) -> None:
     started = time.monotonic()
     done: list[str] = []
-    cr_spec = Spec.from_cr(dict(spec))
+    try:
+        cr_spec = Spec.from_cr(dict(spec))
+    except SpecError as exc:
+        # nothing to retry until the spec changes (an update handler runs then); the
+        # status says why, and nothing is created or changed from a spec we refuse
+        patch.status["lastError"] = f"invalid spec: {exc}"
+        raise kopf.PermanentError(f"invalid spec: {exc}") from None
     obs = kube.observe(name, namespace, int(meta.get("generation") or 0), dict(status))
     out: dict[str, Any] = {"lastError": None}
     waiting: list[str] = []

@@ -1,6 +1,7 @@
 """Typed inputs (Spec, Observed) and outputs (Action) of the pure planner."""
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -9,6 +10,15 @@ AMQP_PORT = 5672
 RAFT_PORT = 25672
 ADMIN_PORT = 15672
 METRICS_PORT = 15692
+
+# A Secret's name: a DNS-1123 subdomain (lower case alphanumerics, '-' and '.').
+_SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# [raft] keys that spec.raftTls sets: spec.config may not set them itself.
+RAFT_TLS_CONFIG_KEYS = ("raft.tls_cert", "raft.tls_key", "raft.tls_ca")
+
+
+class SpecError(ValueError):
+    """A MirrorqCluster spec the operator cannot act on (one line: field and why)."""
 
 
 @dataclass(frozen=True)
@@ -20,11 +30,20 @@ class Spec:
     storage_size: str = "10Gi"
     service_type: str = "ClusterIP"
     tls_secret: str | None = None
+    # spec.raftTls.secretName: a kubernetes.io/tls Secret with tls.crt, tls.key and
+    # ca.crt (cert-manager's layout); set = mutual TLS on the Raft links
+    raft_tls_secret: str | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_cr(cls, spec: Mapping[str, Any]) -> Spec:
         persistence = spec.get("persistence") or {}
+        config = dict(spec.get("config") or {})
+        raft_tls_secret = _raft_tls_secret(spec.get("raftTls"))
+        reserved = sorted(k for k in config if k in RAFT_TLS_CONFIG_KEYS)
+        if reserved:
+            raise SpecError(f"spec.config: {', '.join(reserved)} cannot be set in config; name a "
+                            "kubernetes.io/tls Secret in spec.raftTls.secretName instead")
         return cls(
             replicas=int(spec.get("replicas", 3)),
             image=str(spec.get("image", cls.image)),
@@ -33,8 +52,29 @@ class Spec:
             storage_size=str(persistence.get("size", "10Gi")),
             service_type=str((spec.get("service") or {}).get("type", "ClusterIP")),
             tls_secret=(spec.get("tls") or {}).get("secretName"),
-            config=dict(spec.get("config") or {}),
+            raft_tls_secret=raft_tls_secret,
+            config=config,
         )
+
+
+def _raft_tls_secret(raft_tls: Any) -> str | None:
+    """spec.raftTls: absent (or null) = no TLS on the Raft links; else {secretName: NAME}."""
+    if raft_tls is None:
+        return None
+    if not isinstance(raft_tls, Mapping):
+        raise SpecError(f"spec.raftTls must be an object {{secretName: NAME}}, got {raft_tls!r}")
+    unknown = sorted(str(k) for k in raft_tls if k != "secretName")
+    if unknown:
+        raise SpecError(f"spec.raftTls: unknown field(s) {', '.join(unknown)} "
+                        "(only secretName)")
+    name = raft_tls.get("secretName")
+    if not isinstance(name, str) or not name:
+        raise SpecError("spec.raftTls.secretName is required: the name of a kubernetes.io/tls "
+                        "Secret in the cluster's namespace with tls.crt, tls.key and ca.crt")
+    if len(name) > 253 or not _SECRET_NAME.fullmatch(name):
+        raise SpecError(f"spec.raftTls.secretName {name!r} is not a Secret name (a DNS-1123 "
+                        "subdomain: lower case letters, digits, '-' and '.', at most 253)")
+    return name
 
 
 def pod_name(cluster: str, ordinal: int) -> str:

@@ -25,7 +25,9 @@ VALUE_SETS = {
     "minimal": ["--set", "replicas=1", "--set", "persistence.enabled=false",
                 "--set", "operator.enabled=false", "--set", "networkPolicy.enabled=false",
                 "--set", "pdb.enabled=false"],
+    "raft-tls": ["--set", "raftTls.secretName=mirrorq-raft-tls"],
 }
+RAFT_TLS_DIR = "/etc/mirrorq-raft-tls"
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +107,91 @@ def test_ready_script_is_valid_python(helm: str) -> None:
     tomllib.loads(cm["data"]["node.toml"] + 'password = "x"\n\n[users]\n"u" = "p"\n')
 
 
+def _rendered(helm: str, args: list[str]) -> dict[str, dict]:
+    out = render(helm, args)
+    assert out.returncode == 0, out.stderr
+    return {d["kind"]: d for d in yaml.safe_load_all(out.stdout)
+            if d and d["kind"] in ("StatefulSet", "ConfigMap")}
+
+
+def _start_script_config(cm: dict) -> str:
+    """node.toml as start.sh writes it: plus the Raft password (inside [raft]) and [users]."""
+    assert "cat /etc/mirrorq/node.toml" in cm["data"]["start.sh"]
+    return cm["data"]["node.toml"] + 'password = "x"\n\n[users]\n"u" = "p"\n'
+
+
+def test_raft_tls_is_mounted_and_configured_only_when_set(helm: str) -> None:
+    import tomllib
+    off = _rendered(helm, [])
+    pod = off["StatefulSet"]["spec"]["template"]["spec"]
+    assert "raft-tls" not in {v["name"] for v in pod["volumes"]}
+    assert "raft-tls" not in {m["name"] for m in pod["containers"][0]["volumeMounts"]}
+    assert "tls_" not in off["ConfigMap"]["data"]["node.toml"]
+
+    on = _rendered(helm, VALUE_SETS["raft-tls"])
+    pod = on["StatefulSet"]["spec"]["template"]["spec"]
+    (vol,) = [v for v in pod["volumes"] if v["name"] == "raft-tls"]
+    assert vol["secret"]["secretName"] == "mirrorq-raft-tls"
+    assert sorted(i["key"] for i in vol["secret"]["items"]) == ["ca.crt", "tls.crt", "tls.key"]
+    assert vol["secret"]["defaultMode"] == 0o440 and pod["securityContext"]["fsGroup"]
+    (c,) = pod["containers"]
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "raft-tls"]
+    assert mount == {"name": "raft-tls", "mountPath": RAFT_TLS_DIR, "readOnly": True}
+    assert "MIRRORQ_RAFT_PASSWORD" in {e["name"] for e in c["env"]}  # still authenticates links
+    raft = tomllib.loads(_start_script_config(on["ConfigMap"]))["raft"]
+    assert {k: raft[k] for k in ("tls_cert", "tls_key", "tls_ca", "password")} == {
+        "tls_cert": f"{RAFT_TLS_DIR}/tls.crt", "tls_key": f"{RAFT_TLS_DIR}/tls.key",
+        "tls_ca": f"{RAFT_TLS_DIR}/ca.crt", "password": "x"}
+    assert raft["election_min"] == 1  # the chart's own [raft] keys are kept
+    # a config change rolls the pods (the annotation is the ConfigMap's checksum)
+    ann = "checksum/config"
+    assert (on["StatefulSet"]["spec"]["template"]["metadata"]["annotations"][ann]
+            != off["StatefulSet"]["spec"]["template"]["metadata"]["annotations"][ann])
+    # without an fsGroup the files are world-readable in the pod (0444), else 0440
+    no_fs = _rendered(helm, [*VALUE_SETS["raft-tls"], "--set", "podSecurityContext.fsGroup=null"])
+    (vol,) = [v for v in no_fs["StatefulSet"]["spec"]["template"]["spec"]["volumes"]
+              if v["name"] == "raft-tls"]
+    assert vol["secret"]["defaultMode"] == 0o444
+
+
+def test_default_config_loads_in_the_node(helm: str, tmp_path: Path) -> None:
+    """The node accepts what start.sh writes from the defaults (e.g. memory_high_watermark
+    is bytes, an integer: a fraction like 0.4 is refused and the pod would exit 2)."""
+    from node.app.config import NodeConfig, apply_file
+    path = tmp_path / "node.toml"
+    path.write_text(_start_script_config(_rendered(helm, [])["ConfigMap"]))
+    cfg = NodeConfig(node_id="mirrorq-0", data_dir=str(tmp_path / "data"))
+    apply_file(cfg, str(path))
+    assert cfg.wire.memory_high_watermark == 419430400 and cfg.raft.election_min == 1.0
+    assert cfg.raft.tls_cert is None and cfg.raft.password == "x"
+
+
+def test_raft_tls_config_loads_in_the_node(helm: str, tmp_path: Path) -> None:
+    """What start.sh writes, with the Secret's files (cert-manager's names) in place,
+    is a config the node accepts, and the files make working TLS contexts."""
+    pytest.importorskip("cryptography")
+    from node.app.config import NodeConfig, apply_env, apply_file, check_cluster_password
+    from node.app.pki import make_ca, make_member
+
+    make_ca(tmp_path / "ca")
+    cert, key = make_member(tmp_path / "ca", "mirrorq-0", ["127.0.0.1"])
+    secret = tmp_path / "raft-tls"
+    secret.mkdir()
+    for src, name in ((cert, "tls.crt"), (key, "tls.key"), (tmp_path / "ca" / "ca.pem", "ca.crt")):
+        (secret / name).write_bytes(src.read_bytes())
+    cm = _rendered(helm, VALUE_SETS["raft-tls"])["ConfigMap"]
+    path = tmp_path / "node.toml"
+    path.write_text(_start_script_config(cm).replace(RAFT_TLS_DIR, str(secret)))
+    cfg = NodeConfig(node_id="mirrorq-0", data_dir=str(tmp_path / "data"))
+    apply_file(cfg, str(path))
+    apply_env(cfg, {})
+    assert (cfg.raft.tls_cert, cfg.raft.tls_key, cfg.raft.tls_ca) == (
+        str(secret / "tls.crt"), str(secret / "tls.key"), str(secret / "ca.crt"))
+    assert cfg.raft.password == "x"
+    cfg.raft.peers = {"mirrorq-1": "127.0.0.1:25673"}
+    check_cluster_password(cfg)  # loads the three files as TLS contexts
+
+
 @pytest.mark.parametrize("bad", [
     ["--set", "replicas=0"],
     ["--set", "replicas=many"],
@@ -115,6 +202,9 @@ def test_ready_script_is_valid_python(helm: str) -> None:
     ["--set", "podAntiAffinity=maybe"],
     ["--set", "terminationGracePeriodSeconds=5"],
     ["--set-string", "auth.password=a\"b"],
+    ["--set", "raftTls.secretName=Raft_TLS"],
+    ["--set", "config.memory_high_watermark=0.4"],
+    ["--set", "raftTls.secret=mirrorq-raft-tls"],
 ])
 def test_schema_rejects_bad_values(helm: str, bad: list[str]) -> None:
     out = render(helm, bad)
@@ -129,21 +219,76 @@ def _crd_schema() -> dict:
     return version["schema"]["openAPIV3Schema"]
 
 
+def _strict(schema: dict) -> dict:
+    """The schema as strict field validation (kubectl's default) applies it: an unknown
+    field is an error. The CRD itself may not say so with `additionalProperties: false`
+    beside `properties` (the API server refuses that; it prunes unknown fields)."""
+    import copy
+    schema = copy.deepcopy(schema)
+
+    def walk(node: dict) -> None:
+        if "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+            node["additionalProperties"] = False
+        for child in (node.get("properties") or {}).values():
+            walk(child)
+        for key in ("items", "additionalProperties"):
+            if isinstance(node.get(key), dict):
+                walk(node[key])
+    walk(schema)
+    return schema
+
+
+def test_crd_schema_is_structural() -> None:
+    """What the API server checks when the CRD is applied, which jsonschema does not:
+    `properties` and `additionalProperties` never on one object (not even `false`),
+    every node typed (but int-or-string / preserve-unknown-fields), items only on arrays."""
+    problems: list[str] = []
+
+    def walk(node: dict, path: str) -> None:
+        if "properties" in node and "additionalProperties" in node:
+            problems.append(f"{path}: properties and additionalProperties are mutually exclusive")
+        if "type" not in node and not (node.get("x-kubernetes-int-or-string")
+                                       or node.get("x-kubernetes-preserve-unknown-fields")):
+            problems.append(f"{path}: no type")
+        if "properties" in node and node.get("type") != "object":
+            problems.append(f"{path}: properties on type {node.get('type')!r}")
+        if "items" in node and node.get("type") != "array":
+            problems.append(f"{path}: items on type {node.get('type')!r}")
+        for name, child in (node.get("properties") or {}).items():
+            walk(child, f"{path}.{name}")
+        for key in ("items", "additionalProperties"):
+            if isinstance(node.get(key), dict):
+                walk(node[key], f"{path}.{key}")
+    walk(_crd_schema(), "openAPIV3Schema")
+    assert not problems, problems
+
+
 @pytest.mark.parametrize("path", sorted((CHART / "examples").glob("*.yaml")), ids=lambda p: p.name)
 def test_examples_match_crd(path: Path) -> None:
     for doc in yaml.safe_load_all(path.read_text()):
         assert doc["apiVersion"] == "mirrorq.io/v1alpha1" and doc["kind"] == "MirrorqCluster"
-        jsonschema.validate(doc, _crd_schema())
+        jsonschema.validate(doc, _strict(_crd_schema()))
+
+
+def test_crd_accepts_raft_tls() -> None:
+    doc = {"apiVersion": "mirrorq.io/v1alpha1", "kind": "MirrorqCluster", "metadata": {"name": "x"},
+           "spec": {"replicas": 3, "raftTls": {"secretName": "x-raft-tls"}}}
+    jsonschema.validate(doc, _strict(_crd_schema()))
+    # no CEL rules: x-kubernetes-validations needs Kubernetes >= 1.25 (the chart supports older)
+    assert "x-kubernetes-validations" not in _crd_schema()["properties"]["spec"]
 
 
 @pytest.mark.parametrize("spec", [
     {"replicas": 0}, {"replicas": "3"}, {"service": {"type": "Ingress"}},
     {"persistence": {"size": "big"}}, {"config": {"heartbeat": 30}}, {"unknown": 1},
+    {"raftTls": {}}, {"raftTls": {"secretName": ""}}, {"raftTls": {"secretName": "Raft_TLS"}},
+    {"raftTls": {"secretName": "x" * 254}}, {"raftTls": {"secretName": "x", "caKey": "ca"}},
+    {"raftTls": "x-raft-tls"},
 ])
 def test_crd_rejects_bad_specs(spec: dict) -> None:
     doc = {"apiVersion": "mirrorq.io/v1alpha1", "kind": "MirrorqCluster", "metadata": {"name": "x"}, "spec": spec}
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(doc, _crd_schema())
+        jsonschema.validate(doc, _strict(_crd_schema()))
 
 
 def test_crd_status_conditions() -> None:

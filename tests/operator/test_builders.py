@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import base64
+import tomllib
 
 from mirrorq_operator.builders import (
+    CONFIG_DIR,
+    RAFT_TLS_DIR,
+    RAFT_TLS_VOLUME,
     build_all,
     build_client_service,
     build_configmap,
@@ -98,3 +102,73 @@ def test_raft_password_comes_from_a_secret_never_the_configmap():
         "name": "mq-raft", "key": "raft-password"}
     cm = build_configmap(SPEC, "mq", "ns1")
     assert "password" not in cm["data"]["mirrorq.toml"] and "s3cret" not in str(build_all(SPEC, "mq", "ns1"))
+
+
+RAFT_TLS_SPEC = Spec.from_cr({"replicas": 3, "image": "mirrorq:1.2.3",
+                              "raftTls": {"secretName": "mq-raft-tls"},
+                              "config": {"heartbeat": 30}})
+
+
+def _pod(spec: Spec) -> dict:
+    return build_statefulset(spec, "mq", "ns1")["spec"]["template"]["spec"]
+
+
+def _raft_table(spec: Spec) -> dict:
+    return tomllib.loads(build_configmap(spec, "mq", "ns1")["data"]["mirrorq.toml"]).get("raft", {})
+
+
+def test_raft_tls_secret_is_mounted_and_configured_only_when_set():
+    # off (the default): no volume, no mount, no [raft] tls_* keys
+    for spec in (SPEC, Spec.from_cr({"replicas": 3})):
+        pod = _pod(spec)
+        assert RAFT_TLS_VOLUME not in {v["name"] for v in pod["volumes"]}
+        assert RAFT_TLS_VOLUME not in {m["name"] for m in pod["containers"][0]["volumeMounts"]}
+        assert not any(k.startswith("tls_") for k in _raft_table(spec))
+        assert "tls_" not in build_configmap(spec, "mq", "ns1")["data"]["mirrorq.toml"]
+    # on: the Secret's three keys, read-only, and [raft] names them
+    pod = _pod(RAFT_TLS_SPEC)
+    (vol,) = [v for v in pod["volumes"] if v["name"] == RAFT_TLS_VOLUME]
+    assert vol["secret"]["secretName"] == "mq-raft-tls"
+    assert {i["key"]: i["path"] for i in vol["secret"]["items"]} == {
+        "tls.crt": "tls.crt", "tls.key": "tls.key", "ca.crt": "ca.crt"}
+    assert vol["secret"]["defaultMode"] == 0o440 and pod["securityContext"]["fsGroup"]
+    (c,) = pod["containers"]
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == RAFT_TLS_VOLUME]
+    assert mount == {"name": RAFT_TLS_VOLUME, "mountPath": "/etc/mirrorq-raft-tls", "readOnly": True}
+    # not under the ConfigMap's mount (a mount point cannot be made inside it)
+    assert not mount["mountPath"].startswith(CONFIG_DIR + "/")
+    assert _raft_table(RAFT_TLS_SPEC) == {"tls_cert": "/etc/mirrorq-raft-tls/tls.crt",
+                                          "tls_key": "/etc/mirrorq-raft-tls/tls.key",
+                                          "tls_ca": "/etc/mirrorq-raft-tls/ca.crt"}
+    toml = tomllib.loads(build_configmap(RAFT_TLS_SPEC, "mq", "ns1")["data"]["mirrorq.toml"])
+    assert toml["heartbeat"] == 30  # the rest of the config is kept
+    # the password still comes from the operator's Secret (it authenticates the link too)
+    env = {e["name"]: e for e in c["env"]}
+    assert env["MIRRORQ_RAFT_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "mq-raft"
+    # the AMQPS `tls` Secret and the Raft one are separate volumes
+    both = _pod(Spec.from_cr({"tls": {"secretName": "mq-tls"}, "raftTls": {"secretName": "mq-raft-tls"}}))
+    assert {"tls", RAFT_TLS_VOLUME} <= {v["name"] for v in both["volumes"]}
+    assert build_all(RAFT_TLS_SPEC, "mq", "ns1") == build_all(RAFT_TLS_SPEC, "mq", "ns1")
+
+
+def test_raft_tls_config_loads_in_the_node_with_cert_manager_file_names(tmp_path):
+    """The node reads the rendered mirrorq.toml, and the files named there, laid out
+    as a kubernetes.io/tls Secret with ca.crt, make working TLS contexts."""
+    from node.app.config import NodeConfig, apply_file, check_cluster_password
+    from node.app.pki import make_ca, make_member
+
+    make_ca(tmp_path / "ca")
+    cert, key = make_member(tmp_path / "ca", "member", ["127.0.0.1"])
+    secret_dir = tmp_path / "raft-tls"
+    secret_dir.mkdir()
+    for src, name in ((cert, "tls.crt"), (key, "tls.key"), (tmp_path / "ca" / "ca.pem", "ca.crt")):
+        (secret_dir / name).write_bytes(src.read_bytes())
+    text = build_configmap(RAFT_TLS_SPEC, "mq", "ns1")["data"]["mirrorq.toml"]
+    path = tmp_path / "mirrorq.toml"
+    path.write_text(text.replace(RAFT_TLS_DIR, str(secret_dir)))
+    cfg = NodeConfig(node_id="mq-0", data_dir=str(tmp_path / "data"))
+    apply_file(cfg, str(path))
+    assert (cfg.raft.tls_cert, cfg.raft.tls_key, cfg.raft.tls_ca) == (
+        str(secret_dir / "tls.crt"), str(secret_dir / "tls.key"), str(secret_dir / "ca.crt"))
+    cfg.raft.peers = {"mq-1": "127.0.0.1:25673"}
+    check_cluster_password(cfg)  # TLS alone satisfies it, and the files load

@@ -20,6 +20,16 @@
 {{- default (include "mirrorq.fullname" .) .Values.auth.existingSecret -}}
 {{- end -}}
 
+{{/* raftTls.secretName, "" when Raft TLS is off (also when raftTls is unset). */}}
+{{- define "mirrorq.raftTlsSecret" -}}
+{{- with .Values.raftTls -}}{{- .secretName | default "" -}}{{- end -}}
+{{- end -}}
+
+{{/* Where the Raft TLS Secret is mounted (not under /etc/mirrorq: that is the read-only ConfigMap). */}}
+{{- define "mirrorq.raftTlsDir" -}}
+/etc/mirrorq-raft-tls
+{{- end -}}
+
 {{- define "mirrorq.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "mirrorq.fullname" .) .Values.serviceAccount.name -}}
@@ -69,7 +79,9 @@ app.kubernetes.io/component: operator
 {{- join "," $peers -}}
 {{- end -}}
 
-{{/* A TOML value: strings quoted, everything else as is. */}}
+{{/* A TOML value: strings quoted, whole numbers as integers (values.yaml numbers are
+float64, and Go prints 419430400.0 as 4.194304e+08), everything else as is. */}}
 {{- define "mirrorq.tomlValue" -}}
-{{- if kindIs "string" . -}}{{ . | quote }}{{- else if kindIs "bool" . -}}{{ ternary "true" "false" . }}{{- else -}}{{ . }}{{- end -}}
+{{- if kindIs "string" . -}}{{ . | quote }}{{- else if kindIs "bool" . -}}{{ ternary "true" "false" . }}
+{{- else if and (kindIs "float64" .) (eq (float64 (int64 .)) .) -}}{{ int64 . }}{{- else -}}{{ . }}{{- end -}}
 {{- end -}}

@@ -1,0 +1,45 @@
+"""Spec.from_cr: what the operator refuses, with a one-line reason naming the field."""
+from __future__ import annotations
+
+import kopf
+import pytest
+from mirrorq_operator.model import Spec, SpecError
+
+
+def test_raft_tls_is_off_unless_named():
+    assert Spec.from_cr({}).raft_tls_secret is None
+    assert Spec.from_cr({"raftTls": None}).raft_tls_secret is None
+    assert Spec.from_cr({"raftTls": {"secretName": "orders-raft-tls"}}).raft_tls_secret == "orders-raft-tls"
+    assert Spec.from_cr({"raftTls": {"secretName": "a.b-c.d"}}).raft_tls_secret == "a.b-c.d"
+
+
+@pytest.mark.parametrize(("spec", "words"), [
+    ({"raftTls": "orders-raft-tls"}, "spec.raftTls must be an object"),
+    ({"raftTls": {}}, "spec.raftTls.secretName is required"),
+    ({"raftTls": {"secretName": ""}}, "spec.raftTls.secretName is required"),
+    ({"raftTls": {"secretName": 7}}, "spec.raftTls.secretName is required"),
+    ({"raftTls": {"secretName": "Orders_TLS"}}, "is not a Secret name"),
+    ({"raftTls": {"secretName": "-orders"}}, "is not a Secret name"),
+    ({"raftTls": {"secretName": "a" * 254}}, "is not a Secret name"),
+    ({"raftTls": {"secretName": "ok", "caKey": "x"}}, "unknown field(s) caKey"),
+    ({"config": {"raft.tls_cert": "/etc/x.pem"}}, "raft.tls_cert cannot be set in config"),
+    ({"raftTls": {"secretName": "ok"}, "config": {"raft.tls_ca": "/x", "raft.tls_key": "/y"}},
+     "raft.tls_ca, raft.tls_key cannot be set in config"),
+])
+def test_bad_raft_tls_is_refused_with_a_clear_error(spec, words):
+    with pytest.raises(SpecError) as err:
+        Spec.from_cr(spec)
+    assert words in str(err.value) and "\n" not in str(err.value)
+    assert isinstance(err.value, ValueError)
+
+
+def test_handler_refuses_an_invalid_spec_permanently_and_says_why():
+    """No resources from a spec it refuses (before observing anything); no retry
+    until the spec changes; the reason lands in status.lastError."""
+    from mirrorq_operator import handlers
+
+    patch = kopf.Patch()
+    with pytest.raises(kopf.PermanentError, match="spec.raftTls.secretName"):
+        handlers.reconcile({"replicas": 3, "raftTls": {"secretName": "Bad_Name"}}, "mq", "ns1",
+                           {"generation": 1}, {}, patch)
+    assert patch["status"]["lastError"].startswith("invalid spec: spec.raftTls.secretName")
