@@ -7,7 +7,8 @@ chaos experiments use) and, concurrently for --duration seconds:
     dropped sockets with FIN or RST, handshakes abandoned half-way);
   * queue churn: >= --queues queues declared and deleted (durable / transient, exclusive,
     auto-delete, server-named, bound, some holding messages when deleted);
-  * steady publishers (confirms, persistent) and manual-ack consumers on durable queues.
+  * steady publishers (confirms, persistent; random, checksummed bodies of mixed sizes,
+    1-64 KiB by default) and manual-ack consumers on durable queues, which verify every body.
 Every node is sampled (VmRSS, open fds, AMQP connections) every --sample-interval seconds.
 Verdicts: RSS flat, no fd leak, no connection leak, no lost confirmed message, no node
 died, no queue or message bytes left behind, workload targets met. Exit 0 only if all pass.
@@ -48,6 +49,7 @@ from chaosmirrorq.cluster import (  # noqa: E402
     RawConn,
     StreamPublisher,
     body_id,
+    body_ok,
     drain,
 )
 from pamqp import body as pbody  # noqa: E402
@@ -227,6 +229,7 @@ class SteadyConsumer(threading.Thread):
         self.requeue_every = requeue_every
         self.acked: Counter[tuple[str, int]] = Counter()
         self.foreign = 0  # bodies that are not ours (must stay 0)
+        self.corrupted: list[str] = []  # bodies that failed their checksum (must stay empty)
         self.requeued = 0
         self.reconnects = 0
         self.error: str | None = None
@@ -273,6 +276,15 @@ class SteadyConsumer(threading.Thread):
                     mid = body_id(body)
                 except ValueError:
                     self.foreign += 1
+                    chan.basic_ack(method.delivery_tag)
+                    return
+                if not body_ok(body):
+                    # damaged: not a delivery of the message (it counts as lost unless an
+                    # intact copy comes), and a verdict of its own
+                    self.corrupted.append(f"{mid[0]}:{mid[1]}")
+                    self.counts.event(self.t0, "corrupted_body",
+                                      f"{self.queue}: {mid[0]}:{mid[1]} len {len(body)} "
+                                      f"head {body[:32].hex()}")
                     chan.basic_ack(method.delivery_tag)
                     return
                 if self.requeue_every and self._seen % self.requeue_every == 0:
@@ -651,7 +663,8 @@ class Soak:
             c.start()
             self.consumers.append(c)
             p = PacedPublisher(f"p{i}", q, self.rotated(i), None, window=100,
-                               size=self.args.size, stall_timeout=30.0,
+                               size=self.args.min_size, max_size=self.args.max_size,
+                               seed=f"{self.args.seed}:{i}", stall_timeout=30.0,
                                deadline=self.args.duration + 600.0, rate=per)
             p.start()
             self.publishers.append(p)
@@ -735,15 +748,21 @@ class Soak:
         acked: Counter[tuple[str, int]] = Counter()
         for c in self.consumers:
             acked.update(c.acked)
+        corrupted = [x for c in self.consumers for x in c.corrupted]
         for body, _red in leftovers:
             try:
-                acked[body_id(body)] += 1
+                mid = body_id(body)
             except ValueError:
-                pass
+                continue
+            if body_ok(body):
+                acked[mid] += 1
+            else:
+                corrupted.append(f"{mid[0]}:{mid[1]}")
         confirmed = {(p.tag, m) for p in self.publishers for m in p.confirmed}
         lost = sorted(confirmed - set(acked))
         return {
             "published": sum(p.published for p in self.publishers),
+            "published_body_bytes": sum(p.body_bytes for p in self.publishers),
             "confirmed": len(confirmed),
             "nacked": sum(p.nacked for p in self.publishers),
             "uncertain": sum(p.uncertain for p in self.publishers),
@@ -760,6 +779,8 @@ class Soak:
             "lost_ids": [f"{t}:{m}" for t, m in lost[:50]],
             "requeued_by_consumers": sum(c.requeued for c in self.consumers),
             "foreign_bodies": sum(c.foreign for c in self.consumers),
+            "corrupted": len(corrupted),
+            "corrupted_ids": corrupted[:50],
             "consumer_reconnects": sum(c.reconnects for c in self.consumers),
             "consumers_undrained": [c.queue for c in self.consumers if not c.drained.is_set()],
         }
@@ -886,6 +907,10 @@ def verdicts(args: argparse.Namespace, res: dict[str, Any], nodes: dict[str, Any
         f"confirmed {st['confirmed']}, lost {st['lost']}, duplicates {st['duplicates']}, "
         f"undrained {st['consumers_undrained']}, unfinished publishers {st['publishers_unfinished']}")
 
+    put("bodies_intact", st["corrupted"] == 0 and st["foreign_bodies"] == 0,
+        f"{st['corrupted']} delivered bodies failed their checksum {st['corrupted_ids'][:5]}, "
+        f"{st['foreign_bodies']} were not ours; {st['published_body_bytes'] / MIB:.0f} MiB of bodies published")
+
     put("no_node_died", not deaths, f"deaths: {deaths or 'none'}")
 
     left = counts["queues_left_over"] + len(res["leftover_queue_sample"])
@@ -985,8 +1010,9 @@ def summary_table(report: dict[str, Any]) -> str:
                  f"queue-worker connections {c.get('queue_worker_connections', 0)}")
     lines.append(f"queues declared {c.get('queues_declared', 0)}, deleted {c.get('queues_deleted', 0)} "
                  f"(implicitly {c.get('queues_deleted_implicitly', 0)}), errors {c.get('queue_errors', 0)}")
-    lines.append(f"published {s['published']}, confirmed {s['confirmed']}, nacked {s['nacked']}, "
-                 f"delivered {s['delivered']}, duplicates {s['duplicates']}, lost {s['lost']}")
+    lines.append(f"published {s['published']} ({s.get('published_body_bytes', 0) / MIB:.0f} MiB of bodies), "
+                 f"confirmed {s['confirmed']}, nacked {s['nacked']}, delivered {s['delivered']}, "
+                 f"duplicates {s['duplicates']}, lost {s['lost']}, corrupted {s.get('corrupted', 0)}")
     changes = report.get("leader_changes", [])
     lines.append(f"leader changes (no fault injected; informational): {len(changes)} "
                  + " ".join(f"{c['from']}->{c['to']}@{c['t']:.0f}s" for c in changes))
@@ -1008,7 +1034,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--queues", type=int, default=10000, help="queues to declare and delete")
     p.add_argument("--rate", type=float, default=150.0, help="steady confirmed publishes per second, total")
     p.add_argument("--steady-queues", type=int, default=3)
-    p.add_argument("--size", type=int, default=1024, help="steady message body bytes")
+    p.add_argument("--min-size", type=int, default=1024,
+                   help="smallest steady message body, bytes (default 1 KiB)")
+    p.add_argument("--max-size", type=int, default=64 * 1024,
+                   help="largest steady message body, bytes (default 64 KiB); sizes are log-uniform "
+                        "between the two (random, incompressible, checksummed bodies)")
+    p.add_argument("--size", type=int, default=None,
+                   help="one fixed steady body size instead (sets --min-size and --max-size)")
     p.add_argument("--requeue-every", type=int, default=500, help="a consumer nack-requeues every Nth delivery (0: never)")
     p.add_argument("--sample-interval", type=float, default=5.0)
     p.add_argument("--warmup-fraction", type=float, default=0.2,
@@ -1021,13 +1053,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="churn operations that may fail (client timeouts on a loaded machine), percent")
     p.add_argument("--start-timeout", type=float, default=120.0,
                    help="seconds for the cluster to become healthy (per attempt)")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1, help="churn choices and steady body sizes")
     p.add_argument("--keep-data", action="store_true", help="keep the node data dirs and logs even on success")
     a = p.parse_args(argv)
     if a.nodes < 1 or a.duration < 5 or a.steady_queues < 1 or a.rate <= 0:
         p.error("need --nodes >= 1, --duration >= 5, --steady-queues >= 1, --rate > 0")
     if not 0.05 <= a.warmup_fraction <= 0.4:
         p.error("--warmup-fraction must be within 0.05..0.4")
+    if a.size is not None:
+        a.min_size = a.max_size = a.size
+    if not 1 <= a.min_size <= a.max_size:
+        p.error("need 1 <= --min-size <= --max-size")
     return a
 
 

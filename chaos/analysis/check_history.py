@@ -7,9 +7,9 @@
 
 Reads every RUN_DIR/*.jsonl (and RUN_DIR/*.parquet) with an explicit schema and
 computes per run the metrics defined in chaos/HISTORY.md. Only small aggregates
-come back to the driver. Exit status: 0 when every run has lost == 0 and
-unexpected == 0, 1 otherwise, 2 when no verdict could be reached (bad input:
-one line on stderr).
+come back to the driver. Exit status: 0 when every run has lost == 0,
+unexpected == 0 and corrupted == 0, 1 otherwise, 2 when no verdict could be
+reached (bad input: one line on stderr).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ SETTLE_ACTIONS = ("ack", "nack-requeue", "crash")
 PHASES = ("before", "during", "after", "between")
 CORRUPT = "_corrupt_record"
 EVENT_COLUMNS = ("rk", "type", "run", "msg_id", "send_ts", "outcome", "outcome_ts", "redelivered", "ts",
-          "action", "name", "start_ts", "end_ts")
+          "action", "name", "start_ts", "end_ts", "corrupted")
 LOST_SAMPLE = 20
 PERCENTILE_ACCURACY = 10000  # rank error <= n / 10000 (exact for small groups)
 BUCKET_PERCENTILE_ACCURACY = 1000
@@ -57,6 +57,7 @@ SCHEMA = T.StructType(
         T.StructField("redelivered", T.BooleanType()),
         T.StructField("ts", T.DoubleType()),
         T.StructField("phase", T.StringType()),
+        T.StructField("corrupted", T.BooleanType()),  # deliver: the body failed its check
         T.StructField("action", T.StringType()),
         T.StructField("name", T.StringType()),
         T.StructField("start_ts", T.DoubleType()),
@@ -389,6 +390,7 @@ def _analyze(
     c, t = F.col, F.col("type")
     is_pub, is_dlv = t == "publish", t == "deliver"
     is_ack = is_pub & (c("outcome") == "ack")
+    is_bad_dlv = is_dlv & F.coalesce(c("corrupted"), F.lit(False))
 
     def n(cond: Column) -> Column:
         return F.sum(F.when(cond, 1).otherwise(0))
@@ -408,11 +410,13 @@ def _analyze(
         n(is_dlv & c("redelivered")).alias("redeliveries"),
         n(is_ack & c("outcome_ts").isNull()).alias("acks_without_ts"),
         n(is_dlv & ~c("redelivered")).alias("first_dlvs"),
+        n(is_bad_dlv).alias("corrupt_dlvs"),
         F.coalesce(F.max(is_ack), F.lit(False)).alias("acked"),
         F.min(F.when(is_pub, c("send_ts"))).alias("t0"),
         F.max(F.when(is_pub, c("send_ts"))).alias("t1"),
         F.min(F.when(is_ack, c("send_ts"))).alias("ack_send_ts"),
         F.min(F.when(is_dlv, c("ts"))).alias("dlv_ts"),
+        F.min(F.when(is_bad_dlv, c("ts"))).alias("corrupt_ts"),
         F.min("run").alias("run_min"),
         F.max("run").alias("run_max"),
         F.coalesce(F.max(t == "fault"), F.lit(False)).alias("is_fault"),
@@ -422,9 +426,11 @@ def _analyze(
     ]
     per_msg = ev.groupBy("rk", key.alias("key")).agg(*l1)
     pubs_c, dlvs_c = c("t_publish"), c("t_deliver")
-    lost_c = c("acked") & (dlvs_c == 0)
+    # a damaged copy does not deliver the message: lost = confirmed, no intact delivery
+    lost_c = c("acked") & (dlvs_c - c("corrupt_dlvs") == 0)
     unexp_c = (pubs_c == 0) & (dlvs_c > 0)
-    summed = ["events", "bad", "redeliveries", "acks_without_ts"]
+    corrupt_c = c("corrupt_dlvs") > 0
+    summed = ["events", "bad", "redeliveries", "acks_without_ts", "corrupt_dlvs"]
     summed += [f"t_{x}" for x in EVENT_TYPES] + [f"o_{o}" for o in OUTCOMES] + [f"s_{a}" for a in SETTLE_ACTIONS]
     l2 = [F.sum(x).alias(x) for x in summed]
     l2 += [
@@ -437,6 +443,7 @@ def _analyze(
         n(lost_c).alias("lost"),
         n(c("first_dlvs") > 1).alias("duplicates"),
         n(unexp_c).alias("unexpected"),
+        n(corrupt_c).alias("corrupted"),
         n((pubs_c > 0) & ~c("acked") & (dlvs_c > 0)).alias("recovered"),
         n(dlvs_c > 0).alias("delivered"),
         F.collect_list(
@@ -475,8 +482,9 @@ def _analyze(
     # (not cached: caching it costs a clean run more than this costs a failing one)
     lost_ids: dict[int, list[str]] = {}
     unexp_ids: dict[int, list[str]] = {}
-    if any(m["lost"] or m["unexpected"] for m in stats.values()):
-        lost_ids, unexp_ids = _sample_ids(per_msg, lost_c, unexp_c)
+    corrupt_ids: dict[int, list[str]] = {}
+    if any(m["lost"] or m["unexpected"] or m["corrupted"] for m in stats.values()):
+        lost_ids, unexp_ids, corrupt_ids = _sample_ids(per_msg, lost_c, unexp_c, corrupt_c)
     st.done("lost-ids")
 
     # ---- pass 3: confirm latency and throughput per phase (by send_ts)
@@ -491,7 +499,8 @@ def _analyze(
     pubs = pubs.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         return _latency_and_report(spark, runs, st, pubs, stats, msg_stats, faults, merged, lost_ids,
-                                   unexp_ids, bucket_seconds, started, input_partitions, shuffle_partitions)
+                                   unexp_ids, corrupt_ids, bucket_seconds, started, input_partitions,
+                                   shuffle_partitions)
     finally:
         pubs.unpersist()
 
@@ -507,6 +516,7 @@ def _latency_and_report(
     merged: dict[int, list[tuple[float, float]]],
     lost_ids: dict[int, list[str]],
     unexp_ids: dict[int, list[str]],
+    corrupt_ids: dict[int, list[str]],
     bucket_seconds: float,
     started: float,
     input_partitions: int,
@@ -618,7 +628,8 @@ def _latency_and_report(
         if s["acks_without_ts"]:
             r.warnings.append(f"{s['acks_without_ts']} ack outcome(s) without outcome_ts (no latency)")
         lost, unexpected = int(m.get("lost", 0)), int(m.get("unexpected", 0))
-        ok = lost == 0 and unexpected == 0
+        corrupted = int(m.get("corrupted", 0))
+        ok = lost == 0 and unexpected == 0 and corrupted == 0
         all_ok = all_ok and ok
         report_runs[r.run_id] = {
             "dir": r.dir,
@@ -628,10 +639,13 @@ def _latency_and_report(
             "lost": lost,
             "duplicates": int(m.get("duplicates", 0)),
             "unexpected": unexpected,
+            "corrupted": corrupted,
+            "corrupted_deliveries": int(m.get("corrupt_dlvs", 0)),
             "recovered": int(m.get("recovered", 0)),
             "redeliveries": int(s["redeliveries"]),
             "lost_ids": lost_ids.get(r.key, []),
             "unexpected_ids": unexp_ids.get(r.key, []),
+            "corrupted_ids": corrupt_ids.get(r.key, []),
             "published_ids": int(m.get("published", 0)),
             "delivered_ids": int(m.get("delivered", 0)),
             "events": {x: int(s[f"t_{x}"]) for x in EVENT_TYPES},
@@ -695,28 +709,35 @@ def _phase_stats(row: Any, secs: float) -> dict[str, Any]:
     }
 
 
-def _sample_ids(per_msg: DataFrame, lost: Column, unexpected: Column) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
+def _sample_ids(
+    per_msg: DataFrame, lost: Column, unexpected: Column, corrupted: Column
+) -> tuple[dict[int, list[str]], dict[int, list[str]], dict[int, list[str]]]:
     """The first LOST_SAMPLE lost msg_ids per run (by the send_ts of their first acked
-    publish, then msg_id) and the first unexpected ones (by first delivery)."""
+    publish, then msg_id), the first unexpected ones (by first delivery) and the first
+    corrupted ones (by first damaged delivery). A msg_id may be in several lists."""
     from pyspark.sql.window import Window
 
     c = F.col
-    cand = per_msg.filter(lost | unexpected).select(
-        "rk",
-        "key",
-        lost.alias("is_lost"),
-        F.when(lost, c("ack_send_ts")).otherwise(c("dlv_ts")).alias("ord"),
+    kinds = F.array(
+        F.when(lost, F.struct(F.lit(0).alias("k"), c("ack_send_ts").alias("ord"))),
+        F.when(unexpected, F.struct(F.lit(1).alias("k"), c("dlv_ts").alias("ord"))),
+        F.when(corrupted, F.struct(F.lit(2).alias("k"), c("corrupt_ts").alias("ord"))),
     )
-    w = Window.partitionBy("rk", "is_lost").orderBy(c("ord").asc_nulls_last(), c("key"))
+    cand = (
+        per_msg.filter(lost | unexpected | corrupted)
+        .select("rk", "key", F.explode(F.filter(kinds, lambda x: x.isNotNull())).alias("x"))
+        .select("rk", "key", c("x.k").alias("kind"), c("x.ord").alias("ord"))
+    )
+    w = Window.partitionBy("rk", "kind").orderBy(c("ord").asc_nulls_last(), c("key"))
     rows = (
         cand.withColumn("i", F.row_number().over(w))
         .filter(c("i") <= LOST_SAMPLE)
-        .select("rk", "is_lost", "i", "key")
+        .select("rk", "kind", "i", "key")
         .collect()
     )
-    out: tuple[dict[int, list[str]], dict[int, list[str]]] = ({}, {})
-    for row in sorted(rows, key=lambda x: (x["rk"], x["i"])):
-        out[0 if row["is_lost"] else 1].setdefault(row["rk"], []).append(row["key"])
+    out: tuple[dict[int, list[str]], dict[int, list[str]], dict[int, list[str]]] = ({}, {}, {})
+    for row in sorted(rows, key=lambda x: (x["rk"], x["kind"], x["i"])):
+        out[row["kind"]].setdefault(row["rk"], []).append(row["key"])
     return out
 
 
@@ -775,7 +796,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="check_history.py",
         description="Check mirrorq chaos histories (chaos/HISTORY.md) on Spark. "
-        "Exit 0: no lost or unexpected message in any run; 1: some; 2: no verdict (bad input).",
+        "Exit 0: no lost, unexpected or corrupted message in any run; 1: some; 2: no verdict (bad input).",
     )
     ap.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     ap.add_argument("--out", required=True, help="JSON report path (local file on the driver)")

@@ -19,7 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from chaosmirrorq.cluster import Cluster, ClusterNode
-from chaosmirrorq.workload import HistoryWriter, Workload, declare_queues, parse_endpoints
+from chaosmirrorq.workload import (
+    DEFAULT_MAX_SIZE,
+    DEFAULT_MIN_SIZE,
+    DEFAULT_RATE,
+    DEFAULT_SEED,
+    HistoryWriter,
+    Workload,
+    declare_queues,
+    parse_endpoints,
+)
 
 __all__ = ["start_cluster", "stop_cluster", "kill_node", "restart_node", "pause_node",
            "partition_node", "partition_minority", "heal_all", "restart_cluster",
@@ -44,6 +53,14 @@ def _b(x: Any) -> bool:
     if isinstance(x, str):
         return x.strip().lower() in ("1", "true", "yes", "on")
     return bool(x)
+
+
+def _body_config() -> dict[str, int]:
+    """Body sizes and seed of the workload: CHAOS_MIN_SIZE / CHAOS_MAX_SIZE (bytes,
+    default 1 KiB / 64 KiB) and CHAOS_SEED (default 1)."""
+    return {"min_size": _i(os.environ.get("CHAOS_MIN_SIZE") or DEFAULT_MIN_SIZE),
+            "max_size": _i(os.environ.get("CHAOS_MAX_SIZE") or DEFAULT_MAX_SIZE),
+            "seed": _i(os.environ.get("CHAOS_SEED") or DEFAULT_SEED)}
 
 
 def _cluster() -> Cluster:
@@ -172,8 +189,10 @@ def run_baseline(seconds: float = 2.0, amqp: str | None = None) -> dict[str, Any
     t0 = time.time()
     queues = ["chaos-baseline"]
     declare_queues(first, queues)
+    body = _body_config()
     wl = Workload(bdir, rid, nodes_fn, queues=queues, publishers=1, consumers=1,
-                  rate=300, crash_every=0)
+                  rate=DEFAULT_RATE, crash_every=0, min_size=body["min_size"],
+                  max_size=body["max_size"], seed=body["seed"])
     wl.start()
     time.sleep(seconds)
     wl.stop_publishers()
@@ -431,14 +450,18 @@ def remove_member(target: str = "follower", timeout: float = 90.0) -> dict[str, 
 
 # ------------------------------------------------------------------ workload
 
-def start_workload(publishers: int = 3, consumers: int = 3, rate: float = 200.0,
+def start_workload(publishers: int = 3, consumers: int = 3, rate: float = DEFAULT_RATE,
                    window: int = 100, queues: str = "chaos-a,chaos-b", warmup: float = 2.0,
                    pin_publishers_to: str | None = None, amqp: str | None = None,
-                   publish_timeout: float = 15.0, crash_every: int = 150) -> dict[str, Any]:
+                   publish_timeout: float = 15.0, crash_every: int = 150,
+                   min_size: int | None = None, max_size: int | None = None,
+                   seed: int | None = None) -> dict[str, Any]:
     """Start the history-writing publishers/consumers (RUN_DIR/pub-*.jsonl, con-*.jsonl)
     over the cluster's nodes (or over `amqp` = "id=host:port,..." for a cluster we did
     not start, e.g. through a Kubernetes Service). pin_publishers_to="leader" makes
-    every publisher prefer the current leader (e.g. to kill it under load)."""
+    every publisher prefer the current leader (e.g. to kill it under load). `rate` is
+    msg/s per publisher; bodies are random, min_size..max_size bytes (default from
+    CHAOS_MIN_SIZE / CHAOS_MAX_SIZE, 1 KiB..64 KiB), sizes drawn from `seed` (CHAOS_SEED)."""
     qs = [q.strip() for q in queues.split(",") if q.strip()]
     if amqp:
         eps = parse_endpoints(amqp)
@@ -459,14 +482,19 @@ def start_workload(publishers: int = 3, consumers: int = 3, rate: float = 200.0,
         rj.write_text(json.dumps({"run": _STATE["run_id"], "experiment": _STATE.get("experiment", ""),
                                   "started": time.time(), "ended": None}))
     declare_queues(declare_node, qs)
+    bodies = _body_config()
+    for k, v in (("min_size", min_size), ("max_size", max_size), ("seed", seed)):
+        if v not in (None, ""):
+            bodies[k] = _i(v)
     wl = Workload(run_dir, _STATE["run_id"], nodes_fn, queues=qs, publishers=_i(publishers),
                   consumers=_i(consumers), rate=_f(rate), window=_i(window),
                   publish_timeout=_f(publish_timeout), crash_every=_i(crash_every),
-                  pin_publishers_to=pin)
+                  pin_publishers_to=pin, min_size=bodies["min_size"],
+                  max_size=bodies["max_size"], seed=bodies["seed"])
     wl.start()
     _STATE.update(workload=wl, workload_running=True, check_target=run_dir, drain_node=declare_node)
     time.sleep(_f(warmup))
-    return {"queues": qs, "pinned_to": pin, **wl.summary()}
+    return {"queues": qs, "pinned_to": pin, "rate": _f(rate), "bodies": bodies, **wl.summary()}
 
 
 def stop_workload() -> dict[str, Any]:

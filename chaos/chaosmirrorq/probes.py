@@ -94,6 +94,9 @@ def fallback_check(run_dir: Path) -> dict[str, Any]:
     publish_ts: list[float] = []
     delivered_fresh: dict[str, int] = {}
     delivered: set[str] = set()
+    intact: set[str] = set()      # delivered at least once with a body that passed its check
+    corrupted: set[str] = set()   # delivered at least once with a damaged body
+    corrupted_deliveries = 0
     redeliveries = 0
     faults: list[tuple[float, float]] = []
     drain_done = False
@@ -117,6 +120,11 @@ def fallback_check(run_dir: Path) -> dict[str, Any]:
                         acks.append((e["send_ts"], e["outcome_ts"] - e["send_ts"]))
                 elif t == "deliver":
                     delivered.add(e["msg_id"])
+                    if e.get("corrupted"):
+                        corrupted.add(e["msg_id"])
+                        corrupted_deliveries += 1
+                    else:
+                        intact.add(e["msg_id"])
                     if e.get("redelivered"):
                         redeliveries += 1
                     else:
@@ -127,7 +135,7 @@ def fallback_check(run_dir: Path) -> dict[str, Any]:
                 elif t == "drain_done":
                     drain_done = True
     confirmed = {m for m, o in outcomes.items() if "ack" in o}
-    lost = confirmed - delivered
+    lost = confirmed - intact  # a damaged copy does not deliver the message
     first_fault = min((s for s, _ in faults), default=math.inf)
     last_end = max((e for _, e in faults), default=-math.inf)
 
@@ -153,6 +161,8 @@ def fallback_check(run_dir: Path) -> dict[str, Any]:
         "run": run_id, "dir": str(run_dir), "checker": "fallback", "drained": drain_done,
         "published_ids": len(outcomes), "confirmed": len(confirmed), "lost": len(lost),
         "lost_ids": sorted(lost)[:20],
+        "corrupted": len(corrupted), "corrupted_deliveries": corrupted_deliveries,
+        "corrupted_ids": sorted(corrupted)[:20],
         "duplicates": sum(1 for c in delivered_fresh.values() if c > 1),
         "unexpected": len(delivered - set(outcomes)),
         "recovered": sum(1 for m, o in outcomes.items() if "ack" not in o and m in delivered),
@@ -172,7 +182,8 @@ def _normalize(report: dict[str, Any], checker_exit: int | None = None) -> dict[
             out = dict(next(iter(runs.values())))
         else:  # several runs in one dir: sum the counts, lost must be 0 in each
             out = {k: sum(int(r.get(k) or 0) for r in runs.values())
-                   for k in ("confirmed", "lost", "duplicates", "unexpected", "recovered", "redeliveries")}
+                   for k in ("confirmed", "lost", "duplicates", "unexpected", "recovered", "redeliveries",
+                             "corrupted")}
             out["runs"] = runs
         out["spark"] = report.get("checker")
         out["checker"] = "spark"
@@ -221,8 +232,11 @@ def history_report(run_dir: str | Path, out: str | Path | None = None,
 
 
 def report_passed(report: dict[str, Any]) -> bool:
+    """No lost confirmed message, no corrupted body, drained (and the Spark checker
+    said ok)."""
     lost = report.get("lost")
-    ok = isinstance(lost, int) and lost == 0 and bool(report.get("complete", True))
+    ok = (isinstance(lost, int) and lost == 0 and not report.get("corrupted")
+          and bool(report.get("complete", True)))
     if report.get("checker") == "spark":
         ok = ok and report.get("checker_exit") == 0 and report.get("ok") is not False
     return ok
@@ -230,8 +244,8 @@ def report_passed(report: dict[str, Any]) -> bool:
 
 def history_check_passed(run_dir: str | None = None, amqp: str | None = None,
                          baseline_checker: str = "fallback") -> bool:
-    """True when the history check of the run reports zero lost confirmed messages
-    (and the run was drained). Default run: the current experiment's main run once
+    """True when the history check of the run reports zero lost confirmed messages and
+    no corrupted body (and the run was drained). Default run: the current experiment's main run once
     its workload started, else the baseline run written by start_cluster; with no
     run yet and `amqp` endpoints given (a cluster we did not start), a baseline
     run against them first. The 2-second baseline is judged by `baseline_checker`

@@ -13,7 +13,7 @@ without its partition experiment.
 `chaos run` exits 0 even when the steady-state hypothesis failed before the method,
 so the verdict comes from the journal: status "completed", not deviated, the
 hypothesis met before AND after, every method activity succeeded; and from the
-history report: drained, lost == 0. Short durations are the defaults here (each
+history report: drained, lost == 0, corrupted == 0. Short durations are the defaults here (each
 experiment about a minute); any CHAOS_* variable already set wins.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ SUBSETS = {
     "ci": ["leader-kill-loop", "minority-partition", "full-restart"],
 }
 SHORT = {  # make chaos: short faults
-    "CHAOS_RATE": "150",
+    "CHAOS_RATE": "350",  # per publisher, the workload default (chaosmirrorq.workload.DEFAULT_RATE)
     "CHAOS_WARMUP_SECONDS": "3",
     "CHAOS_FAULT_SECONDS": "5",
     "CHAOS_KILLS": "2",
@@ -89,8 +89,8 @@ def run_one(name: str, out: Path, env: dict[str, str], timeout: float) -> dict[s
     base.mkdir(parents=True)
     journal_path = base / "journal.json"
     t0 = time.monotonic()
-    row: dict[str, Any] = {"experiment": name, "confirmed": None, "lost": None, "duplicates": None,
-                           "p99_during_ms": None, "verdict": "FAIL", "reasons": [], "dir": str(base)}
+    row: dict[str, Any] = {"experiment": name, "confirmed": None, "lost": None, "corrupted": None,
+                           "duplicates": None, "p99_during_ms": None, "verdict": "FAIL", "reasons": [], "dir": str(base)}
     with open(base / "chaos.log", "w") as log:
         proc = subprocess.Popen([chaos_cli(), "--no-log-file", "run", "--journal-path", str(journal_path),
                                  str(exp)], cwd=str(base), env=dict(env, CHAOS_BASE_DIR=str(base)),
@@ -124,12 +124,13 @@ def run_one(name: str, out: Path, env: dict[str, str], timeout: float) -> dict[s
         row["reasons"].append("no history")
         ok = False
     else:
-        for k in ("confirmed", "lost", "duplicates", "unexpected", "recovered", "redeliveries",
-                  "p99_during_ms"):
+        for k in ("confirmed", "lost", "corrupted", "duplicates", "unexpected", "recovered",
+                  "redeliveries", "p99_during_ms"):
             row[k] = report.get(k)
         if not report_passed(report):
             ok = False
-            row["reasons"].append(f"history check: lost={report.get('lost')} complete={report.get('complete')}")
+            row["reasons"].append(f"history check: lost={report.get('lost')} "
+                                  f"corrupted={report.get('corrupted')} complete={report.get('complete')}")
     row["verdict"] = "PASS" if ok else "FAIL"
     return row
 
@@ -159,11 +160,13 @@ def cleanup_leftovers(base: Path) -> None:
 
 
 def fmt_table(rows: list[dict[str, Any]]) -> str:
-    head = ["experiment", "confirmed", "lost", "duplicates", "p99 confirm ms (fault)", "seconds", "verdict"]
+    head = ["experiment", "confirmed", "lost", "corrupted", "duplicates", "p99 confirm ms (fault)", "seconds",
+            "verdict"]
     lines = [head]
     for r in rows:
         p99 = r.get("p99_during_ms")
-        lines.append([r["experiment"], str(r.get("confirmed")), str(r.get("lost")), str(r.get("duplicates")),
+        lines.append([r["experiment"], str(r.get("confirmed")), str(r.get("lost")), str(r.get("corrupted")),
+                      str(r.get("duplicates")),
                       f"{p99:.0f}" if isinstance(p99, int | float) else "-", str(r.get("seconds", "-")),
                       r["verdict"]])
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
@@ -211,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         row = run_one(name, out, env, args.timeout)
         rows.append(row)
         print(f"[chaos] {name}: {row['verdict']} in {row.get('seconds')}s confirmed={row.get('confirmed')} "
-              f"lost={row.get('lost')} {'; '.join(row['reasons'])}", flush=True)
+              f"lost={row.get('lost')} corrupted={row.get('corrupted')} {'; '.join(row['reasons'])}", flush=True)
     total = round(time.monotonic() - t0, 1)
     (out / "summary.json").write_text(json.dumps({"rows": rows, "seconds": total}, indent=2, default=str))
     print()

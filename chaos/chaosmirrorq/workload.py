@@ -9,8 +9,16 @@ Publishers talk raw AMQP (pamqp frames over chaosmirrorq.cluster.RawConn) so tha
 publish attempt gets exactly one recorded outcome: `ack` / `nack` from the broker,
 `timeout` (no outcome within `publish_timeout`: the connection is dropped and the
 publisher moves on) or `connection-lost` (the socket died with it outstanding).
-Each attempt has its own msg_id (`<publisher>-<k>`, in the body and in message_id);
-nothing is republished, so a `recovered` message is one whose uncertain publish made it.
+Each attempt has its own msg_id (`<publisher>-<k>`, in message_id; the body starts with
+`<publisher>:<k>:`); nothing is republished, so a `recovered` message is one whose
+uncertain publish made it.
+
+Bodies are what real payloads look like to the broker: random bytes that do not compress,
+of mixed sizes (log-uniform between `min_size` and `max_size`, default 1 KiB..64 KiB, from
+`seed`), with a crc32 of the content after the id (chaosmirrorq.cluster.RandomBodies /
+make_body's format). Every consumer and the drain verify each body (checksum, declared
+size, id against message_id); a damaged one is recorded with `corrupted: true` on its
+`deliver` event, which the history checker counts as corrupted (a failure like lost).
 
 Consumers: manual acks, ~`nack_ratio` nack-requeue, and one "crasher" that now and then
 holds a few deliveries unacked and closes its socket (settle action `crash`). Every
@@ -35,7 +43,24 @@ from pamqp import frame as pframe
 from pamqp import header as pheader
 from pamqp.body import ContentBody
 
-from chaosmirrorq.cluster import ConnLost, RawConn, _frame, confirmed_tags
+from chaosmirrorq.cluster import (
+    ConnLost,
+    RandomBodies,
+    RawConn,
+    body_frames,
+    body_id,
+    body_ok,
+    confirmed_tags,
+)
+
+# msg/s per publisher (3 publishers: ~1,050 msg/s, ~16 MB/s of 1-64 KiB bodies), about
+# 70 % of what a 3-node cluster sustained on the 2-core development machine: 1,500 msg/s
+# (23 MB/s) with the consumers keeping up; at 1,800 msg/s offered the consumers fell
+# behind (chaos/README.md, "Workload"). The rest is room for catch-up after a fault.
+DEFAULT_RATE = 350.0
+DEFAULT_MIN_SIZE = 1024
+DEFAULT_MAX_SIZE = 64 * 1024
+DEFAULT_SEED = 1
 
 
 @dataclass
@@ -109,6 +134,25 @@ def _connect(nodes: Callable[[], list[Any]], start: int, stop: threading.Event,
     raise ConnLost(f"cannot connect: {last}")
 
 
+def check_body(body: bytes, size: int | None, message_id: str | None) -> tuple[str, bool]:
+    """(msg_id, corrupted) of a delivered body: msg_id from message_id, else from the
+    body's `<publisher>:<k>:` head; corrupted when the checksum does not match, the body
+    is not `size` bytes long or its id is not message_id."""
+    try:
+        tag, k = body_id(body)
+        from_body: str | None = f"{tag}-{k}"
+    except (ValueError, UnicodeDecodeError):
+        from_body = None
+    mid = message_id or from_body or body[:40].decode("utf-8", "replace")
+    bad = (not body_ok(body) or (size is not None and len(body) != size)
+           or (message_id is not None and from_body != message_id))
+    return mid, bad
+
+
+def _corrupt_detail(body: bytes, size: int | None) -> dict[str, Any]:
+    return {"corrupted": True, "body_len": len(body), "body_size": size, "body_head": body[:48].hex()}
+
+
 def _expect(conn: RawConn, cls: type, stash: list[tuple[int, Any]], timeout: float = 5.0) -> Any:
     """Like RawConn.expect, but frames read past the awaited one (e.g. deliveries right
     after consume-ok) are kept in `stash` instead of being dropped."""
@@ -127,8 +171,10 @@ def _expect(conn: RawConn, cls: type, stash: list[tuple[int, Any]], timeout: flo
 
 class Publisher(threading.Thread):
     def __init__(self, name: str, run: str, queues: list[str], nodes: Callable[[], list[Any]],
-                 writer: HistoryWriter, start_index: int, rate: float = 200.0, window: int = 100,
-                 size: int = 256, publish_timeout: float = 15.0, deadline: float = 3600.0) -> None:
+                 writer: HistoryWriter, start_index: int, rate: float = DEFAULT_RATE, window: int = 100,
+                 min_size: int = DEFAULT_MIN_SIZE, max_size: int = DEFAULT_MAX_SIZE,
+                 seed: int = DEFAULT_SEED, publish_timeout: float = 15.0,
+                 deadline: float = 3600.0) -> None:
         super().__init__(name=f"pub-{name}", daemon=True)
         self.pname = name
         self.run_id = run
@@ -138,7 +184,8 @@ class Publisher(threading.Thread):
         self.index = start_index
         self.rate = rate
         self.window = window
-        self.size = size
+        self.bodies = RandomBodies(min_size, max_size, seed=f"{seed}:{name}", pool_seed=seed)
+        self.body_bytes = 0  # body bytes sent
         self.publish_timeout = publish_timeout
         self.deadline = time.monotonic() + deadline
         self.stop_ev = threading.Event()
@@ -193,12 +240,16 @@ class Publisher(threading.Thread):
                             mid = f"{self.pname}-{self._k}"
                             queue = self.queues[self._k % len(self.queues)]
                             props = spec.Basic.Properties(delivery_mode=2, message_id=mid)
-                            body = (mid + ":").encode() + b"x" * max(0, self.size - len(mid) - 1)
+                            body = self.bodies.make(self.pname, self._k)
                             seq += 1
                             outstanding[seq] = (mid, seq, node.node_id, time.time())
                             out += pframe.marshal(spec.Basic.Publish(exchange="", routing_key=queue), 1)
                             out += pframe.marshal(pheader.ContentHeader(0, len(body), props), 1)
-                            out += _frame(3, 1, body)
+                            out += body_frames(1, body, conn.frame_max)
+                            self.body_bytes += len(body)
+                            if len(out) >= 256 * 1024:
+                                conn.send(bytes(out))
+                                out.clear()
                         if out:
                             conn.send(bytes(out))
                     if conn.fill(0.02):
@@ -245,7 +296,8 @@ class Consumer(threading.Thread):
         self.prefetch = prefetch
         self.rng = random.Random(seed)
         self.stop_ev = threading.Event()
-        self.counts = {"deliver": 0, "ack": 0, "nack-requeue": 0, "crash": 0}
+        self.counts = {"deliver": 0, "ack": 0, "nack-requeue": 0, "crash": 0, "corrupted": 0}
+        self.body_bytes = 0  # body bytes received
         self.reconnects: list[str] = []
         self.error: str | None = None
         self.deadline = time.monotonic() + 3600
@@ -297,13 +349,16 @@ class Consumer(threading.Thread):
                             continue
                         if cur is None or cur["size"] is None or len(cur["body"]) < cur["size"]:
                             continue
-                        mid = cur["mid"] or cur["body"].split(b":", 1)[0].decode()
+                        mid, bad = check_body(cur["body"], cur["size"], cur["mid"])
+                        extra = _corrupt_detail(cur["body"], cur["size"]) if bad else {"corrupted": False}
                         tag, red = cur["tag"], cur["red"]
+                        self.body_bytes += len(cur["body"])
                         cur = None
                         now = time.time()
                         self.counts["deliver"] += 1
+                        self.counts["corrupted"] += bad
                         self._ev("deliver", msg_id=mid, consumer=self.cname, node=node.node_id,
-                                 redelivered=red, ts=now, phase="workload")
+                                 redelivered=red, ts=now, phase="workload", **extra)
                         since_crash += 1
                         if self.crash_every and since_crash >= self.crash_every:
                             holding = True
@@ -413,10 +468,11 @@ def drain_queue(run: str, node: Any, queue: str, writer: HistoryWriter, idle: fl
                         continue
                     if cur is None or cur["size"] is None or len(cur["body"]) < cur["size"]:
                         continue
-                    mid = cur["mid"] or cur["body"].split(b":", 1)[0].decode()
+                    mid, bad = check_body(cur["body"], cur["size"], cur["mid"])
+                    extra = _corrupt_detail(cur["body"], cur["size"]) if bad else {"corrupted": False}
                     writer.write({"type": "deliver", "run": run, "msg_id": mid, "consumer": f"drain-{queue}",
                                   "node": node.node_id, "redelivered": cur["red"], "ts": time.time(),
-                                  "phase": "drain"})
+                                  "phase": "drain", **extra})
                     last_tag, unacked, n = cur["tag"], unacked + 1, n + 1
                     cur = None
                     last = time.monotonic()
@@ -444,9 +500,15 @@ class Workload:
 
     def __init__(self, run_dir: Path, run_id: str, nodes: Callable[[], list[Any]],
                  queues: list[str] | None = None, publishers: int = 3, consumers: int = 3,
-                 rate: float = 200.0, window: int = 100, publish_timeout: float = 15.0,
-                 nack_ratio: float = 0.05, crash_every: int = 150, size: int = 256,
+                 rate: float = DEFAULT_RATE, window: int = 100, publish_timeout: float = 15.0,
+                 nack_ratio: float = 0.05, crash_every: int = 150,
+                 min_size: int = DEFAULT_MIN_SIZE, max_size: int = DEFAULT_MAX_SIZE,
+                 seed: int = DEFAULT_SEED, size: int | None = None,
                  pin_publishers_to: str | None = None) -> None:
+        """rate: msg/s per publisher; bodies of min_size..max_size bytes (log-uniform,
+        from `seed`); size: a fixed body size instead (min_size = max_size = size)."""
+        if size is not None:
+            min_size = max_size = size
         self.run_dir = Path(run_dir)
         self.run_id = run_id
         self.nodes = nodes
@@ -463,8 +525,8 @@ class Workload:
             w = self._writer(f"pub-p{i + 1}.jsonl")
             self.publishers.append(Publisher(f"p{i + 1}", run_id, self.queues, pub_nodes, w,
                                              0 if pin_publishers_to else i, rate=rate,
-                                             window=window, size=size,
-                                             publish_timeout=publish_timeout))
+                                             window=window, min_size=min_size, max_size=max_size,
+                                             seed=seed, publish_timeout=publish_timeout))
         for i in range(consumers):
             w = self._writer(f"con-c{i + 1}.jsonl")
             crasher = i == consumers - 1
@@ -508,8 +570,8 @@ class Workload:
             w.close()
 
     def summary(self) -> dict[str, Any]:
-        pubs = {p.pname: dict(p.counts, reconnects=len(p.reconnects), error=p.error,
-                              alive=p.is_alive()) for p in self.publishers}
-        cons = {c.cname: dict(c.counts, reconnects=len(c.reconnects), error=c.error,
-                              alive=c.is_alive()) for c in self.consumers}
+        pubs = {p.pname: dict(p.counts, body_bytes=p.body_bytes, reconnects=len(p.reconnects),
+                              error=p.error, alive=p.is_alive()) for p in self.publishers}
+        cons = {c.cname: dict(c.counts, body_bytes=c.body_bytes, reconnects=len(c.reconnects),
+                              error=c.error, alive=c.is_alive()) for c in self.consumers}
         return {"publishers": pubs, "consumers": cons}

@@ -50,9 +50,13 @@ def pub(run: str, mid: str, send: float, outcome: str = "ack", lat: float | None
     }
 
 
-def dlv(run: str, mid: str, ts: float, redelivered: bool = False, phase: str = "workload") -> dict:
-    return {"type": "deliver", "run": run, "msg_id": mid, "consumer": "c0", "node": "n2",
-            "redelivered": redelivered, "ts": ts, "phase": phase}
+def dlv(run: str, mid: str, ts: float, redelivered: bool = False, phase: str = "workload",
+        corrupted: bool | None = None) -> dict:
+    e = {"type": "deliver", "run": run, "msg_id": mid, "consumer": "c0", "node": "n2",
+         "redelivered": redelivered, "ts": ts, "phase": phase}
+    if corrupted is not None:  # the workload writes it on every delivery; older histories lack it
+        e["corrupted"] = corrupted
+    return e
 
 
 def settle(run: str, mid: str, ts: float, action: str = "ack") -> dict:
@@ -120,6 +124,21 @@ def metrics_events(run: str) -> tuple[list[dict], list[dict]]:
     return p, c
 
 
+def corrupted_events(run: str) -> list[dict]:
+    """Bodies that failed the consumer's checksum (deliver `corrupted: true`)."""
+    return [
+        pub(run, "k1", T + 1), dlv(run, "k1", T + 1.1, corrupted=False),      # intact
+        pub(run, "k2", T + 2), dlv(run, "k2", T + 2.1, corrupted=True),       # only a damaged copy: LOST + CORRUPTED
+        settle(run, "k2", T + 2.2),
+        pub(run, "k3", T + 3), dlv(run, "k3", T + 3.1, corrupted=True),       # damaged, then intact: CORRUPTED
+        settle(run, "k3", T + 3.2, "nack-requeue"),
+        dlv(run, "k3", T + 3.3, True, corrupted=False),
+        pub(run, "k4", T + 4, "nack"), dlv(run, "k4", T + 4.1, corrupted=True),  # not confirmed, damaged: CORRUPTED
+        pub(run, "k5", T + 5), dlv(run, "k5", T + 5.1),                       # no field: intact
+        drain(run, T + 10),
+    ]
+
+
 def phase_events(run: str) -> list[dict]:
     """Faults [10, 20] (+ an overlapping [12, 15]) and [30, 40]; publishes span [0, 60]."""
     evs: list[dict] = [
@@ -167,6 +186,7 @@ def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "clean": write_run(base, "clean", {"w1.jsonl": clean_events("clean")}),
         "metrics": write_run(base, "metrics", {"pub-1.jsonl": p, "cons-1.jsonl": c}),
         "phases": write_run(base, "phases", {"all.jsonl": phase_events("phases")}),
+        "corrupted": write_run(base, "corrupted", {"w.jsonl": corrupted_events("corrupted")}),
         "nofault": write_run(base, "nofault", {"w.jsonl": [pub("nofault", "x", T), pub("nofault", "y", T + 4, lat=0.003),
                                                           dlv("nofault", "x", T + 1), dlv("nofault", "y", T + 5)]},
                              meta=False),
@@ -189,7 +209,7 @@ def parquet_run(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def report(spark: Any, runs_dir: dict[str, str], parquet_run: str) -> dict[str, Any]:
     """One Spark analysis of all the hand-written runs together (multi-run input)."""
-    dirs = [runs_dir[k] for k in ("clean", "metrics", "phases", "nofault")] + [parquet_run]
+    dirs = [runs_dir[k] for k in ("clean", "metrics", "phases", "nofault", "corrupted")] + [parquet_run]
     rep, chart = ch.analyze(spark, dirs)
     rep["_chart"] = chart
     return rep
@@ -202,6 +222,7 @@ def test_clean_run(report: dict) -> None:
     r = report["runs"]["clean"]
     assert (r["confirmed"], r["lost"], r["duplicates"], r["unexpected"], r["recovered"], r["redeliveries"]) == (3, 0, 0, 0, 0, 0)
     assert r["ok"] and r["drained"] and r["lost_ids"] == [] and r["warnings"] == []
+    assert r["corrupted"] == 0 and r["corrupted_deliveries"] == 0 and r["corrupted_ids"] == []
     assert r["experiment"] == "unit"
 
 
@@ -217,7 +238,19 @@ def test_every_definition(report: dict) -> None:
     assert r["publish_outcomes"] == {"ack": 6, "nack": 2, "timeout": 2, "connection-lost": 1}
     assert r["settle_actions"] == {"ack": 9, "nack-requeue": 1, "crash": 2}
     assert r["events"]["publish"] == 11 and r["events"]["deliver"] == 12
+    assert r["corrupted"] == 0                # histories without the field: nothing corrupted
     assert not r["ok"] and not report["ok"]
+
+
+def test_corrupted_bodies_fail_the_run(report: dict) -> None:
+    r = report["runs"]["corrupted"]
+    assert r["corrupted"] == 3 and r["corrupted_ids"] == ["k2", "k3", "k4"]
+    assert r["corrupted_deliveries"] == 3
+    # a damaged copy does not deliver a message: k2 (confirmed, only damaged) is lost too
+    assert r["lost"] == 1 and r["lost_ids"] == ["k2"]
+    assert r["confirmed"] == 4 and r["unexpected"] == 0 and r["duplicates"] == 0
+    assert r["recovered"] == 1 and r["redeliveries"] == 1 and r["delivered_ids"] == 5
+    assert not r["ok"]
 
 
 def test_parquet_and_jsonl_in_one_run(report: dict) -> None:
@@ -321,10 +354,24 @@ def test_cli_unexpected_alone_exit_1(spark: Any, tmp_path: Path) -> None:
     assert (r["lost"], r["unexpected"], r["unexpected_ids"]) == (0, 1, ["stray"])
 
 
+def test_cli_corrupted_alone_exit_1(spark: Any, tmp_path: Path) -> None:
+    """A damaged body fails the check like a lost message, even when a later intact
+    delivery means nothing is lost."""
+    evs = clean_events("k") + [pub("k", "k9", T + 1), dlv("k", "k9", T + 1.1, corrupted=True),
+                               dlv("k", "k9", T + 1.3, True, corrupted=False)]
+    d = write_run(tmp_path, "k", {"a.jsonl": evs})
+    assert ch.main([d, "--out", str(tmp_path / "r.json")]) == 1
+    rep = json.loads((tmp_path / "r.json").read_text())
+    r = rep["runs"]["k"]
+    assert (r["lost"], r["unexpected"], r["corrupted"], r["corrupted_ids"]) == (0, 0, 1, ["k9"])
+    assert rep["ok"] is False and r["ok"] is False
+
+
 BAD_LINES = {
     "not-json": ["{not json"],
     "wrong-type": [json.dumps(pub("bad", "x", T) | {"send_ts": "yesterday"})],
     "bad-outcome": [json.dumps(pub("bad", "x", T, "maybe"))],
+    "corrupted-not-bool": [json.dumps(dlv("bad", "c0", T + 1) | {"corrupted": "yes"})],
     "no-msg-id": [json.dumps({k: v for k, v in pub("bad", "x", T).items() if k != "msg_id"})],
     "unknown-type": [json.dumps({"type": "publsh", "run": "bad", "msg_id": "x"})],
     "fault-ends-before-start": [json.dumps(fault("bad", "f", T + 5, T + 1))],

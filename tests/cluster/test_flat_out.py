@@ -1,7 +1,9 @@
 """Issue 3: "Flat-out publishing for 60 s on 3 nodes causes no leader change and no
 DISCARDED outcome." Two publishers with streaming confirms, one on each follower of a
 3-node cluster, publish persistent 1 KiB messages as fast as the cluster takes them for
-MIRRORQ_FLAT_OUT_SECONDS (default 60; shorter only for development). The window per
+MIRRORQ_FLAT_OUT_SECONDS (default 60; shorter only for development). The bodies are
+random (`TAG:ID:CRC:` + random bytes, cut from a pool so that making them costs the
+publisher no random-number generation): like real payloads, they do not compress. The window per
 publisher is above a node's in-flight replication bound, so the broker's own
 back-pressure, not the client, sets the pace. Afterwards every node's admin Status must
 show the same term and leader as before, no DISCARDED batch outcome and no nacked
@@ -20,6 +22,7 @@ SECONDS = float(os.environ.get("MIRRORQ_FLAT_OUT_SECONDS", "60"))
 # above max_inflight_batches x batch_max_commands (64 x 128): the node stops reading
 # from its publishers before they run out of window
 WINDOW = 10_000
+SIZE = 1024  # bytes per body: random, incompressible (StreamPublisher / RandomBodies)
 
 
 def _depth(node: ClusterNode, queue: str) -> int:
@@ -50,8 +53,10 @@ def test_flat_out_60s_no_leader_change_no_discarded(cluster: Cluster) -> None:
     declare(f1, qa, qb, arguments={"x-max-length": 1_000_000_000})
 
     # pinned to their node: a reconnect elsewhere would hide a failure
-    pubs = [StreamPublisher("a", qa, lambda: [f1], total=None, window=WINDOW, deadline=SECONDS + 90),
-            StreamPublisher("b", qb, lambda: [f2], total=None, window=WINDOW, deadline=SECONDS + 90)]
+    pubs = [StreamPublisher("a", qa, lambda: [f1], total=None, window=WINDOW, size=SIZE,
+                            deadline=SECONDS + 90),
+            StreamPublisher("b", qb, lambda: [f2], total=None, window=WINDOW, size=SIZE,
+                            deadline=SECONDS + 90)]
     t0 = time.monotonic()
     for p in pubs:
         p.start()
@@ -76,8 +81,9 @@ def test_flat_out_60s_no_leader_change_no_discarded(cluster: Cluster) -> None:
     elapsed = t_stop - t0
     confirmed = sum(len(p.confirmed) for p in pubs)
     after = {n.node_id: n.status() for n in cluster.nodes}
+    body_mb = sum(p.body_bytes for p in pubs) / 1e6
     print(f"\nflat out for {elapsed:.1f}s: {confirmed} confirmed, {confirmed / elapsed:,.0f} msg/s "
-          f"(publishing phase), window {WINDOW}/publisher; max pending batches {max_pending}; "
+          f"(publishing phase), {body_mb / elapsed:.1f} MB/s of random {SIZE} B bodies sent, window {WINDOW}/publisher; max pending batches {max_pending}; "
           f"blocked seen on {sorted(blocked_seen)}; term {term} -> "
           f"{ {k: v['term'] for k, v in after.items()} }")
     for k, v in after.items():
