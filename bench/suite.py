@@ -161,6 +161,10 @@ class Target:
     def log_tail(self) -> str:
         return ""
 
+    def raft_report(self) -> dict[str, Any]:
+        """mirrorq only: per node, what the Raft layer saw during the round."""
+        return {}
+
 
 class _OneNode(Target):
     """A single broker process (MirrorqNode or RabbitNode) in its own work dir."""
@@ -222,6 +226,15 @@ class MirrorqThree(Target):
 
     def log_tail(self) -> str:
         return "\n".join(f"---- {nd['id']}\n{tail(nd['log'], 10)}" for nd in self.cluster.nodes)
+
+    def raft_report(self) -> dict[str, Any]:
+        keys = ("role", "term", "leader_changes", "prevote_rounds", "longest_raft_stall_ms",
+                "snapshots", "forced_compactions", "resends", "nacked_publishes")
+        out = {}
+        for i, nd in enumerate(self.cluster.nodes):
+            st = self.cluster.status(i, timeout=3.0)
+            out[nd["id"]] = {k: st.get(k) for k in keys} if st else None
+        return out
 
 
 class RabbitOne(_OneNode):
@@ -816,6 +829,17 @@ def run_target(cp: str, key: str, entry: dict[str, Any], workdir: Path, sids: li
             raise
     finally:
         if target is not None:
+            try:
+                raft = target.raft_report()
+            except Exception as exc:  # noqa: BLE001 - a report, never the run's outcome
+                raft = {"error": str(exc)}
+            if raft:
+                rinfo["raft"] = raft
+                stalls = [v["longest_raft_stall_ms"] for v in raft.values()
+                          if isinstance(v, dict) and v.get("longest_raft_stall_ms") is not None]
+                terms = sorted({v["term"] for v in raft.values() if isinstance(v, dict)})
+                log(f"  {key} raft: longest raft-thread stall {max(stalls, default=0):.0f} ms, "
+                    f"terms {terms}, " + ", ".join(f"{n}: {v}" for n, v in raft.items()))
             target.stop()
         if key.startswith("rabbitmq"):
             stop_new_epmd(epmd_before)

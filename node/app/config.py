@@ -60,7 +60,8 @@ _RAFT_KEYS = {"password", "password_file", "batch_max_commands", "batch_max_byte
               "max_inflight_bytes", "election_min", "election_max", "leader_fallback",
               "compaction_min_entries", "compaction_min_time", "tick_interval",
               "out_of_sync_after", "nack_after", "block_after", "tls_cert", "tls_key", "tls_ca",
-              "follower_window_bytes", "append_chunk_bytes"}
+              "follower_window_bytes", "append_chunk_bytes", "compaction_max_bytes",
+              "compaction_min_gap"}
 
 
 def _int(name: str, value: Any, lo: int, hi: int) -> int:

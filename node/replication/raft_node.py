@@ -137,6 +137,11 @@ class RaftConfig:
     unsafe_early_confirm: bool = False
     compaction_min_entries: int = 5000
     compaction_min_time: float = 300.0
+    # also compact once the journal holds this many bytes (entries alone let a
+    # journal of 256 KiB bodies reach GBs, mapped into memory), at most every
+    # compaction_min_gap seconds
+    compaction_max_bytes: int = 256 * 1024 * 1024
+    compaction_min_gap: float = 10.0
 
 
 def _security(config: RaftConfig) -> PeerSecurity:
@@ -570,6 +575,8 @@ class RaftNode:
         self.ignored_votes = 0
         self.encoded_appends = 0
         self.longest_stall = 0.0  # longest raft-thread loop iteration (s), idle poll included
+        self._last_forced_compaction = 0.0
+        self.forced_compactions = 0
 
     # ---------------------------------------------------------------- life
     def start(self) -> None:
@@ -866,6 +873,18 @@ class RaftNode:
             self._out, self._out_done = [], []
             self.loop.call_soon_threadsafe(self._deliver, out, done)
         self._check_membership()
+        self._check_journal_bytes(so)
+
+    def _check_journal_bytes(self, so: _BrokerLog) -> None:
+        c = self.config
+        now = clock()
+        if now - self._last_forced_compaction < c.compaction_min_gap:
+            return
+        used = getattr(so._SyncObj__raftLog, "_FileJournal__currentOffset", 0)
+        if used > c.compaction_max_bytes and self._snap_pid is None:
+            self._last_forced_compaction = now
+            self.forced_compactions += 1
+            so.forceLogCompaction()
 
     def _in_sync_others(self, so: _BrokerLog) -> list[Any]:
         """Raft nodes of the in-sync followers (all of them before bootstrap)."""
@@ -1424,6 +1443,7 @@ class RaftNode:
             "peer_tls": self.peer_security.tls,
             "encoded_appends": self.encoded_appends,
             "longest_raft_stall_ms": round(self.longest_stall * 1000, 1),
+            "forced_compactions": self.forced_compactions,
             "in_sync_size": len(self.state.in_sync),
             "confirm_latency": self.confirm_latency.snapshot(),
         }

@@ -41,3 +41,37 @@ def test_s19_confirmed_messages_survive_kill9_across_snapshots(tmp_path: Path) -
         conn.close()
     finally:
         node.kill9()
+
+
+def test_journal_bytes_force_a_snapshot_and_bodies_survive_kill9(tmp_path: Path) -> None:
+    """Issue 11: compaction by entry count alone let a journal of big random
+    bodies grow to GBs (mapped into memory); past compaction_max_bytes a
+    snapshot is forced. Random 64 KiB bodies, few entries, one forced
+    snapshot, kill -9, every body back intact."""
+    import os
+    node = NodeProcess(tmp_path / "data", config="[raft]\ncompaction_min_entries = 100000\n"
+                                                 "compaction_max_bytes = 2000000\ncompaction_min_gap = 1\n")
+    try:
+        node.start()
+        conn = pika.BlockingConnection(pika.URLParameters(node.url))
+        ch = conn.channel()
+        ch.queue_declare("bigsnap", durable=True)
+        ch.confirm_delivery()
+        bodies = [os.urandom(64 * 1024) for _ in range(60)]  # ~3.8 MB: past the 2 MB bound
+        for body in bodies:
+            ch.basic_publish("", "bigsnap", body, pika.BasicProperties(delivery_mode=2))
+        wait_for(lambda: (node_metric(node, "forced_compactions") or 0) >= 1
+                 and (node_metric(node, "snapshots") or 0) >= 1, timeout=30,
+                 what="a snapshot forced by journal bytes")
+        conn.close()
+        node.kill9()
+        node.start()
+        conn = pika.BlockingConnection(pika.URLParameters(node.url))
+        ch = conn.channel()
+        got = []
+        while (msg := ch.basic_get("bigsnap", auto_ack=True))[0] is not None:
+            got.append(msg[2])
+        assert got == bodies, "every confirmed body, intact and in order"
+        conn.close()
+    finally:
+        node.kill9()
