@@ -7,6 +7,9 @@ so `--base-port 5672` gives the single-node defaults (5672 / 15672 / 15692 /
 pids), D/cluster.toml (generated Raft password, mode 0600), D/nI/ (data) and
 D/nI.log (stdout and stderr of the node). A cluster needs a Raft password: a
 `--config` that sets none gets the generated one through MIRRORQ_RAFT_PASSWORD.
+With more than one node, D/tls/ holds a cluster CA (ca.pem, ca.key) and a
+certificate per member (nI.pem, nI.key), generated once: the members' Raft
+links use mutual TLS.
 
 `down` stops the processes and forgets their pids; it removes no data, so a
 later `up` with the same layout restarts the same cluster with its queues.
