@@ -456,10 +456,15 @@ class _SnapshotUnpickler(pickle.Unpickler):
         ("pysyncobj.node", "TCPNode"), ("pysyncobj.node", "Node"),
     }
 
+    # the state's own modules: the pure model and the replicated state (no I/O in any of them)
+    _MODULES = ("node.broker.", "node.replication.state_machine", "node.replication.ids",
+                "node.replication.command", "node.replication.effect")
+
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in self._ALLOWED or (module.startswith("node.") and not name.startswith("_")):
+        ours = module.startswith(self._MODULES) and not name.startswith("_")
+        if (module, name) in self._ALLOWED or ours:
             obj = super().find_class(module, name)
-            if module.startswith("node.") and not isinstance(obj, type):
+            if ours and not isinstance(obj, type):
                 raise pickle.UnpicklingError(f"snapshot refers to {module}.{name}, not a type")
             return obj
         raise pickle.UnpicklingError(f"snapshot refers to {module}.{name}: not allowed")
