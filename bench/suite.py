@@ -229,6 +229,7 @@ class MirrorqThree(Target):
 
     def raft_report(self) -> dict[str, Any]:
         keys = ("role", "term", "leader_changes", "prevote_rounds", "longest_raft_stall_ms",
+                "longest_leader_gap_ms",
                 "snapshots", "forced_compactions", "resends", "nacked_publishes")
         out = {}
         for i, nd in enumerate(self.cluster.nodes):
@@ -838,7 +839,10 @@ def run_target(cp: str, key: str, entry: dict[str, Any], workdir: Path, sids: li
                 stalls = [v["longest_raft_stall_ms"] for v in raft.values()
                           if isinstance(v, dict) and v.get("longest_raft_stall_ms") is not None]
                 terms = sorted({v["term"] for v in raft.values() if isinstance(v, dict)})
+                gaps = [v["longest_leader_gap_ms"] for v in raft.values()
+                        if isinstance(v, dict) and v.get("longest_leader_gap_ms")]
                 log(f"  {key} raft: longest raft-thread stall {max(stalls, default=0):.0f} ms, "
+                    f"longest follower silence between AppendEntries {max(gaps, default=0):.0f} ms, "
                     f"terms {terms}, " + ", ".join(f"{n}: {v}" for n, v in raft.items()))
             target.stop()
         if key.startswith("rabbitmq"):

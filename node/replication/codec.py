@@ -149,19 +149,20 @@ def _enc_tagged_str(tag: bytes, s: str, out: list[bytes]) -> None:
 
 
 # ------------------------------------------------------------------ decode
-def decode(data: bytes | memoryview) -> Any:
-    """Decode exactly one value that fills `data`."""
-    value, pos = decode_from(data, 0)
+def decode(data: bytes, start: int = 0) -> Any:
+    """Decode exactly one value that fills data[start:] (no copy of the rest)."""
+    value, pos = decode_from(data, start)
     if pos != len(data):
         raise CodecError(f"{len(data) - pos} trailing bytes")
     return value
 
 
-def decode_from(data: bytes | memoryview, pos: int) -> tuple[Any, int]:
+def decode_from(data: bytes, pos: int) -> tuple[Any, int]:
     """Decode one value starting at `pos`; returns it and the position after it."""
-    buf = data if isinstance(data, bytes) else bytes(data)
+    if not isinstance(data, bytes):
+        raise CodecError("decode takes bytes")
     try:
-        return _dec(buf, pos, 0)
+        return _dec(data, pos, 0)
     except (struct.error, IndexError, UnicodeDecodeError, ValueError, TypeError,
             decimal.InvalidOperation, OverflowError) as e:
         if isinstance(e, CodecError):
@@ -282,8 +283,8 @@ def encode_batch(batch: cmd.Batch) -> bytes:
     return encode(batch)
 
 
-def decode_batch(data: bytes | memoryview) -> cmd.Batch:
-    value = decode(data)
+def decode_batch(data: bytes, start: int = 0) -> cmd.Batch:
+    value = decode(data, start)
     if type(value) is not cmd.Batch:
         raise CodecError("not a batch")
     if not isinstance(value.commands, list) or not all(type(c) in _RECORD_ID for c in value.commands):

@@ -283,7 +283,7 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
     def _SyncObj__doApplyCommand(self, command: bytes) -> Any:  # noqa: N802
         kind = command[0]
         if kind == _COMMAND_TYPE.REGULAR:
-            return self._owner._apply(decode_batch(memoryview(command)[1:]))
+            return self._owner._apply(decode_batch(command, 1))  # after the type byte, no copy
         if kind == _COMMAND_TYPE.VERSION:
             log.error("ignoring a code-version entry (pysyncobj pickle; mirrorq never writes one)")
             return None
@@ -292,7 +292,7 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
     def _SyncObj__parseChangeClusterRequest(self, command: bytes) -> list[Any] | None:  # noqa: N802
         if command[0] != _COMMAND_TYPE.MEMBERSHIP:
             return None
-        req = decode(memoryview(command)[1:])
+        req = decode(command, 1)
         if not (isinstance(req, list) and len(req) == 2 and req[0] in ("add", "rem")
                 and isinstance(req[1], str)):
             raise CodecError("malformed membership entry")
@@ -582,6 +582,8 @@ class RaftNode:
         self.longest_stall = 0.0  # longest raft-thread loop iteration (s), idle poll included
         self._last_forced_compaction = 0.0
         self.forced_compactions = 0
+        self._contact_node: Any = None
+        self.longest_leader_gap = 0.0  # follower: longest silence between AppendEntries (s)
 
     # ---------------------------------------------------------------- life
     def start(self) -> None:
@@ -750,6 +752,9 @@ class RaftNode:
         term = int(msg.get("term", 0))
         now = clock()
         if term >= so.raftCurrentTerm:
+            if node is self._contact_node and now - self._leader_contact > self.longest_leader_gap:
+                self.longest_leader_gap = now - self._leader_contact  # heartbeats late or starved
+            self._contact_node = node
             self._leader_contact = now
             return True
         if now - self._term_noticed.get(node, 0.0) > 1.0:
@@ -1449,6 +1454,7 @@ class RaftNode:
             "encoded_appends": self.encoded_appends,
             "longest_raft_stall_ms": round(self.longest_stall * 1000, 1),
             "forced_compactions": self.forced_compactions,
+            "longest_leader_gap_ms": round(self.longest_leader_gap * 1000, 1),
             "in_sync_size": len(self.state.in_sync),
             "confirm_latency": self.confirm_latency.snapshot(),
         }

@@ -357,7 +357,7 @@ class PeerLink:
             message, pos = decode_from(payload, 4)
             if pos != 4 + hlen:
                 raise CodecError("append header length mismatch")
-            entries = decode(payload[pos:]) if pos < len(payload) else []
+            entries = decode(payload, pos) if pos < len(payload) else []  # no copy of the entries
             if not isinstance(message, dict) or not isinstance(entries, list):
                 raise CodecError("malformed append")
             message["entries"] = entries

@@ -248,6 +248,7 @@ class ElectionWatch(threading.Thread):
 
 def _brief(st: dict[str, Any]) -> dict[str, Any]:
     keys = ("role", "leader", "term", "commit_index", "last_applied", "in_sync", "leader_changes",
+            "longest_leader_gap_ms",
             "prevote_rounds", "ignored_votes", "deferred_elections", "longest_raft_stall_ms",
             "resends", "nacked_publishes", "encoded_appends")
     return {k: st.get(k) for k in keys if k in st}
@@ -408,6 +409,11 @@ def _flat_out_no_election(cluster: Cluster, classpath: str, outdir: Path, procs:
         assert st["leader"] == watch.leader, f"{k}: leader {watch.leader} -> {st['leader']}"
         assert st["leader_changes"] == watch.before[k]["leader_changes"], \
             f"{k}: leader_changes {watch.before[k]['leader_changes']} -> {st['leader_changes']}"
+        # the leader reached every follower well within the minimum election
+        # timeout (0.5 s) all through the flood: heartbeats never starved
+        if k != watch.leader:
+            assert st["longest_leader_gap_ms"] < 350, \
+                f"{k}: {st['longest_leader_gap_ms']} ms without an AppendEntries from the leader"
     print(f"  test body {time.monotonic() - t0:.1f}s")
 
 
