@@ -155,6 +155,7 @@ class PeerLink:
 
     def connect(self, host: str, port: int) -> bool:
         self.disconnect()
+        self._server_side = False  # TCPTransport may redial through a link that was accepted
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setblocking(False)
