@@ -48,10 +48,41 @@ def _repo_root() -> Path:
 REPO = _repo_root()
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port BELOW the kernel's ephemeral range. A port the kernel picked
+    for us (bind to 0) lies inside that range, and until the node binds it, any
+    outgoing connection (a node dialling its peers, a client) may be given the
+    same port as its source: "address already in use" at start-up. Ports below
+    the range are never handed out implicitly; each is checked bindable and
+    given out once per process (random start: parallel test processes rarely
+    meet, and a clash still shows as a failed bind check)."""
+    lo, _hi = _ephemeral_range()
+    first = max(1025, lo - 20000)
+    span = lo - first
+    start = int.from_bytes(os.urandom(4), "little") % span
+    for i in range(span):
+        port = first + (start + i) % span
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:

@@ -23,7 +23,15 @@ from typing import Any
 from node.app.pki import make_ca, make_member
 from node.replication.codec import encode
 from node.replication.transport import K_HELLO, K_PROOF, PROTOCOL, _proof
-from tests.cluster_proc import Cluster, ClusterNode, declare, pika_conn, uniq_queue, wait_for
+from tests.cluster_proc import (
+    Cluster,
+    ClusterNode,
+    declare,
+    free_port,
+    pika_conn,
+    uniq_queue,
+    wait_for,
+)
 
 
 def _frame(kind: int, payload: bytes) -> bytes:
@@ -166,6 +174,10 @@ def test_mutual_tls_cluster_refuses_peers_without_a_cluster_certificate(
     other = tmp_path / "other-ca"
     make_ca(other, cn="some other CA")
     intruder = ClusterNode("n4", c.base_dir / "n4" / "data", config_path=c.config_path)
+    # pysyncobj's rule: the member with the greater address dials. The members do not
+    # know n4, so n4 must be the one to dial them for its certificate to be tried.
+    while intruder.raft_address <= max(n.raft_address for n in c.nodes):
+        intruder.raft_port = free_port()
     intruder.peers = {n.node_id: n.raft_address for n in c.nodes}
     intruder.extra_args = _tls_args(other, intruder)
     c.removed.append(intruder)  # killed by the fixture
