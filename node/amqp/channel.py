@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from node.amqp import frame
+from node.broker.ids import ChanId
 from node.broker.permission import CONFIGURE, READ, WRITE
 from node.replication.command import (
     BasicAck,
@@ -32,7 +33,6 @@ from node.replication.command import (
     QueueUnbind,
     TxCommit,
 )
-from node.replication.ids import ChanId
 
 if TYPE_CHECKING:
     from node.amqp.connection import Connection

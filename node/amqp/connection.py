@@ -26,6 +26,7 @@ from node.amqp.channel import (
     ConnectionException,
 )
 from node.amqp.config import WireConfig
+from node.broker.ids import ChanId, ConnId
 from node.broker.password import check_password
 from node.broker.permission import FULL, KIND_NAMES, permitted
 from node.broker.vhost import DEFAULT_VHOST
@@ -41,7 +42,6 @@ from node.replication.effect import (
     Reply,
     Return,
 )
-from node.replication.ids import ChanId, ConnId
 from node.replication.port import Proposer
 
 VERSION = "0.1.0"

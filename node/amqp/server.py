@@ -14,8 +14,8 @@ from node.amqp.config import WireConfig
 from node.amqp.connection import CLOSED, Connection, next_serial
 from node.amqp.throttle import LoginThrottle
 from node.amqp.tls import peer_common_name
+from node.broker.ids import ConnId
 from node.replication.effect import ConnectionError, Effect
-from node.replication.ids import ConnId
 from node.replication.port import Proposer
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node.amqp.config import VERIFY_MODES, TlsConfig, WireConfig
-from node.replication.raft_node import RaftConfig
+from node.replication.config import RaftConfig
 
 
 class ConfigError(Exception):

@@ -4,8 +4,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from node.broker.ids import ChanId
     from node.broker.queue import Message, Queue
-    from node.replication.ids import ChanId
 
 
 class Consumer:

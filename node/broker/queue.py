@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from node.broker.channel import Consumer
-    from node.replication.ids import ConnId
+    from node.broker.ids import ConnId
 
 
 class Message:

@@ -21,8 +21,8 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from node.broker.ids import ChanId, ConnId
 from node.replication import command as cmd
-from node.replication.ids import ChanId, ConnId
 
 MAX_DEPTH = 48
 

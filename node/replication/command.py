@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from node.replication.ids import ChanId, ConnId
+from node.broker.ids import ChanId, ConnId
 
 Table = dict[str, Any]
 Props = dict[str, Any]

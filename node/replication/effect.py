@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from node.replication.ids import ChanId, ConnId
+from node.broker.ids import ChanId, ConnId
 
 Props = dict[str, Any]
 

@@ -43,7 +43,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
@@ -80,6 +80,7 @@ from node.replication.command import (
     VhostDelete,
     VhostPut,
 )
+from node.replication.config import RaftConfig
 from node.replication.effect import Confirm, Deliver, Effect, GetOk, Return, effect_node
 from node.replication.metric import Histogram
 from node.replication.port import EffectSink
@@ -99,49 +100,6 @@ PREVOTE, PREVOTE_REPLY = "mq_prevote", "mq_prevote_reply"  # Raft thesis §9.6
 TERM_NOTICE = "mq_term"  # "your term is behind mine": a stale leader steps down
 APPLIED, DUPLICATE, GAP = "applied", "dup", "gap"
 STARTUP_GRACE = 2.0  # seconds a restarted member listens before it may campaign
-
-
-@dataclass
-class RaftConfig:
-    host: str = "127.0.0.1"
-    port: int = 25672
-    peers: dict[str, str] = field(default_factory=dict)  # node id -> host:port (others)
-    join: bool = False  # joining a running cluster: wait to hear a leader before campaigning
-    password: str | None = None
-    # mutual TLS between members (one cluster CA); with it the password is optional
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_ca: str | None = None
-    # entry bytes in flight per follower (measured: 256 KiB bodies, 1 MiB gave ~27 MB/s,
-    # 4 MiB ~50 MB/s, 8 MiB no more)
-    follower_window_bytes: int = 4 * 1024 * 1024
-    append_chunk_bytes: int = 512 * 1024  # entry bytes per AppendEntries
-    batch_max_commands: int = 128
-    batch_max_bytes: int = 512 * 1024  # well under append_entries_batch_bytes
-    append_entries_batch_bytes: int = 4 * 1024 * 1024
-    max_inflight_batches: int = 64
-    max_inflight_bytes: int = 32 * 1024 * 1024
-    idle_tick: float = 0.02
-    batch_linger: float = 0.002  # wait this long to fill a batch ...
-    batch_linger_after: int = 2  # ... once this many batches are in flight
-    tick_interval: float = 1.0  # Tick command (TTL / x-expires)
-    election_min: float = 0.5
-    election_max: float = 1.0
-    leader_fallback: float = 2.5
-    out_of_sync_after: float = 5.0  # above the election timeout
-    nack_after: float = 10.0  # a publish not made safe by then is nacked
-    block_after: float = 2.0  # no leader / stuck batches this long: connection.blocked
-    # BROKEN ON PURPOSE, for the chaos suite's proof that it catches loss:
-    # confirm publishes on receipt, before replication (env
-    # MIRRORQ_UNSAFE_EARLY_CONFIRM=1). Never set it otherwise.
-    unsafe_early_confirm: bool = False
-    compaction_min_entries: int = 5000
-    compaction_min_time: float = 300.0
-    # also compact once the journal holds this many bytes (entries alone let a
-    # journal of 256 KiB bodies reach GBs, mapped into memory), at most every
-    # compaction_min_gap seconds
-    compaction_max_bytes: int = 256 * 1024 * 1024
-    compaction_min_gap: float = 10.0
 
 
 def _security(config: RaftConfig) -> PeerSecurity:
@@ -457,7 +415,7 @@ class _SnapshotUnpickler(pickle.Unpickler):
     }
 
     # the state's own modules: the pure model and the replicated state (no I/O in any of them)
-    _MODULES = ("node.broker.", "node.replication.state_machine", "node.replication.ids",
+    _MODULES = ("node.broker.", "node.replication.state_machine", "node.broker.ids",
                 "node.replication.command", "node.replication.effect")
 
     def find_class(self, module: str, name: str) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 
 from node.broker.channel import Channel, Consumer
 from node.broker.exchange import EXCHANGE_TYPES, Binding, BindKey, Exchange, freeze, route
+from node.broker.ids import ChanId, ConnId
 from node.broker.queue import Message, Queue
 from node.broker.vhost import DEFAULT_VHOST, SEP, resource_key, split_key
 from node.replication.command import (
@@ -70,7 +71,6 @@ from node.replication.effect import (
     Reply,
     Return,
 )
-from node.replication.ids import ChanId, ConnId
 
 # class/method ids reported in channel errors
 EXCHANGE_DECLARE = (40, 10)

@@ -51,9 +51,9 @@ from node.amqp import frame
 from node.amqp.channel import CLOSING_LOCAL
 from node.amqp.config import WireConfig
 from node.amqp.connection import CLOSING, Connection
+from node.broker.ids import ConnId
 from node.replication.command import Batch, Command
 from node.replication.effect import Effect, effect_node
-from node.replication.ids import ConnId
 from node.replication.state_machine import BrokerState, apply_batch, default_state
 
 # AMQP 0-9-1 reply codes (spec "constants"); 541 is in the spec but is what the

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from node.broker.ids import ChanId, ConnId
 from node.replication import command as cmd
 from node.replication.codec import RECORDS, CodecError, decode, decode_batch, encode, encode_batch
-from node.replication.ids import ChanId, ConnId
 
 CH = ChanId("n1", 1_700_000_000_000_000_000, 3)
 

@@ -16,9 +16,9 @@ from node.amqp import frame
 from node.amqp.channel import ConfirmTracker
 from node.amqp.config import WireConfig
 from node.amqp.connection import CLOSED, CLOSING, RUNNING, Connection
+from node.broker.ids import ConnId
 from node.replication import command as C
 from node.replication import effect as E
-from node.replication.ids import ConnId
 
 
 class FakeProposer:

@@ -18,7 +18,7 @@ from node.amqp import frame
 from node.amqp.channel import AmqpError
 from node.amqp.config import WireConfig
 from node.amqp.connection import Connection
-from node.replication.ids import ConnId
+from node.broker.ids import ConnId
 from tests.fuzz.fuzz_amqp import (
     HANDSHAKES,
     LoopbackProposer,

@@ -141,6 +141,6 @@ def test_snapshot_unpickler_loads_broker_state_and_refuses_callables() -> None:
         load_snapshot(pickle.dumps(_Evil()))
     with pytest.raises(pickle.UnpicklingError):
         load_snapshot(pickle.dumps(print))
-    from node.replication.raft_node import RaftConfig  # a type of ours, but not of the state
+    from node.replication.config import RaftConfig  # a type of ours, but not of the state
     with pytest.raises(pickle.UnpicklingError):
         load_snapshot(pickle.dumps(RaftConfig()))

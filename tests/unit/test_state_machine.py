@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from node.broker.ids import ChanId
 from node.replication.command import (
     BasicAck,
     BasicConsume,
@@ -29,7 +30,6 @@ from node.replication.effect import (
     GetOk,
     Reply,
 )
-from node.replication.ids import ChanId
 from node.replication.state_machine import BrokerState, apply_batch, default_state
 
 

@@ -20,6 +20,7 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from node.broker.ids import ChanId
 from node.replication.command import (
     BasicCancel,
     BasicCredit,
@@ -32,7 +33,6 @@ from node.replication.command import (
     NodeDown,
 )
 from node.replication.effect import ChannelError, ConnectionError, Deliver, Effect, GetOk
-from node.replication.ids import ChanId
 from node.replication.state_machine import (
     APPLIED,
     DUPLICATE,
