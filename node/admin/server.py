@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import inspect
 import json
+import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, cast
@@ -22,13 +24,27 @@ import grpc
 from node.admin import admin_pb2 as pb
 from node.admin import admin_pb2_grpc as pb_grpc
 
+log = logging.getLogger(__name__)
+
 StatusFn = Callable[[], dict[str, Any]]
-# rows of ListQueues: name, vhost, ready, unacked, consumers, durable
-QueuesFn = Callable[[], list[dict[str, Any]]]
+# rows of ListQueues: name, vhost, ready, unacked, consumers, durable; the node's
+# is async (built on the raft thread at its next tick), a plain function also does
+QueuesFn = Callable[[], Awaitable[list[dict[str, Any]]] | list[dict[str, Any]]]
 SERVICE = "mirrorq.Admin"
 RpcError = grpc.RpcError  # what every call_* raises (.code(), .details()), for callers without grpc
 TOKEN_ENV, CA_ENV, CERT_ENV, KEY_ENV = ("MIRRORQ_ADMIN_TOKEN", "MIRRORQ_ADMIN_CA",
                                         "MIRRORQ_ADMIN_CERT", "MIRRORQ_ADMIN_KEY")
+
+
+class AccessModel(Protocol):
+    """What the admin reads of node.replication.read_model.ReadModel (immutable)."""
+
+    @property
+    def users(self) -> Mapping[str, tuple[str, tuple[str, ...]]]: ...
+    @property
+    def vhosts(self) -> Mapping[str, None]: ...
+    @property
+    def permissions(self) -> Mapping[tuple[str, str], tuple[str, str, str]]: ...
 
 
 class Membership(Protocol):
@@ -38,14 +54,22 @@ class Membership(Protocol):
     async def set_draining(self, node_id: str | None = None, draining: bool = True) -> None: ...
     async def put_user(self, name: str, password: str, tags: tuple[str, ...] = ()) -> None: ...
     async def delete_user(self, name: str) -> None: ...
-    def users(self) -> Any: ...
     async def put_vhost(self, name: str) -> None: ...
     async def delete_vhost(self, name: str) -> None: ...
-    def vhosts(self) -> dict[str, None]: ...
     async def set_permissions(self, user: str, vhost: str, configure: str, write: str,
                               read: str) -> None: ...
     async def clear_permissions(self, user: str, vhost: str) -> None: ...
-    def permissions(self) -> dict[tuple[str, str], tuple[str, str, str]]: ...
+    def read_model(self) -> AccessModel:
+        """UserList, VhostList and PermissionList read users, vhosts and
+        permissions from it (the node's replicated state as of its last tick)."""
+        ...
+
+
+async def _rows(queues: QueuesFn) -> list[dict[str, Any]]:
+    rows = queues()
+    if inspect.isawaitable(rows):
+        return await rows
+    return rows
 
 
 # ------------------------------------------------------------ Status <-> dict
@@ -147,7 +171,10 @@ class _Servicer(pb_grpc.AdminServicer):
                          context: grpc.aio.ServicerContext) -> pb.ListQueuesResponse:
         if self._o.queues is None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "queue listing not available")
-        rows = self._o.queues()  # type: ignore[misc]
+        try:
+            rows = await _rows(self._o.queues)  # type: ignore[arg-type]
+        except TimeoutError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"queue listing: {exc}")
         if request.HasField("vhost"):
             rows = [r for r in rows if r["vhost"] == request.vhost]
         return pb.ListQueuesResponse(queues=[pb.QueueInfo(**r) for r in rows])
@@ -200,7 +227,7 @@ class _Servicer(pb_grpc.AdminServicer):
 
     async def UserList(self, request: pb.UserListRequest,  # noqa: N802
                        context: grpc.aio.ServicerContext) -> pb.UserListResponse:
-        users = (await self._o.read(context, "users"))()
+        users = (await self._o.model(context)).users
         return pb.UserListResponse(users=[pb.User(name=n, tags=list(tags))
                                           for n, (_h, tags) in sorted(users.items())])
 
@@ -217,7 +244,7 @@ class _Servicer(pb_grpc.AdminServicer):
 
     async def VhostList(self, request: pb.VhostListRequest,  # noqa: N802
                         context: grpc.aio.ServicerContext) -> pb.VhostListResponse:
-        vhosts = (await self._o.read(context, "vhosts"))()
+        vhosts = (await self._o.model(context)).vhosts
         return pb.VhostListResponse(vhosts=[pb.Vhost(name=n) for n in sorted(vhosts)])
 
     async def PermissionSet(self, request: pb.PermissionSetRequest,  # noqa: N802
@@ -234,7 +261,7 @@ class _Servicer(pb_grpc.AdminServicer):
 
     async def PermissionList(self, request: pb.PermissionListRequest,  # noqa: N802
                              context: grpc.aio.ServicerContext) -> pb.PermissionListResponse:
-        perms = (await self._o.read(context, "permissions"))()
+        perms = (await self._o.model(context)).permissions
         rows = [pb.Permission(user=u, vhost=v, configure=c, write=w, read=r)
                 for (u, v), (c, w, r) in sorted(perms.items())
                 if (not request.HasField("vhost") or v == request.vhost)
@@ -274,11 +301,12 @@ class AdminServer:
             raise OSError(f"cannot bind admin port {port}")
         await self._server.start()
 
-    async def read(self, context: grpc.aio.ServicerContext, method: str) -> Callable[[], Any]:
-        fn = getattr(self._membership, method, None)
+    async def model(self, context: grpc.aio.ServicerContext) -> AccessModel:
+        """The node's read model (its replicated state as of its last Raft tick)."""
+        fn = getattr(self._membership, "read_model", None)
         if fn is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} not available")
-        return cast(Callable[[], Any], fn)  # abort() raised if it was None
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "read_model not available")
+        return cast(Callable[[], AccessModel], fn)()  # abort() raised if it was None
 
     async def change(self, context: grpc.aio.ServicerContext,
                      op: Callable[[Membership], Awaitable[Any]],
@@ -494,8 +522,7 @@ def rpc_error_line(exc: grpc.RpcError, what: str, target: str) -> str:
 class MetricsServer:
     """Prometheus text exposition on GET /metrics (plain asyncio, no deps)."""
 
-    def __init__(self, status: StatusFn,
-                 queues: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+    def __init__(self, status: StatusFn, queues: QueuesFn | None = None) -> None:
         self._status = status
         self._queues = queues
         self._server: asyncio.base_events.Server | None = None
@@ -510,7 +537,12 @@ class MetricsServer:
             if path != b"/metrics":
                 writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
             else:
-                queues = self._queues() if self._queues is not None else None
+                queues = None
+                if self._queues is not None:
+                    try:
+                        queues = await _rows(self._queues)
+                    except TimeoutError as exc:  # no per-queue series this time
+                        log.warning("metrics: %s", exc)
                 body = render_metrics(self._status(), queues).encode()
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
                              b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)

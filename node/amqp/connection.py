@@ -118,8 +118,10 @@ class Connection:
         self.user = ""
         self.vhost = DEFAULT_VHOST  # set by connection.open
         # permission decisions by (kind, resource type, name), valid while the
-        # replicated permissions object is the one they were made against
+        # read model's permissions and users are the objects they were made
+        # against (an unchanged part is the same object in the next model)
         self._perm_source: object = None
+        self._perm_users: object = None
         self._perm_cache: dict[tuple[int, str, str], bool] = {}
         self.published = False  # has ever published: subject to publisher flow control
         self.blocked_sent = False
@@ -290,7 +292,7 @@ class Connection:
             self._tune_ok(m)
         elif phase == AWAIT_OPEN and name == "Connection.Open":
             vhost = m.virtual_host or DEFAULT_VHOST
-            if vhost not in self.proposer.vhosts():
+            if vhost not in self.proposer.read_model().vhosts:
                 raise ConnectionException(530, f"NOT_ALLOWED - vhost {vhost} not found", 10, 40)
             self.vhost = vhost
             if self._patterns() is None:
@@ -365,7 +367,7 @@ class Connection:
     def _authenticate(self, user: str, password: str) -> bool:
         """The replicated users when the cluster has any, else this node's
         configured ones (a cluster bootstrapped before users were replicated)."""
-        users = self.proposer.users()
+        users = self.proposer.read_model().users
         if users:
             entry = users.get(user)
             return entry is not None and check_password(entry[0], password)
@@ -375,16 +377,17 @@ class Connection:
     def _patterns(self) -> tuple[str, str, str] | None:
         """The user's permission patterns on the connection's vhost; before the
         cluster has replicated users, configured users get full access to "/"."""
-        if not self.proposer.users():
+        model = self.proposer.read_model()
+        if not model.users:
             return FULL if self.vhost == DEFAULT_VHOST and self.user in self.config.users else None
-        return self.proposer.permissions().get((self.user, self.vhost))
+        return model.permissions.get((self.user, self.vhost))
 
     def check(self, kind: int, rtype: str, name: str, class_id: int, method_id: int) -> None:
         """403 ACCESS_REFUSED (a channel error) unless the user may `kind`
         (CONFIGURE / WRITE / READ) the resource, as RabbitMQ checks it."""
-        source = self.proposer.permissions()
-        if source is not self._perm_source:
-            self._perm_source = source
+        model = self.proposer.read_model()
+        if model.permissions is not self._perm_source or model.users is not self._perm_users:
+            self._perm_source, self._perm_users = model.permissions, model.users
             self._perm_cache = {}
         key = (kind, rtype, name)
         ok = self._perm_cache.get(key)
@@ -485,10 +488,10 @@ class Connection:
         deleted, as RabbitMQ closes them), or None."""
         if self.phase != RUNNING:
             return None
-        users = self.proposer.users()
-        if users and self.user not in users:
+        model = self.proposer.read_model()
+        if model.users and self.user not in model.users:
             return f"user '{self.user}' was deleted"
-        if self.vhost not in self.proposer.vhosts():
+        if self.vhost not in model.vhosts:
             return f"vhost '{self.vhost}' was deleted"
         return None
 

@@ -1,5 +1,6 @@
 """Thin asyncio shell around Connection state machines: sockets, timers,
-write batching and flow control (S11, publisher congestion, memory alarm)."""
+write batching and flow control (S11, publisher congestion, memory alarm).
+Replicated state is read from the proposer's ReadModel only."""
 from __future__ import annotations
 
 import asyncio
@@ -20,7 +21,7 @@ from node.replication.port import Proposer
 
 log = logging.getLogger(__name__)
 
-TIMER_INTERVAL = 0.1  # memory / congestion checks
+TIMER_INTERVAL = 0.1  # drain, memory, disk and congestion checks
 TICKS_PER_HEARTBEAT_CHECK = 5  # heartbeat and timeout checks every 0.5 s
 WRITE_HIGH_WATER = 1024 * 1024
 WRITE_LOW_WATER = 256 * 1024
@@ -40,7 +41,7 @@ class _Protocol(asyncio.Protocol):
         self.transport = transport
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         srv = self.server
-        if srv.proposer.draining():  # maintenance mode: no new clients (the listener closes too)
+        if srv.draining():  # maintenance mode: no new clients (the listener closes too)
             transport.abort()
             return
         peer = transport.get_extra_info("peername")
@@ -125,7 +126,6 @@ class AmqpServer:
         self.config = config
         self.conns: dict[int, _Protocol] = {}
         self.alarm: str | None = None
-        self._access_sources: tuple[object, object] = (None, None)  # see _check_access
         self.throttle = LoginThrottle(config.login_failure_limit, config.login_failure_window)
         self._disk_checked = float("-inf")
         self._disk_low_flag = False
@@ -135,6 +135,8 @@ class AmqpServer:
         self._listen: list[tuple[str, int, ssl.SSLContext | None]] | None = None
         self._relisten: asyncio.Task[None] | None = None
         proposer.add_drain_listener(self._on_drain)
+        # users, vhosts or permissions changed: close connections they revoke
+        proposer.add_model_listener(lambda _model: self._check_access())
 
     async def start(self, host: str, port: int | None, tls_port: int | None = None,
                     ssl_context: ssl.SSLContext | None = None) -> None:
@@ -146,7 +148,7 @@ class AmqpServer:
         if tls_port is not None:
             assert ssl_context is not None, "amqps needs an SSLContext"
             self._listen.append((host, tls_port, ssl_context))
-        if not self.proposer.draining():  # a node restarted in maintenance mode stays closed
+        if not self.draining():  # a node restarted in maintenance mode stays closed
             await self._open_listeners()
         self._timer = asyncio.create_task(self._timer_loop())
 
@@ -167,11 +169,15 @@ class AmqpServer:
             raise
         self._servers = servers
 
+    def draining(self) -> bool:
+        """This node is in maintenance mode (replicated SetDraining)."""
+        return self.node_id in self.proposer.read_model().draining
+
     def _check_draining(self) -> None:
         """Maintenance mode (replicated SetDraining): close the listener and
         every client connection (registered ones were already closed by the
         state machine); reopen the listener when revived."""
-        if self.proposer.draining():
+        if self.draining():
             if self._servers:
                 log.warning("node %s is draining: closing the AMQP listener(s) and %d connection(s)",
                             self.node_id, len(self.conns))
@@ -263,12 +269,8 @@ class AmqpServer:
         return self._disk_low_flag
 
     def _check_access(self) -> None:
-        """Close connections whose user or vhost was deleted: checked only when
-        the replicated users or vhosts change (they are replaced, not mutated)."""
-        sources = (self.proposer.users(), self.proposer.vhosts())
-        if sources[0] is self._access_sources[0] and sources[1] is self._access_sources[1]:
-            return
-        self._access_sources = sources
+        """Close connections whose user or vhost was deleted: run by the read
+        model listener, i.e. only when users, vhosts or permissions changed."""
         for proto in list(self.conns.values()):
             conn = proto.conn
             why = conn.revoked() if conn is not None else None
@@ -281,7 +283,7 @@ class AmqpServer:
         high-watermark, disk free below the limit, or this node cut off from
         the majority (it could not make a publish safe)."""
         mark = self.config.memory_high_watermark
-        if mark > 0 and self.proposer.message_bytes() > mark:
+        if mark > 0 and self.proposer.read_model().message_bytes > mark:
             alarm: str | None = "low on memory"
         elif self._disk_low():
             alarm = "low on disk"
@@ -303,7 +305,6 @@ class AmqpServer:
             n += 1
             try:
                 self._check_draining()
-                self._check_access()
                 self._check_alarms()
                 if not self.publishers_must_wait():
                     self._update_reading()

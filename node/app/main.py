@@ -156,10 +156,11 @@ async def serve(cfg: NodeConfig) -> None:
         st["amqps_port"] = cfg.tls.port
         return st
 
-    from node.app.queue_view import queue_rows
-    admin = AdminServer(status, raft, queues=lambda: queue_rows(raft.state),
+    # queue rows are built on the raft thread at its next tick (read_model.ModelPublisher)
+    from node.app.administrator import Administrator
+    admin = AdminServer(status, Administrator(raft), queues=raft.queue_rows,
                         token=cfg.admin.token, tls=cfg.admin.tls()) if cfg.admin_port else None
-    metrics = MetricsServer(status, lambda: queue_rows(raft.state)) if cfg.metrics_port else None
+    metrics = MetricsServer(status, raft.queue_rows) if cfg.metrics_port else None
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)

@@ -4,11 +4,12 @@ raft_node.RaftNode implements Proposer; tests may plug in an in-process one.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from node.replication.command import Command
 from node.replication.effect import Effect
+from node.replication.read_model import ReadModel
 
 EffectSink = Callable[[list[Effect]], None]
 
@@ -36,25 +37,25 @@ class Proposer(Protocol):
         majority), or None."""
         ...
 
-    def message_bytes(self) -> int:
-        """Bytes of message bodies held in queues (memory high-watermark)."""
+    def read_model(self) -> ReadModel:
+        """The replicated state as the event loop may read it: an immutable
+        ReadModel, replaced (never mutated) once per Raft tick in which
+        something in it changed. Users (name -> (password hash, tags); empty
+        on a cluster that has none yet: the node's configured users apply
+        then), vhosts, permissions ((user, vhost) -> (configure, write,
+        read)), members, in-sync set, draining members (a draining node
+        accepts no client connections) and the bytes of message bodies held
+        (memory high-watermark). A part that did not change is the same
+        object in the next model, so identity tells a cache it is stale."""
         ...
 
-    def draining(self) -> bool:
-        """True while this node is in maintenance mode (SetDraining): the wire
-        accepts no client connections."""
+    def add_model_listener(self, cb: Callable[[ReadModel], None]) -> None:
+        """`cb(model)` on the event loop whenever users, vhosts or
+        permissions changed (e.g. to close connections of deleted users)."""
         ...
 
-    def users(self) -> Mapping[str, tuple[str, tuple[str, ...]]]:
-        """The replicated users: name -> (password hash, tags); empty on a
-        cluster that has none yet (the node's configured users apply then)."""
-        ...
-
-    def vhosts(self) -> Mapping[str, None]:
-        """The replicated vhosts (always at least "/" until it is deleted)."""
-        ...
-
-    def permissions(self) -> Mapping[tuple[str, str], tuple[str, str, str]]:
-        """(user, vhost) -> (configure, write, read) patterns; replaced, never
-        mutated, on every change (so identity tells a cache it is stale)."""
+    async def queue_rows(self) -> list[dict[str, Any]]:
+        """name, vhost, ready, unacked, consumers, durable of every queue, by
+        vhost and name, built on the raft thread at its next tick (a fresh
+        list for the caller); TimeoutError if the raft thread does not tick."""
         ...

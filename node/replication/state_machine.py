@@ -234,7 +234,8 @@ class BrokerState:
 
     __slots__ = ("now", "exchanges", "queues", "channels", "conns", "exclusive",
                  "ttl_index", "expires_index", "dedup", "counter", "message_bytes",
-                 "members", "in_sync", "draining", "users", "vhosts", "permissions")
+                 "members", "in_sync", "draining", "users", "vhosts", "permissions",
+                 "config_version")
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -253,26 +254,45 @@ class BrokerState:
         self.dedup: dict[tuple[str, int], int] = {}
         # feeds server-generated names
         self.counter = 0
-        # body bytes of messages held (ready + unacked); read by other threads
+        # body bytes of messages held (ready + unacked)
         self.message_bytes = 0
         # Raft members: node id -> raft address, and the in-sync set (ordered, in
-        # members order). Read by the Raft adapter from another thread: apply never
-        # mutates these dicts in place, it replaces them (copy on write), so a
-        # reader always iterates a consistent snapshot.
+        # members order). Only the raft thread touches the state: the event loop
+        # reads the immutable ReadModel built from it once per tick
+        # (node/replication/read_model.py), so apply mutates these dicts in place.
         self.members: dict[str, str] = {}
         self.in_sync: dict[str, None] = {}
         # members in maintenance mode (SetDraining): out of the in-sync set for good
         self.draining: dict[str, None] = {}
-        # user -> (password hash, tags); replaced, never mutated (the wire reads it)
+        # user -> (password hash, tags)
         self.users: dict[str, tuple[str, tuple[str, ...]]] = {}
-        # vhosts (ordered set) and (user, vhost) -> (configure, write, read)
-        # patterns; copy on write like users (the wire checks them)
+        # vhosts (ordered set) and (user, vhost) -> (configure, write, read) patterns
         self.vhosts: dict[str, None] = {}
         self.permissions: dict[tuple[str, str], tuple[str, str, str]] = {}
+        # bumped whenever members, in_sync, draining, users, vhosts or
+        # permissions change: the read model rebuilds those parts only then
+        self.config_version = 0
+
+    def __setstate__(self, state: Any) -> None:
+        """Unpickle (snapshots): a snapshot written before a slot existed
+        leaves it at its default."""
+        self.config_version = 0
+        if isinstance(state, tuple):  # (__dict__ or None, slots) as pickle gives it
+            dict_state, slot_state = state
+        else:
+            dict_state, slot_state = state, None
+        for part in (dict_state, slot_state):
+            for name, value in (part or {}).items():
+                setattr(self, name, value)
+
+
+def _config_changed(s: BrokerState) -> None:
+    s.config_version += 1
 
 
 def _add_vhost(s: BrokerState, vhost: str) -> None:
-    s.vhosts = {**s.vhosts, vhost: None}
+    s.vhosts[vhost] = None
+    _config_changed(s)
     for name, type_ in DEFAULT_EXCHANGES:
         key = resource_key(vhost, name)
         s.exchanges[key] = Exchange(key, type_, durable=True)
@@ -518,43 +538,48 @@ class _Applier:
             self.close_connection(conn)
             self.fx.append(ConnectionError(conn, 320, text, 0, 0))
 
-    # -- membership (copy on write: other threads read these dicts) -----------
+    # -- membership (the raft thread alone touches these: mutated in place) -----
 
     def _in_sync_of(self, nodes: dict[str, None]) -> dict[str, None]:
         return {n: None for n in self.s.members if n in nodes}
 
     def set_member(self, cmd: SetMember) -> None:
         s = self.s
-        members = dict(s.members)
-        members[cmd.node] = cmd.address
-        s.members = members
+        if s.members.get(cmd.node) != cmd.address:
+            s.members[cmd.node] = cmd.address
+            _config_changed(s)
         if cmd.in_sync and cmd.node not in s.in_sync:
-            s.in_sync = self._in_sync_of({**s.in_sync, cmd.node: None})
+            s.in_sync = self._in_sync_of({**s.in_sync, cmd.node: None})  # in members order
+            _config_changed(s)
 
     def drop_member(self, cmd: DropMember) -> None:
         s = self.s
-        if cmd.node in s.members:
-            s.members = {n: a for n, a in s.members.items() if n != cmd.node}
-        if cmd.node in s.in_sync:
-            s.in_sync = {n: None for n in s.in_sync if n != cmd.node}
-        if cmd.node in s.draining:  # added back later, it starts afresh
-            s.draining = {n: None for n in s.draining if n != cmd.node}
+        if cmd.node in s.members or cmd.node in s.in_sync or cmd.node in s.draining:
+            s.members.pop(cmd.node, None)
+            s.in_sync.pop(cmd.node, None)
+            s.draining.pop(cmd.node, None)  # added back later, it starts afresh
+            _config_changed(s)
         # its clients can no longer reach the log (it stops serving): drop them
         # here, or their consumers would hold unacked deliveries for ever
         self.drop_connections_of(cmd.node, f"CONNECTION_FORCED - node {cmd.node} was removed "
                                            "from the cluster")
 
     def user_put(self, cmd: UserPut) -> None:
-        self.s.users = {**self.s.users, cmd.name: (cmd.password_hash, tuple(cmd.tags))}
+        self.s.users[cmd.name] = (cmd.password_hash, tuple(cmd.tags))
+        _config_changed(self.s)
 
     def user_delete(self, cmd: UserDelete) -> None:
         s = self.s
         if cmd.name in s.users:
-            s.users = {n: v for n, v in s.users.items() if n != cmd.name}
-        if any(u == cmd.name for u, _ in s.permissions):
-            s.permissions = {k: v for k, v in s.permissions.items() if k[0] != cmd.name}
+            del s.users[cmd.name]
+            _config_changed(s)
+        gone = [k for k in s.permissions if k[0] == cmd.name]
+        for k in gone:
+            del s.permissions[k]
+        if gone:
+            _config_changed(s)
 
-    # -- vhosts and permissions (copy on write: the wire reads them) ------------
+    # -- vhosts and permissions ------------------------------------------------
 
     def vhost_put(self, cmd: VhostPut) -> None:
         if cmd.name not in self.s.vhosts:
@@ -565,9 +590,10 @@ class _Applier:
         vhost = cmd.name
         if vhost not in s.vhosts:
             return
-        s.vhosts = {v: None for v in s.vhosts if v != vhost}
-        if any(v == vhost for _, v in s.permissions):
-            s.permissions = {k: p for k, p in s.permissions.items() if k[1] != vhost}
+        del s.vhosts[vhost]
+        for k in [k for k in s.permissions if k[1] == vhost]:
+            del s.permissions[k]
+        _config_changed(s)
         conns = dict.fromkeys(ch.id.conn_id for ch in s.channels.values() if ch.vhost == vhost)
         for conn in conns:
             self.close_connection(conn)
@@ -583,14 +609,15 @@ class _Applier:
     def permission_set(self, cmd: PermissionSet) -> None:
         s = self.s
         if cmd.user in s.users and cmd.vhost in s.vhosts:
-            s.permissions = {**s.permissions,
-                             (cmd.user, cmd.vhost): (cmd.configure, cmd.write, cmd.read)}
+            s.permissions[(cmd.user, cmd.vhost)] = (cmd.configure, cmd.write, cmd.read)
+            _config_changed(s)
 
     def permission_clear(self, cmd: PermissionClear) -> None:
         s = self.s
         key = (cmd.user, cmd.vhost)
         if key in s.permissions:
-            s.permissions = {k: p for k, p in s.permissions.items() if k != key}
+            del s.permissions[key]
+            _config_changed(s)
 
     def set_draining(self, cmd: SetDraining) -> None:
         s = self.s
@@ -598,10 +625,12 @@ class _Applier:
             return
         if not cmd.draining:
             if cmd.node in s.draining:
-                s.draining = {n: None for n in s.draining if n != cmd.node}
+                del s.draining[cmd.node]
+                _config_changed(s)
             return
         if cmd.node not in s.draining:
-            s.draining = {**s.draining, cmd.node: None}
+            s.draining[cmd.node] = None
+            _config_changed(s)
         self.mark_out_of_sync(MarkOutOfSync(cmd.node))
         self.drop_connections_of(cmd.node, f"CONNECTION_FORCED - node {cmd.node} is draining "
                                            "(maintenance mode)")
@@ -610,12 +639,14 @@ class _Applier:
         """Refused unless the rest of the set is still a majority of members."""
         s = self.s
         if cmd.node in s.in_sync and len(s.in_sync) - 1 >= len(s.members) // 2 + 1:
-            s.in_sync = {n: None for n in s.in_sync if n != cmd.node}
+            del s.in_sync[cmd.node]
+            _config_changed(s)
 
     def mark_in_sync(self, cmd: MarkInSync) -> None:
         s = self.s
         if cmd.node in s.members and cmd.node not in s.in_sync and cmd.node not in s.draining:
-            s.in_sync = self._in_sync_of({**s.in_sync, cmd.node: None})
+            s.in_sync = self._in_sync_of({**s.in_sync, cmd.node: None})  # in members order
+            _config_changed(s)
 
     # -- exchanges ----------------------------------------------------------
 

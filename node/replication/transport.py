@@ -16,7 +16,7 @@ arrives. Here instead:
   its tick), and a link that has been silent for connectionTimeout is
   closed (each side sends a ping after a second of its own silence).
 
-This module and raft_node.py are the only ones that import pysyncobj.
+This module and syncobj.py (the shim) are the only ones that import pysyncobj.
 """
 from __future__ import annotations
 
@@ -129,6 +129,7 @@ class PeerLink:
         self._on_connected: Any = None
         self._on_message: Any = None
         self._on_disconnected: Any = None
+        self.close_reason = ""  # why the link last closed (see disconnect)
         self._on_reject = on_reject
         if sock is not None:
             self._adopt(sock)
@@ -164,6 +165,7 @@ class PeerLink:
         except OSError as e:
             if e.errno not in (errno.EINPROGRESS, errno.EWOULDBLOCK):
                 sock.close()
+                self.close_reason = "refused" if e.errno == errno.ECONNREFUSED else "error"
                 return False
         self.peer_label = f"{host}:{port}"
         self._adopt(sock)
@@ -183,7 +185,11 @@ class PeerLink:
         self._write([_HDR.pack(1 + 4 + len(head) + len(entries_blob), K_APPEND),
                      _LEN.pack(len(head)), head, entries_blob])
 
-    def disconnect(self) -> None:
+    def disconnect(self, reason: str = "local") -> None:
+        """`reason` (kept in close_reason): "eof" or "error" (the peer's end
+        went away), "refused" (nobody listens there), "timeout" (silence),
+        "rejected" (failed authentication), "local" (our own choice)."""
+        self.close_reason = reason
         was = self._state != CONNECTION_STATE.DISCONNECTED
         if self._fileno is not None:
             self._poller.unsubscribe(self._fileno)
@@ -259,7 +265,7 @@ class PeerLink:
     def _reject(self, why: str) -> None:
         if self._on_reject is not None:
             self._on_reject(self.peer_label, why)
-        self.disconnect()
+        self.disconnect("rejected")
 
     # ------------------------------------------------------------- I/O
     def _on_event(self, descr: int, events: int) -> None:
@@ -267,11 +273,13 @@ class PeerLink:
             self._poller.unsubscribe(descr)
             return
         if events & POLL_EVENT_TYPE.ERROR:
-            self.disconnect()
+            err = self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            self.disconnect("refused" if err == errno.ECONNREFUSED else "error")
             return
         if not self._tcp_up:
-            if self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-                self.disconnect()
+            err = self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err:
+                self.disconnect("refused" if err == errno.ECONNREFUSED else "error")
                 return
             self._start_secure()
             if self._sock is None:
@@ -292,10 +300,10 @@ class PeerLink:
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
-                self.disconnect()
+                self.disconnect("error")
                 return
             if not data:
-                self.disconnect()
+                self.disconnect("eof")
                 return
             got += len(data)
             if self._tls is not None:
@@ -461,7 +469,7 @@ class PeerLink:
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
-                self.disconnect()
+                self.disconnect("error")
                 return
             self.sent_bytes += sent
             self._unsent -= sent
@@ -621,7 +629,7 @@ class PeerTransport(TCPTransport):  # type: ignore[misc]
             if now - conn.last_read > timeout:
                 if conn.state == CONNECTION_STATE.CONNECTING and conn in self._unknownConnections:
                     self._on_reject(conn.peer_label, "no handshake in time")
-                conn.disconnect()
+                conn.disconnect("timeout")
             else:
                 conn.ping_if_idle(now)
 

@@ -54,6 +54,9 @@ from node.amqp.connection import CLOSING, Connection
 from node.broker.ids import ConnId
 from node.replication.command import Batch, Command
 from node.replication.effect import Effect, effect_node
+from node.replication.read_model import ReadModel
+from node.replication.read_model import build as build_model
+from node.replication.read_model import queue_rows as model_queue_rows
 from node.replication.state_machine import BrokerState, apply_batch, default_state
 
 # AMQP 0-9-1 reply codes (spec "constants"); 541 is in the spec but is what the
@@ -802,6 +805,7 @@ class LoopbackProposer:
 
     def __init__(self) -> None:
         self.state: BrokerState = default_state()
+        self.model: ReadModel | None = None
         self.pending: list[Command] = []
         self.seq = 0
         self.now = 1_000_000.0
@@ -824,20 +828,16 @@ class LoopbackProposer:
     def blocked_reason(self) -> str | None:
         return None
 
-    def message_bytes(self) -> int:
-        return self.state.message_bytes
+    def read_model(self) -> ReadModel:
+        # one thread here: build it from the state on demand (unchanged parts are reused)
+        self.model = build_model(self.state, self.model)
+        return self.model
 
-    def draining(self) -> bool:
-        return False
+    def add_model_listener(self, cb: Callable[[ReadModel], None]) -> None:
+        pass
 
-    def users(self) -> dict[str, tuple[str, tuple[str, ...]]]:
-        return self.state.users
-
-    def vhosts(self) -> dict[str, None]:
-        return self.state.vhosts
-
-    def permissions(self) -> dict[tuple[str, str], tuple[str, str, str]]:
-        return self.state.permissions
+    async def queue_rows(self) -> list[dict[str, Any]]:
+        return [r._asdict() for r in model_queue_rows(self.state)]
 
 
 def settle(conn: Connection, prop: LoopbackProposer) -> None:

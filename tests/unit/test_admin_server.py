@@ -14,7 +14,8 @@ import pytest
 
 from node.admin import admin_pb2 as pb
 from node.admin import server as admin
-from node.app.queue_view import queue_rows, split_queue_key
+from node.broker.vhost import split_key as split_queue_key
+from node.replication.read_model import ReadModel, queue_rows
 from tests.broker_proc import free_port
 
 STATUS: dict[str, Any] = {
@@ -55,9 +56,6 @@ class FakeMembership:
     async def delete_user(self, name: str) -> None:
         del self.users_[name]
 
-    def users(self) -> dict[str, tuple[str, tuple[str, ...]]]:
-        return self.users_
-
     async def put_vhost(self, name: str) -> None:
         if "\x00" in name:
             raise ValueError("a vhost name cannot contain NUL")
@@ -65,9 +63,6 @@ class FakeMembership:
 
     async def delete_vhost(self, name: str) -> None:
         del self.vhosts_[name]
-
-    def vhosts(self) -> dict[str, None]:
-        return self.vhosts_
 
     async def set_permissions(self, user: str, vhost: str, configure: str, write: str,
                               read: str) -> None:
@@ -83,8 +78,8 @@ class FakeMembership:
     async def clear_permissions(self, user: str, vhost: str) -> None:
         del self.perms[(user, vhost)]
 
-    def permissions(self) -> dict[tuple[str, str], tuple[str, str, str]]:
-        return self.perms
+    def read_model(self) -> ReadModel:
+        return ReadModel(users=self.users_, vhosts=self.vhosts_, permissions=self.perms)
 
 
 ROWS = [{"name": "a", "vhost": "/", "ready": 3, "unacked": 1, "consumers": 1, "durable": True},
@@ -96,7 +91,10 @@ class Served:
         self.port = free_port()
         self.membership = membership
         self.loop = asyncio.new_event_loop()
-        self.server = admin.AdminServer(lambda: dict(STATUS), membership, queues=lambda: ROWS,
+        async def rows() -> list[dict[str, Any]]:  # as the node's: built on its raft thread
+            return [dict(r) for r in ROWS]
+
+        self.server = admin.AdminServer(lambda: dict(STATUS), membership, queues=rows,
                                         token=token)
         started = threading.Event()
 
@@ -260,6 +258,6 @@ def test_queue_rows_counts_unacked_per_queue() -> None:
     state.queues = {"a": a, "v\x00b": b}  # type: ignore[attr-defined]
     state.channels = {1: Ch({1: (a, None, None), 2: (b, None, None)}),  # type: ignore[attr-defined]
                       2: Ch({7: (a, None, None)})}
-    assert queue_rows(state) == [
+    assert [r._asdict() for r in queue_rows(state)] == [
         {"name": "a", "vhost": "/", "ready": 2, "unacked": 2, "consumers": 1, "durable": True},
         {"name": "b", "vhost": "v", "ready": 0, "unacked": 1, "consumers": 0, "durable": False}]

@@ -19,13 +19,14 @@ from node.amqp.connection import CLOSED, CLOSING, RUNNING, Connection
 from node.broker.ids import ConnId
 from node.replication import command as C
 from node.replication import effect as E
+from node.replication.read_model import ReadModel
 
 
 class FakeProposer:
     def __init__(self) -> None:
         self.cmds: list[Any] = []
         self.congested = False
-        self.bytes = 0
+        self.model = ReadModel(vhosts={"/": None})
 
     def propose(self, cmd: Any, size: int = 0) -> None:
         self.cmds.append(cmd)
@@ -36,20 +37,14 @@ class FakeProposer:
     def add_drain_listener(self, cb: Callable[[], None]) -> None:
         pass
 
-    def message_bytes(self) -> int:
-        return self.bytes
+    def read_model(self) -> ReadModel:
+        return self.model
 
-    def draining(self) -> bool:
-        return False
+    def add_model_listener(self, cb: Callable[[ReadModel], None]) -> None:
+        pass
 
-    def users(self) -> dict[str, tuple[str, tuple[str, ...]]]:
-        return {}
-
-    def vhosts(self) -> dict[str, None]:
-        return {"/": None}
-
-    def permissions(self) -> dict[tuple[str, str], tuple[str, str, str]]:
-        return {}
+    async def queue_rows(self) -> list[dict[str, Any]]:
+        return []
 
     def blocked_reason(self) -> str | None:
         return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 from node.replication.command import (
     BasicCredit,
@@ -158,15 +159,24 @@ def test_drop_member_drops_the_removed_nodes_clients_and_requeues() -> None:
     assert [(d.body, d.redelivered) for d in delivers(again)] == [(b"m", True)]
 
 
-def test_membership_dicts_are_replaced_not_mutated() -> None:
-    """The Raft adapter reads members/in_sync from another thread."""
+def test_membership_changes_bump_config_version() -> None:
+    """Only the raft thread touches the state (the loop reads a ReadModel
+    rebuilt when config_version moves): every change of members, in_sync or
+    draining bumps it, a no-op does not."""
     h = Harness()
     members(h, "n1", "n2", "n3")
-    seen_members, seen_in_sync = h.state.members, h.state.in_sync
-    h.run(MarkOutOfSync("n2"), SetMember("n4", "n4:1", False), DropMember("n3"))
-    assert list(seen_members) == ["n1", "n2", "n3"]
-    assert list(seen_in_sync) == ["n1", "n2", "n3"]
+    steps: list[tuple[Any, bool]] = [
+        (MarkOutOfSync("n2"), True), (MarkOutOfSync("n2"), False),
+        (SetMember("n4", "n4:1", False), True), (SetMember("n4", "n4:1", False), False),
+        (MarkInSync("n2"), True), (DropMember("n3"), True), (DropMember("n3"), False),
+        (SetDraining("n4", True), True), (SetDraining("n4", False), True),
+        (SetDraining("n4", False), False)]
+    for cmd, bumps in steps:
+        before = h.state.config_version
+        h.run(cmd)
+        assert (h.state.config_version > before) == bumps, cmd
     assert list(h.state.members) == ["n1", "n2", "n4"]
+    assert list(h.state.in_sync) == ["n1", "n2"]
 
 
 # -- SetDraining (maintenance mode) ---------------------------------------------------
@@ -425,9 +435,9 @@ def test_determinism_two_states_same_batches_pickle_equal() -> None:
 
 def test_users_put_update_delete_and_snapshot() -> None:
     h = Harness()
-    before = h.state.users
+    before = h.state.config_version
     assert h.run(UserPut("alice", "HASH1", ("administrator",))) == []
-    assert before == {}  # replaced, not mutated: the wire thread may hold the old dict
+    assert h.state.config_version > before  # the loop's read model notices
     assert h.state.users == {"alice": ("HASH1", ("administrator",))}
     h.run(UserPut("alice", "HASH2"), UserPut("bob", "HASH3"))
     assert h.state.users == {"alice": ("HASH2", ()), "bob": ("HASH3", ())}

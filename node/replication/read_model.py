@@ -1,0 +1,259 @@
+"""What the event loop reads of the replicated state: one immutable ReadModel
+per Raft tick (issue 12).
+
+Only the raft thread touches `BrokerState` (apply mutates its dicts in
+place). At the end of every Raft tick it builds a `ReadModel` when something
+the loop reads changed and hands it over; the loop (wire, admin, metrics)
+reads that model, never the live state. Parts that did not change are the
+very objects of the previous model, so identity tells a reader whether
+users, vhosts or permissions changed (permission caches, the check for
+deleted users and vhosts).
+
+Queue rows (ListQueues, metrics) cost O(queues + unacked deliveries): they
+are built on the raft thread only when the loop asked for them, between two
+ticks, where the state is consistent.
+
+`build` and `queue_rows` are pure; `ModelPublisher` is the small shell that
+moves models and rows across the thread boundary (immutable objects only).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+from node.broker.vhost import split_key
+
+if TYPE_CHECKING:
+    from node.replication.state_machine import BrokerState
+
+log = logging.getLogger(__name__)
+
+QUEUE_ROWS_TIMEOUT = 5.0  # seconds the loop waits for the raft thread's rows
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def _frozen(m: Mapping[_K, _V]) -> Mapping[_K, _V]:
+    """A read-only mapping nobody else holds a writable reference to."""
+    return m if isinstance(m, MappingProxyType) else MappingProxyType(dict(m))
+
+
+def _empty() -> Mapping[Any, Any]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ReadModel:
+    """The replicated state as the event loop may read it. Immutable: plain
+    dicts given to the constructor are copied behind a MappingProxyType,
+    iterables become tuples."""
+
+    # user -> (password hash, tags); empty while the cluster has none (the
+    # node's configured users apply then)
+    users: Mapping[str, tuple[str, tuple[str, ...]]] = field(default_factory=_empty)
+    # vhosts (ordered set: name -> None)
+    vhosts: Mapping[str, None] = field(default_factory=_empty)
+    # (user, vhost) -> (configure, write, read) patterns
+    permissions: Mapping[tuple[str, str], tuple[str, str, str]] = field(default_factory=_empty)
+    # Raft members: node id -> raft address (in order); the in-sync set and the
+    # members in maintenance mode, in members order
+    members: Mapping[str, str] = field(default_factory=_empty)
+    in_sync: tuple[str, ...] = ()
+    draining: tuple[str, ...] = ()
+    message_bytes: int = 0  # bytes of message bodies held (memory high-watermark)
+    queue_count: int = 0
+    config_version: int = 0  # BrokerState.config_version this was built from
+    version: int = 0  # counts the models built (one more per build that changed something)
+
+    def __post_init__(self) -> None:
+        for name in ("users", "vhosts", "permissions", "members"):
+            value = getattr(self, name)
+            if not isinstance(value, MappingProxyType):
+                object.__setattr__(self, name, _frozen(value))
+        for name in ("in_sync", "draining"):
+            value = getattr(self, name)
+            if not isinstance(value, tuple):
+                object.__setattr__(self, name, tuple(value))
+
+
+EMPTY = ReadModel()
+
+
+def _same(old: Mapping[Any, Any], new: Mapping[Any, Any]) -> bool:
+    """Same items in the same order (dict order is part of the replicated state)."""
+    return len(old) == len(new) and list(old.items()) == list(new.items())
+
+
+def _keep_or_copy(old: Mapping[_K, _V] | None, new: Mapping[_K, _V]) -> Mapping[_K, _V]:
+    if old is not None and _same(old, new):
+        return old
+    return MappingProxyType(dict(new))
+
+
+def _keep_or_tuple(old: tuple[str, ...] | None, new: Mapping[str, None]) -> tuple[str, ...]:
+    fresh = tuple(new)
+    return old if old is not None and old == fresh else fresh
+
+
+def build(state: BrokerState, prev: ReadModel | None = None, full: bool = False) -> ReadModel:
+    """The ReadModel of `state` (pure). Returns `prev` itself when the state's
+    config_version, message bytes and queue count are still prev's; otherwise
+    a new model that reuses prev's objects for the parts that did not change
+    (identity tells a reader what changed). The configuration parts (users,
+    vhosts, permissions, members, in_sync, draining) are looked at only when
+    config_version moved, or always with `full` (the state object was
+    replaced, e.g. by a snapshot from the leader)."""
+    cv = state.config_version
+    message_bytes = int(state.message_bytes)
+    queue_count = len(state.queues)
+    if prev is not None and not full and prev.config_version == cv:
+        if prev.message_bytes == message_bytes and prev.queue_count == queue_count:
+            return prev
+        return ReadModel(prev.users, prev.vhosts, prev.permissions, prev.members, prev.in_sync,
+                         prev.draining, message_bytes, queue_count, cv, prev.version + 1)
+    users = _keep_or_copy(prev.users if prev else None, state.users)
+    vhosts = _keep_or_copy(prev.vhosts if prev else None, state.vhosts)
+    permissions = _keep_or_copy(prev.permissions if prev else None, state.permissions)
+    members = _keep_or_copy(prev.members if prev else None, state.members)
+    in_sync = _keep_or_tuple(prev.in_sync if prev else None, state.in_sync)
+    draining = _keep_or_tuple(prev.draining if prev else None, state.draining)
+    return ReadModel(users, vhosts, permissions, members, in_sync, draining, message_bytes,
+                     queue_count, cv, (prev.version + 1) if prev else 1)
+
+
+def access_changed(old: ReadModel, new: ReadModel) -> bool:
+    """Users, vhosts or permissions differ between the two models."""
+    return (old.users is not new.users or old.vhosts is not new.vhosts
+            or old.permissions is not new.permissions)
+
+
+class QueueRow(NamedTuple):
+    name: str
+    vhost: str
+    ready: int
+    unacked: int
+    consumers: int
+    durable: bool
+
+
+def queue_rows(state: Any) -> tuple[QueueRow, ...]:
+    """A row for every queue, by vhost and name (pure; run it where the state
+    is consistent: on the raft thread between applies). Unacked deliveries
+    live on the channels: (queue, message, consumer) by delivery tag."""
+    unacked: dict[int, int] = {}
+    for ch in state.channels.values():
+        for entry in ch.unacked.values():
+            unacked[id(entry[0])] = unacked.get(id(entry[0]), 0) + 1
+    rows = []
+    for key, q in state.queues.items():
+        vhost, name = split_key(key)
+        rows.append(QueueRow(name, vhost, q.ready_count(), unacked.get(id(q), 0),
+                             len(q.consumers), bool(q.durable)))
+    rows.sort(key=lambda r: (r.vhost, r.name))
+    return tuple(rows)
+
+
+ModelListener = Callable[[ReadModel], None]
+
+
+class ModelPublisher:
+    """Hands ReadModels (and queue rows on request) from the raft thread to
+    the event loop.
+
+    Raft thread: `tick(state)` at the end of every Raft tick.
+    Event loop: `current`, `add_listener(cb)`, `await queue_rows()`.
+    Only immutable objects cross: a ReadModel, a tuple of QueueRows."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, state: BrokerState | None = None,
+                 rows_timeout: float = QUEUE_ROWS_TIMEOUT) -> None:
+        self.loop = loop
+        self.rows_timeout = rows_timeout
+        first = build(state) if state is not None else EMPTY
+        # ---- raft thread
+        self._built = first  # the last model built
+        self._state: Any = state  # the state object it was built from
+        self._rows_served = 0  # the last request number answered
+        # ---- shared: written by one side, read by the other (one reference each)
+        self._latest = first  # written by the raft thread
+        self._scheduled = False  # a hand-over is queued on the loop
+        self._rows_asked = 0  # written by the loop: number of the last request
+        # ---- loop thread
+        self._current = first
+        self._listeners: list[ModelListener] = []
+        self._row_waiters: list[tuple[int, asyncio.Future[tuple[QueueRow, ...]]]] = []
+
+    # ---------------------------------------------------------- raft thread
+    def tick(self, state: BrokerState) -> None:
+        """Build the model if something in it changed, and queue rows if the
+        loop asked for them; hand both to the loop."""
+        replaced = state is not self._state
+        self._state = state
+        model = build(state, self._built, full=replaced)
+        if model is not self._built:
+            self._built = model
+            self._latest = model
+            if not self._scheduled:  # coalesce: the loop takes the latest when it runs
+                self._scheduled = True
+                self.loop.call_soon_threadsafe(self._take)
+        asked = self._rows_asked
+        if asked != self._rows_served:
+            self._rows_served = asked
+            rows = queue_rows(state)
+            self.loop.call_soon_threadsafe(self._answer_rows, asked, rows)
+
+    # ----------------------------------------------------------- loop thread
+    @property
+    def current(self) -> ReadModel:
+        """The latest model handed to the loop."""
+        return self._current
+
+    def add_listener(self, cb: ModelListener) -> None:
+        """`cb(model)` on the loop whenever users, vhosts or permissions change."""
+        self._listeners.append(cb)
+
+    async def queue_rows(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        """Rows (name, vhost, ready, unacked, consumers, durable) built on the
+        raft thread at its next tick; TimeoutError if it does not tick."""
+        self._rows_asked += 1
+        fut: asyncio.Future[tuple[QueueRow, ...]] = self.loop.create_future()
+        entry = (self._rows_asked, fut)
+        self._row_waiters.append(entry)
+        try:
+            rows = await asyncio.wait_for(fut, self.rows_timeout if timeout is None else timeout)
+        except TimeoutError:
+            raise TimeoutError("queue rows: the raft thread did not answer") from None
+        finally:
+            if entry in self._row_waiters:
+                self._row_waiters.remove(entry)
+        return [row._asdict() for row in rows]
+
+    def _take(self) -> None:
+        self._scheduled = False  # before reading _latest: a newer one schedules again
+        self._publish(self._latest)
+
+    def _publish(self, model: ReadModel) -> None:
+        old = self._current
+        if model is old:
+            return
+        self._current = model
+        if access_changed(old, model):
+            for cb in list(self._listeners):
+                try:
+                    cb(model)
+                except Exception:  # noqa: BLE001 - one listener must not starve the others
+                    log.exception("read model listener failed")
+
+    def _answer_rows(self, asked: int, rows: tuple[QueueRow, ...]) -> None:
+        waiting = []
+        for n, fut in self._row_waiters:
+            if n <= asked:
+                if not fut.done():
+                    fut.set_result(rows)
+            else:
+                waiting.append((n, fut))
+        self._row_waiters = waiting
