@@ -34,7 +34,7 @@ def test_summarize_min_median_max_and_failed_rounds() -> None:
     assert s["leader_agreed_median_s"] == 2.0 and s["rejoin_median_s"] == 0.6
     assert s["lost"] == 0
     text = table([("mirrorq", "leader", s)])
-    assert "3/4" in text and "5.00 / 6.00 / 7.00" in text
+    assert "3/4" in text and "5.00 / 6.00 / 7.00" in text and "2.00 [-]" in text
 
 
 def test_summarize_nothing_measured() -> None:
