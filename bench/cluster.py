@@ -253,7 +253,7 @@ class MirrorqCluster:
 
 
 def mirrorq_failover(c: MirrorqCluster) -> dict[str, Any]:
-    from tests.cluster_proc import StreamPublisher
+    from chaosmirrorq.cluster import StreamPublisher
 
     class _Target:  # what StreamPublisher needs of a node
         def __init__(self, i: int) -> None:

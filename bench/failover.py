@@ -568,6 +568,9 @@ def one_round(c: Any, q: str, kind: str, r: int, a: argparse.Namespace) -> dict[
             errors.append(f"no confirm of a message published after the kill within {a.round_timeout}s")
         if errors:
             res["error"] = "; ".join(errors)
+    except (KeyboardInterrupt, SystemExit):
+        killed = False  # interrupted: no restart, the caller stops the cluster
+        raise
     finally:
         for p in pubs:
             if p.is_alive():
@@ -602,6 +605,7 @@ def run_kind(c: Any, kind: str, a: argparse.Namespace) -> dict[str, Any]:
     rounds: list[dict[str, Any]] = []
     confirmed: dict[str, set[int]] = {}
     out: dict[str, Any] = {"queue": q, "rounds": rounds}
+    interrupted = False
     try:
         for r in range(a.rounds):
             try:
@@ -616,10 +620,13 @@ def run_kind(c: Any, kind: str, a: argparse.Namespace) -> dict[str, Any]:
             confirmed.update(res.pop("_confirmed"))
             rounds.append(res)
             log(round_line(c.system, kind, a.rounds, res))
+    except (KeyboardInterrupt, SystemExit):
+        interrupted = True
+        raise
     finally:
         total = sum(len(v) for v in confirmed.values())
         live = next((i for i in range(len(c.nodes)) if c.alive(i)), None)
-        if live is not None:
+        if live is not None and not interrupted:
             try:
                 t0 = time.monotonic()
                 got = drain(c.target(live), q, idle=2.0, timeout=max(120.0, total / 500))

@@ -49,9 +49,11 @@ def log(msg: str) -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port below the kernel's ephemeral range: a bound-to-0 port could be
+    taken as the source port of an outgoing connection before the node binds it
+    (see chaosmirrorq.cluster.free_port, which this is)."""
+    from chaosmirrorq.cluster import free_port as low_free_port
+    return low_free_port()
 
 
 def amqp_ready(host: str, port: int) -> bool:

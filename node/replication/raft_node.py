@@ -103,7 +103,7 @@ class RaftNode:
         self._removed = False
         # ---- statistics
         self.applied_batches = 0
-        self.failed_batches: dict[str, int] = {}
+        self.failed_batches = dict.fromkeys(self.shim.fail_reasons(), 0)
         self.published = self.acked = self.confirmed = self.nacked = 0
         self.delivered = self.redelivered = 0
         self.leader_changes = 0

@@ -562,6 +562,10 @@ class RaftShim:
         self._tasks.append(lambda: so.transferLeadership(address, callback=callback))
 
     # ------------------------------------------------ queries (any thread)
+    def fail_reasons(self) -> list[str]:
+        """The names a failed proposal reports (pysyncobj's FAIL_REASON, lower case)."""
+        return list(self._fail_names.values())
+
     def ready(self) -> bool:
         so = self._so
         return so is not None and so.isReady() and so._getLeader() is not None

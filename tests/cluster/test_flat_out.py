@@ -39,7 +39,9 @@ def _depth_is(node: ClusterNode, queue: str, want: int) -> bool:
 
 def _brief(st: dict[str, Any]) -> dict[str, Any]:
     return {k: st.get(k) for k in ("role", "leader", "term", "commit_index", "failed_batches",
-                                   "nacked_publishes", "resends", "snapshots", "queues")}
+                                   "nacked_publishes", "resends", "snapshots", "queues", "fast_elections",
+                                   "prevote_rounds", "deferred_elections", "longest_raft_stall_ms",
+                                   "longest_leader_gap_ms")}
 
 
 def test_flat_out_60s_no_leader_change_no_discarded(cluster: Cluster) -> None:

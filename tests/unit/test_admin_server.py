@@ -86,15 +86,17 @@ ROWS = [{"name": "a", "vhost": "/", "ready": 3, "unacked": 1, "consumers": 1, "d
         {"name": "b", "vhost": "v1", "ready": 0, "unacked": 0, "consumers": 0, "durable": False}]
 
 
+async def _rows() -> list[dict[str, Any]]:  # as the node's: built on its raft thread
+    return [dict(r) for r in ROWS]
+
+
 class Served:
-    def __init__(self, membership: Any, token: str | None = None) -> None:
+    def __init__(self, membership: Any, token: str | None = None,
+                 queues: admin.QueuesFn = _rows) -> None:
         self.port = free_port()
         self.membership = membership
         self.loop = asyncio.new_event_loop()
-        async def rows() -> list[dict[str, Any]]:  # as the node's: built on its raft thread
-            return [dict(r) for r in ROWS]
-
-        self.server = admin.AdminServer(lambda: dict(STATUS), membership, queues=rows,
+        self.server = admin.AdminServer(lambda: dict(STATUS), membership, queues=queues,
                                         token=token)
         started = threading.Event()
 
@@ -199,6 +201,50 @@ def test_users_vhosts_permissions(served: Served) -> None:
 def test_list_queues(served: Served) -> None:
     assert admin.call_list_queues("127.0.0.1", served.port) == {"queues": ROWS}
     assert admin.call_list_queues("127.0.0.1", served.port, vhost="v1") == {"queues": ROWS[1:]}
+
+
+def test_list_queues_takes_a_plain_function_and_a_timeout_is_unavailable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(admin.TOKEN_ENV, raising=False)
+    s = Served(FakeMembership(), queues=lambda: ROWS)
+    try:
+        assert admin.call_list_queues("127.0.0.1", s.port) == {"queues": ROWS}
+    finally:
+        s.close()
+
+    async def silent() -> list[dict[str, Any]]:  # the raft thread does not answer
+        raise TimeoutError("queue rows: the raft thread did not answer")
+    s = Served(FakeMembership(), queues=silent)
+    try:
+        assert code_of(admin.call_list_queues, "127.0.0.1", s.port) \
+            == grpc.StatusCode.UNAVAILABLE
+    finally:
+        s.close()
+
+
+def test_metrics_render_async_queue_rows_and_survive_a_timeout() -> None:
+    async def silent() -> list[dict[str, Any]]:
+        raise TimeoutError("queue rows: the raft thread did not answer")
+
+    async def scrape(queues: admin.QueuesFn) -> str:
+        server = admin.MetricsServer(lambda: dict(STATUS), queues)
+        port = free_port()
+        await server.start("127.0.0.1", port)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            body = (await reader.read()).decode()
+            writer.close()
+            return body
+        finally:
+            await server.stop()
+
+    body = asyncio.run(scrape(_rows))
+    assert body.startswith("HTTP/1.1 200")
+    assert 'mirrorq_queue_messages_ready{node="n1",vhost="/",queue="a"} 3' in body
+    body = asyncio.run(scrape(silent))
+    assert body.startswith("HTTP/1.1 200") and "mirrorq_queue_messages_ready{" not in body
+    assert "mirrorq_message_bytes" in body
 
 
 def test_a_node_without_vhosts_answers_unimplemented(monkeypatch: pytest.MonkeyPatch) -> None:

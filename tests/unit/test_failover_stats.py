@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ def test_confirm_gaps_without_confirms_after_the_kill() -> None:
 
 
 def test_summarize_min_median_max_and_failed_rounds() -> None:
-    rounds = [
+    rounds: list[dict[str, Any]] = [
         {"next_confirm_s": 5.0, "longest_gap_s": 5.1, "leader_agreed_s": 1.0, "rejoin_s": 0.5},
         {"next_confirm_s": 7.0, "longest_gap_s": 7.0, "leader_agreed_s": 2.0, "rejoin_s": 0.7},
         {"next_confirm_s": 6.0, "longest_gap_s": 6.5, "leader_agreed_s": 3.0, "rejoin_s": 0.6},
