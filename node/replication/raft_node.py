@@ -409,7 +409,7 @@ class RaftNode:
     def member_id(self, address: str | None) -> str | None:
         if address is None:
             return None
-        by_addr = {a: n for n, a in self.state.members.items()}
+        by_addr = {a: n for n, a in self.read_model().members.items()}
         by_addr.update({a: n for n, a in self.config.peers.items()})
         by_addr[self.address] = self.node_id
         return by_addr.get(address, address)
@@ -417,8 +417,8 @@ class RaftNode:
     def status(self) -> dict[str, Any]:
         shim = self.shim
         raft = shim.raft_status()
-        st = self.state
-        members = dict(st.members)
+        model = self.read_model()
+        members = dict(model.members)
         return {
             "node_id": self.node_id,
             "role": raft["role"],
@@ -428,8 +428,8 @@ class RaftNode:
             "last_applied": raft["last_applied"],
             "log_len": raft["log_len"],
             "members": list(members) or [self.node_id, *self.config.peers],
-            "in_sync": list(st.in_sync),
-            "draining": list(st.draining),
+            "in_sync": list(model.in_sync),
+            "draining": list(model.draining),
             "has_quorum": shim.has_quorum(),
             "mirrored_index": self._gate.released,
             "blocked": self._blocked is not None,
@@ -437,13 +437,13 @@ class RaftNode:
             "resends": self.pipeline.resends,
             "nacked_publishes": self.pipeline.nacked_publishes,
             "failed_batches": dict(self.failed_batches),
-            "queues": len(st.queues),
+            "queues": model.queue_count,
             "journal_flushes": shim.flushes,
             "snapshots": shim.snapshots,
             "last_snapshot_seconds": round(shim.last_snapshot_seconds, 3),
             "last_snapshot_bytes": shim.last_snapshot_bytes,
             "applied_batches": self.applied_batches,
-            "message_bytes": int(st.message_bytes),
+            "message_bytes": model.message_bytes,
             "published": self.published,
             "confirmed": self.confirmed,
             "nacked": self.nacked,
@@ -459,8 +459,11 @@ class RaftNode:
             "peer_tls": self.peer_security.tls,
             "encoded_appends": shim.encoded_appends,
             "longest_raft_stall_ms": round(shim.longest_stall * 1000, 1),
+            "longest_flush_ms": round(shim.longest_flush * 1000, 1),
+            "longest_fork_ms": round(shim.longest_fork * 1000, 1),
+            "longest_owner_tick_ms": round(shim.longest_owner_tick * 1000, 1),
             "forced_compactions": shim.forced_compactions,
             "longest_leader_gap_ms": round(shim.longest_leader_gap * 1000, 1),
-            "in_sync_size": len(st.in_sync),
+            "in_sync_size": len(model.in_sync),
             "confirm_latency": self.confirm_latency.snapshot(),
         }

@@ -30,6 +30,7 @@ import logging
 import os
 import pickle
 import random
+import struct
 import threading
 import time
 from collections import deque
@@ -38,7 +39,7 @@ from typing import Any, Protocol
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 from pysyncobj.config import SERIALIZER_STATE
-from pysyncobj.journal import MetaStorer
+from pysyncobj.journal import FIRST_RECORD_OFFSET, FileJournal, MetaStorer
 from pysyncobj.monotonic import (
     monotonic as clock,  # pysyncobj's clock (MONOTONIC_RAW): compare like with like
 )
@@ -76,17 +77,53 @@ def _security(config: RaftConfig) -> PeerSecurity:
 
 
 class FsyncMetaStorer(MetaStorer):  # type: ignore[misc]
-    """Term and vote must be durable before a vote is granted (Raft §5.2)."""
+    """Term and vote must be durable before a vote is granted (Raft §5.2):
+    a change of either is fsync'd (file and directory). pysyncobj also
+    stores the commit index once a second; that needs no sync (a stale one
+    is re-learned from the leader), and two fsyncs a second on the raft
+    thread stalled it for hundreds of ms under write load."""
+
+    _durable: tuple[Any, Any] | None = None
 
     def storeMeta(self, meta: dict[str, Any]) -> None:  # noqa: N802 - pysyncobj's name
         path = self.getPath()
         tmp = path + ".tmp"
+        vote = (meta.get("currentTerm"), meta.get("votedForNodeId"))
+        sync = vote != self._durable
         with open(tmp, "wb") as f:
             f.write(_pysyncobj_dumps(meta))
-            f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(os.path.dirname(path) or ".")
+        if sync:
+            _fsync_dir(os.path.dirname(path) or ".")
+            self._durable = vote
+
+
+class _Journal(FileJournal):  # type: ignore[misc]
+    """pysyncobj's FileJournal, whose compaction (deleteEntriesTo) rewrites
+    the entries that remain one record at a time on the raft thread (a
+    struct.pack, a mmap write and a header write each): after a snapshot
+    under load that was 100k+ records and seconds without heartbeats. Here
+    they are written as one block. Same file format."""
+
+    def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802 - pysyncobj's name
+        keep: list[tuple[bytes, int, int]] = getattr(self, "_FileJournal__journal")[entryTo:]  # noqa: B009
+        pack = struct.Struct("<IQQ").pack
+        parts = []
+        for command, idx, term in keep:
+            data = command if isinstance(command, bytes) else bytes(command)
+            size = 16 + len(data)
+            tail = size.to_bytes(4, "little")
+            parts.append(pack(size, idx, term))
+            parts.append(data)
+            parts.append(tail)
+        blob = b"".join(parts)
+        self._FileJournal__journal = keep
+        self._FileJournal__journalFile.write(FIRST_RECORD_OFFSET, blob)
+        self._FileJournal__currentOffset = FIRST_RECORD_OFFSET + len(blob)
+        self._FileJournal__setLastRecordOffset(self._FileJournal__currentOffset)
 
 
 def _fsync_dir(path: str) -> None:
@@ -213,7 +250,8 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
         self._blobs: dict[tuple[int, int, int], bytes] = {}
         super().__init__(self_addr, others, conf, transportClass=_Transport)
         journal = self._SyncObj__raftLog
-        if hasattr(journal, "_FileJournal__metaStorer"):
+        if isinstance(journal, FileJournal):
+            journal.__class__ = _Journal  # created by pysyncobj; same state, faster compaction
             old = journal._FileJournal__metaStorer
             journal._FileJournal__metaStorer = FsyncMetaStorer(old.getPath())
 
@@ -460,6 +498,7 @@ class RaftShim:
         self._prevote_won = False
         self._term_noticed: dict[Any, float] = {}
         self._last_forced_compaction = 0.0
+        self._iteration_began = 0.0
         self._fail_names = {v: k.lower() for k, v in vars(FAIL_REASON).items()
                             if k.isupper() and k != "SUCCESS"}
         # statistics (Status)
@@ -475,6 +514,9 @@ class RaftShim:
         self.forced_compactions = 0
         self.longest_leader_gap = 0.0  # follower: longest silence between AppendEntries (s)
         self.fast_elections = 0  # campaigns started early because the leader's link broke
+        self.longest_flush = 0.0  # longest journal flush (s)
+        self.longest_owner_tick = 0.0  # longest on_tick of the owner (planners, hand-over)
+        self.longest_fork = 0.0  # longest snapshot fork (s), on the raft thread
 
     # ---------------------------------------------------------------- life
     def start(self) -> None:
@@ -517,6 +559,8 @@ class RaftShim:
         self._so.addOnTickCallback(self._on_tick)
         self._thread = threading.Thread(target=self._run, name=f"raft-{self.node_id}", daemon=True)
         self._thread.start()
+        if os.environ.get("MIRRORQ_STALL_TRACE"):
+            threading.Thread(target=self._trace_stalls, name="stall-trace", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -613,6 +657,21 @@ class RaftShim:
                 "term": st.get("raft_term"), "commit_index": st.get("commit_idx"),
                 "last_applied": st.get("last_applied"), "log_len": st.get("log_len")}
 
+    def _trace_stalls(self) -> None:
+        """Diagnostics (MIRRORQ_STALL_TRACE=1): log the raft thread's stack
+        whenever one loop iteration has run for more than 200 ms."""
+        import sys
+        import traceback
+        seen = 0.0
+        while not self._stop.wait(0.05):
+            began = self._iteration_began
+            if began and clock() - began > 0.2 and began != seen and self._thread is not None:
+                seen = began
+                frame = sys._current_frames().get(self._thread.ident or 0)
+                if frame is not None:
+                    log.warning("raft thread busy %.0f ms in:\n%s", (clock() - began) * 1000,
+                                "".join(traceback.format_stack(frame)[-12:]))
+
     def _run(self) -> None:
         so = self._so
         assert so is not None
@@ -625,6 +684,7 @@ class RaftShim:
         prev = clock()
         while not self._stop.is_set():
             now = clock()
+            self._iteration_began = now
             gap = now - prev
             if gap > self.longest_stall:
                 self.longest_stall = gap
@@ -649,7 +709,9 @@ class RaftShim:
             self._tasks.popleft()()
         last = so.last_log_index()
         if last != self._flushed_index:
+            t0 = clock()
             so.journal_flush()  # group commit: one msync for the tick's entries
+            self.longest_flush = max(self.longest_flush, clock() - t0)
             self._flushed_index = last
             self.flushes += 1
         transport = so.transport()
@@ -660,7 +722,9 @@ class RaftShim:
             self._restore_timeouts = None
         if not so.otherNodes and so.raftCommitIndex < last:
             so.wake()  # alone, nothing else would wake us to commit
+        t0 = clock()
         announce = self.owner.on_tick(self._view(so))
+        self.longest_owner_tick = max(self.longest_owner_tick, clock() - t0)
         if announce is not None:
             for node in list(so.otherNodes):
                 transport.send_raw(node, {"type": MIRRORED, "index": announce})
@@ -878,6 +942,8 @@ class RaftShim:
         part = self._dump_path + ".part"
         self._snap_started = clock()
         pid = os.fork()
+        if pid != 0:
+            self.longest_fork = max(self.longest_fork, clock() - self._snap_started)
         if pid == 0:  # child: no threads, no loop; write, sync, leave
             code = 1
             try:
