@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterable
 from typing import Any
 
 from .model import (
@@ -200,9 +201,20 @@ def build_client_service(spec: Spec, name: str, namespace: str) -> dict[str, Any
     }
 
 
-def build_pdb(spec: Spec, name: str, namespace: str) -> dict[str, Any]:
+PDB_VERSIONS = ("policy/v1", "policy/v1beta1")  # preferred first; policy/v1 from Kubernetes 1.21
+
+
+def pdb_api_version(served: Iterable[str]) -> str | None:
+    """The PodDisruptionBudget API to use among the group versions the API
+    server serves (discovery), or None when it serves neither (then the
+    cluster goes without a PDB rather than without a StatefulSet)."""
+    offered = set(served)
+    return next((v for v in PDB_VERSIONS if v in offered), None)
+
+
+def build_pdb(spec: Spec, name: str, namespace: str, api_version: str = "policy/v1") -> dict[str, Any]:
     return {
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(name, namespace),
+        "apiVersion": api_version, "kind": "PodDisruptionBudget", "metadata": _meta(name, namespace),
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels(name)}},
     }
 
@@ -226,7 +238,11 @@ def build_network_policy(spec: Spec, name: str, namespace: str) -> dict[str, Any
     }
 
 
-def build_all(spec: Spec, name: str, namespace: str) -> list[dict[str, Any]]:
+def build_all(spec: Spec, name: str, namespace: str,
+              pdb_version: str | None = "policy/v1") -> list[dict[str, Any]]:
+    """Everything a cluster needs, the StatefulSet last; no PDB when the
+    server offers no PDB API (pdb_version None)."""
+    pdb = [] if pdb_version is None else [build_pdb(spec, name, namespace, pdb_version)]
     return [build_configmap(spec, name, namespace), build_headless_service(spec, name, namespace),
-            build_client_service(spec, name, namespace), build_pdb(spec, name, namespace),
+            build_client_service(spec, name, namespace), *pdb,
             build_network_policy(spec, name, namespace), build_statefulset(spec, name, namespace)]

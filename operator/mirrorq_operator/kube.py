@@ -1,6 +1,7 @@
 """The only module doing I/O: the Kubernetes API (kubernetes client) and the admin API."""
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import time
@@ -8,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import grpc
-from kubernetes import client, config
+from kubernetes import client, config, dynamic
 from kubernetes.client.rest import ApiException
 
 from node.admin.server import (
@@ -20,7 +21,13 @@ from node.admin.server import (
     call_transfer_leadership,
 )
 
-from .builders import build_all, build_configmap, build_raft_secret, build_statefulset
+from .builders import (
+    build_all,
+    build_configmap,
+    build_raft_secret,
+    build_statefulset,
+    pdb_api_version,
+)
 from .model import (
     Action,
     AddMember,
@@ -40,6 +47,8 @@ from .model import (
     WaitFor,
     pod_name,
 )
+
+log = logging.getLogger(__name__)
 
 # How pods are reached: in-cluster DNS names and fixed ports, unless
 # MIRRORQ_OPERATOR_LOCAL_BASE_PORT selects the local mode (model.Addressing).
@@ -137,7 +146,7 @@ def execute(action: Action, spec: Spec, obs: Observed, patch_status: dict[str, A
         # first, so no pod starts without it; an existing one (409) is kept: the
         # members' volumes were formed with that password
         _create(build_raft_secret(name, ns, secrets.token_urlsafe(32)))
-        for manifest in build_all(spec, name, ns):
+        for manifest in build_all(spec, name, ns, pdb_version()):
             _create(manifest)
     elif isinstance(action, ScaleStatefulSet):
         apps.patch_namespaced_stateful_set(name, ns, {"spec": {"replicas": action.replicas}})
@@ -186,14 +195,45 @@ def execute(action: Action, spec: Spec, obs: Observed, patch_status: dict[str, A
         pass
 
 
+_served: list[str] | None = None  # the API server's group versions (discovery, once)
+
+
+def pdb_version() -> str | None:
+    """The PDB API this server offers: policy/v1 from Kubernetes 1.21,
+    policy/v1beta1 before (issue 13: a 404 on policy/v1 used to abort every
+    reconcile on 1.20, and no StatefulSet was ever made)."""
+    global _served
+    if _served is None:
+        try:
+            groups = client.ApisApi().get_api_versions().groups or []
+        except ApiException as exc:  # a server without group discovery (test emulators)
+            log.warning("API group discovery failed (%s); assuming policy/v1", exc.status)
+            return "policy/v1"
+        _served = [v.group_version for g in groups for v in (g.versions or [])]
+    version = pdb_api_version(_served)
+    if version is None:
+        log.warning("the API server offers no PodDisruptionBudget API: clusters go without one")
+    return version
+
+
+def _create_pdb_v1beta1(ns: str, manifest: dict[str, Any]) -> None:
+    # the kubernetes client dropped its policy/v1beta1 classes: the dynamic client
+    pdbs = dynamic.DynamicClient(client.ApiClient()).resources.get(
+        api_version="policy/v1beta1", kind="PodDisruptionBudget")
+    pdbs.create(body=manifest, namespace=ns)
+
+
 def _create(manifest: dict[str, Any]) -> None:
     kind, ns = manifest["kind"], manifest["metadata"]["namespace"]
+    if kind == "PodDisruptionBudget" and manifest["apiVersion"] == "policy/v1beta1":
+        kind = "PodDisruptionBudget/v1beta1"
     create: Any = {
         "ConfigMap": client.CoreV1Api().create_namespaced_config_map,
         "Secret": client.CoreV1Api().create_namespaced_secret,
         "Service": client.CoreV1Api().create_namespaced_service,
         "StatefulSet": client.AppsV1Api().create_namespaced_stateful_set,
         "PodDisruptionBudget": client.PolicyV1Api().create_namespaced_pod_disruption_budget,
+        "PodDisruptionBudget/v1beta1": _create_pdb_v1beta1,
         "NetworkPolicy": client.NetworkingV1Api().create_namespaced_network_policy,
     }[kind]
     try:

@@ -16,6 +16,7 @@ from mirrorq_operator.builders import (
     build_pdb,
     build_raft_secret,
     build_statefulset,
+    pdb_api_version,
     raft_secret_name,
 )
 from mirrorq_operator.model import Spec
@@ -172,3 +173,15 @@ def test_raft_tls_config_loads_in_the_node_with_cert_manager_file_names(tmp_path
         str(secret_dir / "tls.crt"), str(secret_dir / "tls.key"), str(secret_dir / "ca.crt"))
     cfg.raft.peers = {"mq-1": "127.0.0.1:25673"}
     check_cluster_password(cfg)  # TLS alone satisfies it, and the files load
+
+
+def test_pdb_api_version_follows_discovery():
+    """Issue 13: policy/v1 exists from Kubernetes 1.21; 1.20 serves only v1beta1."""
+    assert pdb_api_version(["v1", "apps/v1", "policy/v1", "policy/v1beta1"]) == "policy/v1"
+    assert pdb_api_version(["v1", "apps/v1", "policy/v1beta1"]) == "policy/v1beta1"
+    assert pdb_api_version(["v1", "apps/v1"]) is None
+    old = build_all(SPEC, "mq", "ns1", "policy/v1beta1")
+    assert [m["apiVersion"] for m in old if m["kind"] == "PodDisruptionBudget"] == ["policy/v1beta1"]
+    none = build_all(SPEC, "mq", "ns1", None)
+    assert "PodDisruptionBudget" not in [m["kind"] for m in none]
+    assert none[-1]["kind"] == "StatefulSet"  # still made, and last
