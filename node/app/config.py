@@ -64,6 +64,13 @@ _RAFT_KEYS = {"password", "password_file", "batch_max_commands", "batch_max_byte
               "compaction_min_gap"}
 
 
+# node.toml keys (dotted) whose values are numbers: what a string-only source
+# (a Kubernetes CR's spec.config) must write as TOML numbers
+NUMERIC_KEYS = frozenset(_WIRE_KEYS | {"login_failure_window"}
+                         | {f"raft.{k}" for k in _RAFT_KEYS
+                            if k not in ("password", "password_file", "tls_cert", "tls_key", "tls_ca")})
+
+
 def _int(name: str, value: Any, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise ConfigError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")

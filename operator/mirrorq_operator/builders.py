@@ -5,6 +5,8 @@ import base64
 from collections.abc import Iterable
 from typing import Any
 
+from node.app.config import NUMERIC_KEYS
+
 from .model import (
     ADMIN_PORT,
     AMQP_PORT,
@@ -65,10 +67,26 @@ def _meta(name: str, namespace: str) -> dict[str, Any]:
     return {"name": name, "namespace": namespace, "labels": labels(name)}
 
 
+def _number(text: str) -> int | float | None:
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 def _toml(config: dict[str, Any]) -> str:
+    """spec.config as node.toml. The CRD types every value as a string
+    (heartbeat "30"); a key the node reads as a number is written as one (a
+    quoted "30" is refused by the node); anything else stays a string."""
     lines = []
     for key in sorted(config):
         value = config[key]
+        if isinstance(value, str) and key in NUMERIC_KEYS and _number(value.strip()) is not None:
+            value = _number(value.strip())
         if isinstance(value, bool):
             text = "true" if value else "false"
         elif isinstance(value, int | float):

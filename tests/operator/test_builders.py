@@ -185,3 +185,26 @@ def test_pdb_api_version_follows_discovery():
     none = build_all(SPEC, "mq", "ns1", None)
     assert "PodDisruptionBudget" not in [m["kind"] for m in none]
     assert none[-1]["kind"] == "StatefulSet"  # still made, and last
+
+
+def test_string_config_values_become_the_numbers_the_node_reads(tmp_path):
+    """The CRD types spec.config values as strings ("30"); the node refuses a
+    quoted number, so keys it reads as numbers are written as TOML numbers
+    (issue 13's known bug), and the node's own config code loads the result."""
+    from node.app.config import NodeConfig, apply_file, validate
+
+    spec = Spec.from_cr({"replicas": 3, "config": {
+        "heartbeat": "30", "frame_max": "131072", "raft.election_min": "1.5",
+        "raft.election_max": "3", "raft.out_of_sync_after": "6.0"}})
+    text = build_configmap(spec, "mq", "ns1")["data"]["mirrorq.toml"]
+    assert tomllib.loads(text)["raft"]["election_min"] == 1.5
+    path = tmp_path / "mirrorq.toml"
+    path.write_text(text)
+    cfg = NodeConfig(node_id="mq-0", data_dir=str(tmp_path / "data"))
+    apply_file(cfg, str(path))
+    validate(cfg)
+    assert (cfg.wire.heartbeat, cfg.wire.frame_max) == (30, 131072)
+    assert (cfg.raft.election_min, cfg.raft.election_max, cfg.raft.out_of_sync_after) == (1.5, 3, 6.0)
+    # not a number where the node wants one: left quoted, so the node names the key
+    bad = build_configmap(Spec.from_cr({"replicas": 3, "config": {"heartbeat": "often"}}), "mq", "ns1")
+    assert 'heartbeat = "often"' in bad["data"]["mirrorq.toml"]
