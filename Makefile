@@ -19,7 +19,7 @@ run: $(STAMP)
 	$(VENV)/bin/mirrorq local-cluster up --nodes 3 --base-port $(AMQP_PORT) --dir data/cluster --foreground
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check node tests bench
+	$(VENV)/bin/ruff check node tests bench k8s
 	$(VENV)/bin/mypy
 
 unit: $(STAMP)
@@ -78,17 +78,16 @@ clean:
 # (MIRRORQ_K8S_CACHE, default /var/cache/mirrorq/k8s-v1.20.2-etcd3.4.23-go1.15.15) and
 # is instant once it is there; k8s-up starts the control plane in the background
 # (workdir and pid file under $(K8S_DIR)) and prints the KUBECONFIG to export;
-# k8s-down stops it. k8s/control_plane.py is stdlib-only: no venv needed.
+# k8s-down stops it.
 K8S_DIR ?= /tmp/mirrorq-k8s
-K8S_PY   = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 
 .PHONY: k8s-build k8s-up k8s-down
 
 k8s-build:
 	@bash k8s/build.sh
 
-k8s-up: k8s-build
-	@$(K8S_PY) k8s/control_plane.py up $(K8S_DIR)/work --detach --pid-file $(K8S_DIR)/control-plane.pid
+k8s-up: $(STAMP) k8s-build
+	@$(PY) k8s/control_plane.py up $(K8S_DIR)/work --detach --pid-file $(K8S_DIR)/control-plane.pid
 
-k8s-down:
-	@$(K8S_PY) k8s/control_plane.py down $(K8S_DIR)/work --pid-file $(K8S_DIR)/control-plane.pid
+k8s-down: $(STAMP)
+	@$(PY) k8s/control_plane.py down $(K8S_DIR)/work --pid-file $(K8S_DIR)/control-plane.pid

@@ -20,8 +20,8 @@ CLI (make k8s-up / make k8s-down use it):
     python k8s/control_plane.py down DIR [--pid-file F]
 
 `up` prints `export KUBECONFIG=DIR/kubeconfig` (and the PATH with kubectl and helm).
-Stdlib only (plus `cryptography` when present, else `openssl`), so it runs with the
-system python3 as well as with the project's venv.
+Runs with the project's venv (the harness's free_port; `cryptography` when present,
+else `openssl`).
 """
 from __future__ import annotations
 
@@ -34,7 +34,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -45,6 +44,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from chaosmirrorq.cluster import free_port  # below the ephemeral range (see there)
 
 HERE = Path(__file__).resolve().parent
 BUILD_SH = HERE / "build.sh"
@@ -58,36 +59,6 @@ OWNED = ("etcd-data", "certs", "kubeconfig", STATE,
          *(f"{c}.log" for c in COMPONENTS))
 SERVICE_CIDR = "10.0.0.0/24"
 DEFAULT_CONTROLLERS = "*,-nodelifecycle"
-
-try:  # the project's own (chaos/chaosmirrorq/cluster.py) when the venv has it
-    from chaosmirrorq.cluster import free_port
-except ImportError:  # a plain python3: the same rule, kept short
-    _handed_out: set[int] = set()
-
-    def free_port() -> int:
-        """A free port BELOW the kernel's ephemeral range (a port the kernel may
-        hand out as a source port meanwhile is no good for a server that binds it
-        a moment later), checked bindable, each given out once per process."""
-        try:
-            lo = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            lo = 32768
-        first = max(1025, lo - 20000)
-        span = lo - first
-        start = int.from_bytes(os.urandom(4), "little") % span
-        for i in range(span):
-            port = first + (start + i) % span
-            if port in _handed_out:
-                continue
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-            _handed_out.add(port)
-            return port
-        raise RuntimeError("no free port below the ephemeral range")
-
 
 class ControlPlaneError(RuntimeError):
     pass

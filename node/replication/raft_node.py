@@ -346,22 +346,17 @@ class RaftNode:
     async def change_member(self, address: str, add: bool, timeout: float = 30.0) -> None:
         """Add or remove a Raft member (pysyncobj's config change); the
         replicated bookkeeping (SetMember/DropMember) is the caller's."""
-        fut: asyncio.Future[tuple[bool, str]] = self.loop.create_future()
-
-        def settle(result: tuple[bool, str]) -> None:
-            if not fut.done():
-                fut.set_result(result)
-
-        def done(ok: bool, why: str) -> None:
-            self.loop.call_soon_threadsafe(settle, (ok, why))
-
-        self.shim.change_member(address, add, done)
-        ok, why = await asyncio.wait_for(fut, timeout)
+        ok, why = await self._ask_raft(lambda done: self.shim.change_member(address, add, done), timeout)
         if not ok:
             raise RuntimeError(f"membership change refused ({why})")
 
     async def request_transfer(self, address: str | None, timeout: float) -> tuple[bool, str]:
         """Ask pysyncobj to send TimeoutNow (see Administrator.transfer_leadership)."""
+        return await self._ask_raft(lambda done: self.shim.transfer(address, done), timeout)
+
+    async def _ask_raft(self, request: Callable[[Callable[[bool, str], None]], None],
+                        timeout: float) -> tuple[bool, str]:
+        """Make a shim request whose (ok, reason) callback runs on the raft thread."""
         fut: asyncio.Future[tuple[bool, str]] = self.loop.create_future()
 
         def settle(result: tuple[bool, str]) -> None:
@@ -371,7 +366,7 @@ class RaftNode:
         def done(ok: bool, why: str) -> None:
             self.loop.call_soon_threadsafe(settle, (ok, why))
 
-        self.shim.transfer(address, done)
+        request(done)
         return await asyncio.wait_for(fut, timeout)
 
     def peer_address(self, node_id: str) -> str | None:
