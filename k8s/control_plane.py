@@ -404,7 +404,10 @@ def up(workdir: Path | str, *, bindir: Path | str | None = None, timeout: float 
 
         start("kube-apiserver", [
             f"--etcd-servers={etcd_url}",
-            f"--secure-port={ports['kube-apiserver']}", "--bind-address=127.0.0.1",
+            # all addresses: pods in their network namespaces reach it through the
+            # `kubernetes` Service's IP (the node agent's DNAT); its serving
+            # certificate names that IP (the service range's first address)
+            f"--secure-port={ports['kube-apiserver']}", "--bind-address=0.0.0.0",
             "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
             f"--cert-dir={certs}", f"--token-auth-file={certs / 'tokens.csv'}",
             "--authorization-mode=Node,RBAC",

@@ -769,7 +769,8 @@ class StreamPublisher(threading.Thread):
         while time.monotonic() < self.deadline:
             for node in self.nodes():
                 try:
-                    conn = RawConn(node.host, node.amqp_port, timeout=5.0)
+                    conn = RawConn(node.host, node.amqp_port, node.user, node.password,
+                                   timeout=5.0)
                     conn.send_method(spec.Confirm.Select(), 1)
                     conn.expect(spec.Confirm.SelectOk)
                     return conn, node
@@ -874,7 +875,7 @@ def drain(node: ClusterNode, queue: str, idle: float = 3.0, timeout: float = 120
     params = pika.ConnectionParameters(host=node.host, port=node.amqp_port, heartbeat=0,
                                        socket_timeout=10, blocked_connection_timeout=60,
                                        connection_attempts=3, retry_delay=0.5,
-                                       credentials=pika.PlainCredentials("guest", "guest"))
+                                       credentials=pika.PlainCredentials(node.user, node.password))
     conn = pika.BlockingConnection(params)
     out: list[tuple[bytes, bool]] = []
     try:
@@ -922,7 +923,7 @@ def declare(node: ClusterNode, *queues: str, durable: bool = True,
     import pika
     conn = pika.BlockingConnection(pika.ConnectionParameters(
         host=node.host, port=node.amqp_port, heartbeat=0, socket_timeout=10,
-        credentials=pika.PlainCredentials("guest", "guest")))
+        credentials=pika.PlainCredentials(node.user, node.password)))
     try:
         ch = conn.channel()
         for q in queues:

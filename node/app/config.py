@@ -187,16 +187,38 @@ def _apply_tls(tls: TlsConfig, table: dict[str, Any], path: str) -> None:
 
 
 RAFT_PASSWORD_ENV = "MIRRORQ_RAFT_PASSWORD"
+# the only AMQP user (replaces [users]) and the admin token, from a Kubernetes
+# Secret (the operator's NAME-default-user); the admin CLI reads the same token
+# variable as its client token
+DEFAULT_USER_ENV = "MIRRORQ_DEFAULT_USER"
+DEFAULT_PASS_ENV = "MIRRORQ_DEFAULT_PASS"
+ADMIN_TOKEN_ENV = "MIRRORQ_ADMIN_TOKEN"
 NO_CLUSTER_PASSWORD = ("cluster mode needs [raft] password in the config file (or "
                        f"{RAFT_PASSWORD_ENV}) or [raft] tls_cert/tls_key/tls_ca, or --insecure-dev "
                        "for a throwaway development cluster")
 
 
 def apply_env(cfg: NodeConfig, environ: Mapping[str, str]) -> None:
-    """MIRRORQ_RAFT_PASSWORD (kept out of files and ps output) wins over the file."""
+    """Secrets from the environment (kept out of files and ps output) win over the file;
+    an empty variable counts as unset:
+    MIRRORQ_RAFT_PASSWORD: [raft] password.
+    MIRRORQ_DEFAULT_USER and MIRRORQ_DEFAULT_PASS: together, the only AMQP user
+    (replacing [users]); one without the other is a ConfigError.
+    MIRRORQ_ADMIN_TOKEN: [admin] token (the same rule as in the file)."""
     password = environ.get(RAFT_PASSWORD_ENV)
     if password:
         cfg.raft.password = password
+    user, user_password = environ.get(DEFAULT_USER_ENV), environ.get(DEFAULT_PASS_ENV)
+    if user and user_password:
+        cfg.wire.users = {user: user_password}
+    elif user or user_password:
+        have, missing = ((DEFAULT_USER_ENV, DEFAULT_PASS_ENV) if user
+                         else (DEFAULT_PASS_ENV, DEFAULT_USER_ENV))
+        raise ConfigError(f"{have} is set but {missing} is unset or empty: set both "
+                          "(the default user and its password) or neither")
+    token = environ.get(ADMIN_TOKEN_ENV)
+    if token:
+        cfg.admin.token = check_admin_token(token, ADMIN_TOKEN_ENV)
 
 
 def check_cluster_password(cfg: NodeConfig) -> None:
@@ -251,6 +273,14 @@ def _read_file(key: str, path: Any, pem: bool) -> bytes:
     return data
 
 
+def check_admin_token(token: str, source: str) -> str:
+    """The admin token travels as an HTTP/2 header value: non-empty printable
+    ASCII without spaces. `source` names where it came from in the error."""
+    if not token or not token.isascii() or not token.isprintable() or " " in token:
+        raise ConfigError(f"{source} must be non-empty printable ASCII without spaces")
+    return token
+
+
 def _admin_config(table: Any, path: str) -> AdminConfig:
     if not isinstance(table, dict):
         raise ConfigError("admin must be a table ([admin])")
@@ -272,10 +302,7 @@ def _admin_config(table: Any, path: str) -> AdminConfig:
     else:
         token = None
     if token is not None:
-        # it travels as an HTTP/2 header value: printable ASCII, no spaces
-        if not token or not token.isascii() or not token.isprintable() or " " in token:
-            raise ConfigError("admin token must be non-empty printable ASCII without spaces")
-        admin.token = token
+        admin.token = check_admin_token(token, "admin token")
     if ("tls_cert" in table) != ("tls_key" in table):
         raise ConfigError("admin.tls_cert and admin.tls_key go together")
     if "tls_client_ca" in table and "tls_cert" not in table:

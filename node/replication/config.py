@@ -43,6 +43,9 @@ class RaftConfig:
     # confirm publishes on receipt, before replication (env
     # MIRRORQ_UNSAFE_EARLY_CONFIRM=1). Never set it otherwise.
     unsafe_early_confirm: bool = False
+    # how long a peer name's address is trusted before it is looked up again
+    # (only when dialling: a connected link keeps its socket)
+    dns_cache_seconds: float = 2.0
     compaction_min_entries: int = 5000
     compaction_min_time: float = 300.0
     # also compact once the journal holds this many bytes (entries alone let a

@@ -554,6 +554,12 @@ class RaftShim:
             commandsQueueSize=0,
             # reconnect to a restarted peer well within its startup grace
             connectionRetryTime=0.5,
+            # peers are dialled by name, and a name's address changes (a
+            # Kubernetes pod gets a new IP on every restart): pysyncobj caches
+            # a lookup 600 s (a failed one 30 s), so a restarted member stayed
+            # unreachable for minutes (issue 13, found on a real StatefulSet)
+            dnsCacheTime=c.dns_cache_seconds,
+            dnsFailCacheTime=min(1.0, c.dns_cache_seconds),
         )
         self._so = _BrokerLog(self, self.address, list(c.peers.values()), conf)
         self._so.addOnTickCallback(self._on_tick)

@@ -8,6 +8,8 @@ Environment (read once at start):
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import threading
 import time
@@ -17,6 +19,7 @@ from typing import Any
 import kopf
 
 from . import kube
+from .builders import auth_secret_name
 from .model import Spec, SpecError, UpdateStatus, WaitFor
 from .plan import describe, plan, with_failure
 
@@ -62,7 +65,9 @@ def _reconcile(spec: Any, name: str, namespace: str, meta: Any, status: Any,
         # status says why, and nothing is created or changed from a spec we refuse
         patch.status["lastError"] = f"invalid spec: {exc}"
         raise kopf.PermanentError(f"invalid spec: {exc}") from None
-    obs = kube.observe(name, namespace, int(meta.get("generation") or 0), dict(status))
+    obs = kube.observe(name, namespace, int(meta.get("generation") or 0), dict(status),
+                       auth_secret=auth_secret_name(cr_spec, name), spec=cr_spec,
+                       uid=meta.get("uid"))
     out: dict[str, Any] = {"lastError": None}
     waiting: list[str] = []
     error: str | None = None
@@ -86,7 +91,14 @@ def _reconcile(spec: Any, name: str, namespace: str, meta: Any, status: Any,
         logger.info(f"reconcile: {'; '.join(done)}{f' FAILED {error}' if error else ''} "
                     f"({time.monotonic() - started:.2f}s)")
     if waiting:
-        kopf.info(dict(meta), reason="Waiting", message="; ".join(waiting))
+        # the object itself (kind, namespace, uid), not its metadata alone: kopf
+        # posts the event in the object's namespace (else "default", forbidden by RBAC)
+        # (kopf posts from its handlers' context only: the periodic pass's thread
+        # has none, and its passes go without events)
+        body: Any = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "MirrorqCluster",
+                     "metadata": dict(meta)}
+        with contextlib.suppress(LookupError, RuntimeError):
+            kopf.info(body, reason="Waiting", message="; ".join(waiting))
 
 
 def _stamp(out: dict[str, Any], old: dict[str, Any]) -> None:
@@ -106,8 +118,59 @@ def on_change(**kw: Any) -> None:
               kw.get("logger"))
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_SECONDS, idle=RECONCILE_SECONDS / 2,
-            backoff=RECONCILE_SECONDS)
-def on_timer(**kw: Any) -> None:
-    reconcile(kw["spec"], kw["name"], kw["namespace"], kw["meta"], kw["status"], kw["patch"],
-              kw.get("logger"))
+# The periodic pass. Not a kopf timer: kopf puts a finalizer on every object a
+# timer watches, and `helm uninstall` deletes the operator together with its
+# MirrorqCluster, which then could never be deleted (found on a real API
+# server, issue 13). Watch events (no finalizer) say which clusters exist; one
+# thread reconciles each of them every RECONCILE_SECONDS.
+_known: dict[tuple[str, str], bool] = {}
+_known_guard = threading.Lock()
+_loop_started = threading.Event()
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def on_event(**kw: Any) -> None:
+    namespace, name = kw["namespace"], kw["name"]
+    with _known_guard:
+        if kw.get("type") == "DELETED":
+            _known.pop((namespace, name), None)
+        else:
+            _known[(namespace, name)] = True
+    if not _loop_started.is_set():
+        _loop_started.set()
+        threading.Thread(target=_periodic, name="reconcile-loop", daemon=True).start()
+
+
+class _StatusPatch:
+    """What reconcile() writes (patch.status), applied by the periodic pass."""
+
+    def __init__(self) -> None:
+        self.status: dict[str, Any] = {}
+
+
+def _periodic() -> None:
+    log = logging.getLogger("mirrorq_operator.periodic")
+    while True:
+        time.sleep(RECONCILE_SECONDS)
+        with _known_guard:
+            clusters = list(_known)
+        for namespace, name in clusters:
+            try:
+                reconcile_once(namespace, name, log)
+            except Exception as exc:  # noqa: BLE001 - the next pass retries
+                log.warning(f"reconcile {namespace}/{name}: {type(exc).__name__}: {exc}")
+
+
+def reconcile_once(namespace: str, name: str, logger: Any) -> None:
+    body = kube.get_cluster(namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return
+    patch = _StatusPatch()
+    try:
+        reconcile(body.get("spec") or {}, name, namespace, body["metadata"],
+                  body.get("status") or {}, patch, logger)  # type: ignore[arg-type]
+    except kopf.PermanentError:
+        pass  # the status says why (lastError)
+    finally:
+        if patch.status:
+            kube.patch_cluster_status(namespace, name, patch.status)

@@ -1,9 +1,12 @@
 """The only module doing I/O: the Kubernetes API (kubernetes client) and the admin API."""
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 import os
 import secrets
+import string
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -22,10 +25,15 @@ from node.admin.server import (
 )
 
 from .builders import (
+    AUTH_TOKEN_KEY,
+    DEFAULT_USERNAME,
     build_all,
     build_configmap,
+    build_default_user_secret,
     build_raft_secret,
     build_statefulset,
+    config_hash,
+    owned,
     pdb_api_version,
 )
 from .model import (
@@ -44,6 +52,7 @@ from .model import (
     Spec,
     TransferLeadership,
     UpdateStatus,
+    UpdateTemplate,
     WaitFor,
     pod_name,
 )
@@ -67,6 +76,20 @@ def load() -> None:
         config.load_kube_config()
 
 
+CR = ("mirrorq.io", "v1alpha1", "mirrorqclusters")
+
+
+def get_cluster(namespace: str, name: str) -> dict[str, Any] | None:
+    body: dict[str, Any] | None = _get(client.CustomObjectsApi().get_namespaced_custom_object,
+                                       *CR[:2], namespace, CR[2], name)
+    return body
+
+
+def patch_cluster_status(namespace: str, name: str, status: dict[str, Any]) -> None:
+    client.CustomObjectsApi().patch_namespaced_custom_object_status(
+        *CR[:2], namespace, CR[2], name, {"status": status})
+
+
 def _admin(name: str, namespace: str, ordinal: int) -> tuple[str, int]:
     return ADDRESSING.admin_endpoint(name, namespace, ordinal)
 
@@ -80,8 +103,33 @@ def _get(fn: Any, *args: Any) -> Any:
         raise
 
 
-def observe(name: str, namespace: str, generation: int, status: Mapping[str, Any]) -> Observed:
+def read_admin_token(namespace: str, secret_name: str) -> str | None:
+    """The `admin-token` key of the cluster's auth Secret (what its pods get as
+    MIRRORQ_ADMIN_TOKEN); None when the Secret or the key is missing, and then the
+    nodes have no token either (also None for a value that is not text, which the
+    nodes refuse at start)."""
+    secret = _get(client.CoreV1Api().read_namespaced_secret, secret_name, namespace)
+    raw = ((secret.data or {}).get(AUTH_TOKEN_KEY) if secret is not None else None)
+    if not raw:
+        return None
+    try:
+        return base64.b64decode(raw, validate=True).decode() or None
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+def _token(token: str | None) -> str:
+    # "" (not None) when there is none: the admin client would fall back to the
+    # operator's own $MIRRORQ_ADMIN_TOKEN on None
+    return token or ""
+
+
+def observe(name: str, namespace: str, generation: int, status: Mapping[str, Any], *,
+            auth_secret: str, spec: Spec | None = None, uid: str | None = None) -> Observed:
+    """`auth_secret`: the cluster's auth Secret (builders.auth_secret_name), whose
+    admin token every admin call of this pass carries (read once, here)."""
     apps, core = client.AppsV1Api(), client.CoreV1Api()
+    token = read_admin_token(namespace, auth_secret)
     sts = _get(apps.read_namespaced_stateful_set, name, namespace)
     cm = _get(core.read_namespaced_config_map, name, namespace)
     pods: list[PodObs] = []
@@ -97,7 +145,8 @@ def observe(name: str, namespace: str, generation: int, status: Mapping[str, Any
             node = None
             if pod is not None:
                 try:
-                    node = NodeStatus.from_admin(call_status(*_admin(name, namespace, k), 2.0))
+                    node = NodeStatus.from_admin(call_status(*_admin(name, namespace, k), 2.0,
+                                                             token=_token(token)))
                 except Exception:  # unreachable node: observed as such
                     node = None
             is_ready = pod is not None and pod.status is not None and any(
@@ -111,7 +160,27 @@ def observe(name: str, namespace: str, generation: int, status: Mapping[str, Any
     return Observed(name=name, namespace=namespace, exists=sts is not None, sts_replicas=replicas,
                     sts_ready=ready, generation=generation, pods=tuple(pods),
                     volumes=dict(status.get("volumes") or {}), pending_change=pending,
-                    formed=cm is not None and (cm.data or {}).get("formed") == "true")
+                    formed=cm is not None and (cm.data or {}).get("formed") == "true",
+                    admin_token=token, uid=uid,
+                    template_stale=sts is not None and spec is not None and _stale(sts, spec,
+                                                                                  name, namespace))
+
+
+def _stale(sts: Any, spec: Spec, name: str, namespace: str) -> bool:
+    annotations = (sts.spec.template.metadata.annotations or {}) if sts.spec.template.metadata \
+        else {}
+    have = annotations.get("mirrorq.io/config-hash")
+    return have != config_hash(build_statefulset(spec, name, namespace))
+
+
+def _roll_out(spec: Spec, name: str, ns: str, replicas: int, uid: str | None) -> None:
+    """The spec's ConfigMap files (members and formed stay) and pod template."""
+    core, apps = client.CoreV1Api(), client.AppsV1Api()
+    data = build_configmap(spec, name, ns)["data"]
+    core.patch_namespaced_config_map(name, ns, {"data": {
+        "mirrorq.toml": data["mirrorq.toml"], "start.sh": data["start.sh"]}})
+    apps.patch_namespaced_stateful_set(
+        name, ns, owned([build_statefulset(spec, name, ns, replicas)], name, uid)[0])
 
 
 def _settled(pending: str, members: set[str]) -> bool:
@@ -139,20 +208,45 @@ def _ordinal(node: str) -> int:
     return int(node.rsplit("-", 1)[1])
 
 
+_ALPHANUMERIC = string.ascii_letters + string.digits
+
+
+def new_password(length: int = 24) -> str:
+    return "".join(secrets.choice(_ALPHANUMERIC) for _ in range(length))
+
+
+def new_admin_token() -> str:
+    return secrets.token_hex(16)  # 32 hex digits
+
+
+def _create_default_user(spec: Spec, name: str, ns: str) -> None:
+    """Without spec.auth: NAME-default-user, created once with random values; an
+    existing one (409) is kept (the users' clients and the nodes hold them)."""
+    if spec.auth_secret is None:
+        _create(build_default_user_secret(name, ns, DEFAULT_USERNAME, new_password(),
+                                          new_admin_token()))
+
+
 def execute(action: Action, spec: Spec, obs: Observed, patch_status: dict[str, Any]) -> None:
     name, ns = obs.name, obs.namespace
     apps, core = client.AppsV1Api(), client.CoreV1Api()
+    token = _token(obs.admin_token)
     if isinstance(action, CreateResources):
-        # first, so no pod starts without it; an existing one (409) is kept: the
+        # first, so no pod starts without them; an existing one (409) is kept: the
         # members' volumes were formed with that password
         _create(build_raft_secret(name, ns, secrets.token_urlsafe(32)))
-        for manifest in build_all(spec, name, ns, pdb_version()):
+        _create_default_user(spec, name, ns)
+        for manifest in build_all(spec, name, ns, pdb_version(), obs.uid):
             _create(manifest)
     elif isinstance(action, ScaleStatefulSet):
+        # the rebuilt template may name NAME-default-user for the first time
+        # (spec.auth removed since the cluster was created)
+        _create_default_user(spec, name, ns)
         apps.patch_namespaced_stateful_set(name, ns, {"spec": {"replicas": action.replicas}})
         # the template tracks the spec (image, resources...) but keeps the planned replicas
-        apps.patch_namespaced_stateful_set(
-            name, ns, build_statefulset(spec, name, ns, action.replicas))
+        _roll_out(spec, name, ns, action.replicas, obs.uid)
+    elif isinstance(action, UpdateTemplate):
+        _roll_out(spec, name, ns, obs.sts_replicas, obs.uid)
     elif isinstance(action, AddMember | RemoveMember):
         host, port = _leader_admin(obs)
         # Kept in the status only if the call fails with an uncertain outcome
@@ -161,9 +255,9 @@ def execute(action: Action, spec: Spec, obs: Observed, patch_status: dict[str, A
         patch_status["pendingChange"] = f"{type(action).__name__} {action.node} {time.time():.0f}"
         try:
             if isinstance(action, AddMember):
-                result = call_add_member(host, port, action.node, action.address)
+                result = call_add_member(host, port, action.node, action.address, token=token)
             else:
-                result = call_remove_member(host, port, action.node)
+                result = call_remove_member(host, port, action.node, token=token)
         except grpc.RpcError as exc:
             if exc.code() in DEFINITE_REFUSALS:  # nothing happened: nothing to wait for
                 patch_status["pendingChange"] = None
@@ -174,13 +268,13 @@ def execute(action: Action, spec: Spec, obs: Observed, patch_status: dict[str, A
         core.patch_namespaced_config_map(name, ns, {"data": {"members": cm["data"]["members"]}})
     elif isinstance(action, TransferLeadership):
         # asked of the leader being removed; it picks the most caught-up follower
-        call_transfer_leadership(*_admin(name, ns, _ordinal(action.from_node)))
+        call_transfer_leadership(*_admin(name, ns, _ordinal(action.from_node)), token=token)
     elif isinstance(action, ReviveMember):
-        call_revive(*_admin(name, ns, _ordinal(action.node)), DRAIN_TIMEOUT)
+        call_revive(*_admin(name, ns, _ordinal(action.node)), DRAIN_TIMEOUT, token=token)
     elif isinstance(action, DrainMember):
         # Asked of the member itself: it closes its AMQP clients (320), refuses new
         # ones, and leaves the in-sync set for good (a replicated flag).
-        call_drain(*_admin(name, ns, _ordinal(action.node)), DRAIN_TIMEOUT)
+        call_drain(*_admin(name, ns, _ordinal(action.node)), DRAIN_TIMEOUT, token=token)
     elif isinstance(action, MarkFormed):
         core.patch_namespaced_config_map(name, ns, {"data": {"formed": "true"}})
     elif isinstance(action, UpdateStatus):

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 AMQP_PORT = 5672
+AMQPS_PORT = 5671  # spec.tls.secretName set: the amqps listener
 RAFT_PORT = 25672
 ADMIN_PORT = 15672
 METRICS_PORT = 15692
@@ -15,6 +16,9 @@ METRICS_PORT = 15692
 _SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 # [raft] keys that spec.raftTls sets: spec.config may not set them itself.
 RAFT_TLS_CONFIG_KEYS = ("raft.tls_cert", "raft.tls_key", "raft.tls_ca")
+# [tls] keys that spec.tls sets (the amqps listener): likewise.
+TLS_CONFIG_KEYS = ("tls.port", "tls.cert", "tls.key")
+DEFAULT_GRACE_SECONDS = 120
 
 
 class SpecError(ValueError):
@@ -34,16 +38,27 @@ class Spec:
     # ca.crt (cert-manager's layout); set = mutual TLS on the Raft links
     raft_tls_secret: str | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
+    # spec.auth.secretName: a Secret with username, password and optionally
+    # admin-token; None = the operator's own NAME-default-user Secret
+    auth_secret: str | None = None
+    grace_seconds: int = DEFAULT_GRACE_SECONDS  # spec.terminationGracePeriodSeconds
 
     @classmethod
     def from_cr(cls, spec: Mapping[str, Any]) -> Spec:
         persistence = spec.get("persistence") or {}
         config = dict(spec.get("config") or {})
-        raft_tls_secret = _raft_tls_secret(spec.get("raftTls"))
-        reserved = sorted(k for k in config if k in RAFT_TLS_CONFIG_KEYS)
-        if reserved:
-            raise SpecError(f"spec.config: {', '.join(reserved)} cannot be set in config; name a "
-                            "kubernetes.io/tls Secret in spec.raftTls.secretName instead")
+        raft_tls_secret = _secret_ref(
+            spec.get("raftTls"), "spec.raftTls",
+            "a kubernetes.io/tls Secret in the cluster's namespace with tls.crt, tls.key and ca.crt")
+        auth_secret = _secret_ref(
+            spec.get("auth"), "spec.auth",
+            "a Secret in the cluster's namespace with username, password and optionally admin-token")
+        for keys, owner in ((RAFT_TLS_CONFIG_KEYS, "spec.raftTls.secretName"),
+                            (TLS_CONFIG_KEYS, "spec.tls.secretName")):
+            reserved = sorted(k for k in config if k in keys)
+            if reserved:
+                raise SpecError(f"spec.config: {', '.join(reserved)} cannot be set in config; "
+                                f"name a kubernetes.io/tls Secret in {owner} instead")
         return cls(
             replicas=int(spec.get("replicas", 3)),
             image=str(spec.get("image", cls.image)),
@@ -54,27 +69,38 @@ class Spec:
             tls_secret=(spec.get("tls") or {}).get("secretName"),
             raft_tls_secret=raft_tls_secret,
             config=config,
+            auth_secret=auth_secret,
+            grace_seconds=_grace_seconds(spec.get("terminationGracePeriodSeconds")),
         )
 
 
-def _raft_tls_secret(raft_tls: Any) -> str | None:
-    """spec.raftTls: absent (or null) = no TLS on the Raft links; else {secretName: NAME}."""
-    if raft_tls is None:
+def _secret_ref(ref: Any, path: str, what: str) -> str | None:
+    """spec.raftTls / spec.auth: absent (or null) = not set; else {secretName: NAME},
+    NAME a Secret name. `what` says what the Secret must be (in the error)."""
+    if ref is None:
         return None
-    if not isinstance(raft_tls, Mapping):
-        raise SpecError(f"spec.raftTls must be an object {{secretName: NAME}}, got {raft_tls!r}")
-    unknown = sorted(str(k) for k in raft_tls if k != "secretName")
+    if not isinstance(ref, Mapping):
+        raise SpecError(f"{path} must be an object {{secretName: NAME}}, got {ref!r}")
+    unknown = sorted(str(k) for k in ref if k != "secretName")
     if unknown:
-        raise SpecError(f"spec.raftTls: unknown field(s) {', '.join(unknown)} "
-                        "(only secretName)")
-    name = raft_tls.get("secretName")
+        raise SpecError(f"{path}: unknown field(s) {', '.join(unknown)} (only secretName)")
+    name = ref.get("secretName")
     if not isinstance(name, str) or not name:
-        raise SpecError("spec.raftTls.secretName is required: the name of a kubernetes.io/tls "
-                        "Secret in the cluster's namespace with tls.crt, tls.key and ca.crt")
+        raise SpecError(f"{path}.secretName is required: the name of {what}")
     if len(name) > 253 or not _SECRET_NAME.fullmatch(name):
-        raise SpecError(f"spec.raftTls.secretName {name!r} is not a Secret name (a DNS-1123 "
+        raise SpecError(f"{path}.secretName {name!r} is not a Secret name (a DNS-1123 "
                         "subdomain: lower case letters, digits, '-' and '.', at most 253)")
     return name
+
+
+def _grace_seconds(value: Any) -> int:
+    """spec.terminationGracePeriodSeconds: absent (or null) = 120; else an integer >= 1."""
+    if value is None:
+        return DEFAULT_GRACE_SECONDS
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(f"spec.terminationGracePeriodSeconds must be an integer >= 1, "
+                        f"got {value!r}")
+    return value
 
 
 def pod_name(cluster: str, ordinal: int) -> str:
@@ -105,7 +131,7 @@ class Addressing:
     Local (development and tests, no Kubernetes DNS): every pod on 127.0.0.1,
     pod k on ports P+10k (AMQP), P+10k+1 (Raft), P+10k+2 (admin), P+10k+3
     (metrics), P = local_base_port. Selected by MIRRORQ_OPERATOR_LOCAL_BASE_PORT=P.
-    Whatever runs the pods (tests/operator/kubelet.py) starts them on these ports.
+    Whatever runs the pods starts them on these ports (development without DNS).
     """
     local_base_port: int | None = None
 
@@ -202,6 +228,12 @@ class Observed:
     pending_change: str | None = None  # a membership change the operator started, not confirmed
     last_error: str | None = None
     formed: bool = False  # the cluster has formed once: empty pods must --join from now on
+    # the auth Secret's admin-token, for every admin call of this pass (None: no
+    # Secret or no key, and then the nodes have no token either); never printed
+    admin_token: str | None = field(default=None, repr=False)
+    # the StatefulSet's pod template predates the spec (its config hash differs)
+    template_stale: bool = False
+    uid: str | None = None  # the MirrorqCluster's: what the built objects are owned by
 
     def pod(self, ordinal: int) -> PodObs | None:
         for p in self.pods:
@@ -265,6 +297,13 @@ class MarkFormed:
 
 
 @dataclass(frozen=True)
+class UpdateTemplate:
+    """The spec changed (config, image, resources...): new ConfigMap files and pod
+    template; the StatefulSet controller restarts the pods one at a time."""
+    pass
+
+
+@dataclass(frozen=True)
 class WaitFor:
     reason: str
 
@@ -280,5 +319,5 @@ class UpdateStatus:
 
 
 Action = (CreateResources | AddMember | RemoveMember | TransferLeadership | DrainMember | ReviveMember
-          | ScaleStatefulSet | MarkFormed | WaitFor | UpdateStatus)
+          | ScaleStatefulSet | MarkFormed | UpdateTemplate | WaitFor | UpdateStatus)
 MEMBERSHIP_CHANGES = (AddMember, RemoveMember)

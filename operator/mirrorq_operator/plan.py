@@ -24,6 +24,7 @@ from .model import (
     Spec,
     TransferLeadership,
     UpdateStatus,
+    UpdateTemplate,
     WaitFor,
     pod_name,
 )
@@ -207,6 +208,13 @@ def _steps(spec: Spec, obs: Observed, view: NodeStatus | None,
             p = obs.pod(k)
             return [*steps, AddMember(node, raft_address(name, obs.namespace, k),
                                       p.pvc_uid if p else None)]
+    # a changed spec rolls out once every member is healthy (the StatefulSet
+    # controller then restarts one pod at a time, each back in sync before the next)
+    if obs.template_stale:
+        why = _healthy(obs, view, current)
+        if why:
+            return [*steps, WaitFor(f"{why} (before rolling out the new spec)")]
+        return [*steps, UpdateTemplate()]
     return steps
 
 

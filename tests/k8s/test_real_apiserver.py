@@ -1,8 +1,10 @@
 """Issue 13, against a real Kubernetes v1.20.2 control plane (etcd, kube-apiserver,
 controller-manager, scheduler built by `make k8s-build`, started here by
 k8s/control_plane.py): the CRD is a structural schema the server accepts and
-validates, the chart renders the PDB API the server offers (policy/v1beta1 on
-1.20), and the operator's API discovery picks it and creates the PDB."""
+validates, `helm install --dry-run` renders the MirrorqCluster and the operator
+(no PDB nor StatefulSet: the operator builds those), and the operator's API
+discovery picks the PDB API the server offers (policy/v1beta1 on 1.20) and
+creates the PDB."""
 from __future__ import annotations
 
 import json
@@ -11,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from k8s.control_plane import ControlPlane, bin_dir, missing_binaries, up
 
@@ -57,15 +60,36 @@ def test_server_side_validation_rejects_zero_replicas(cp: ControlPlane) -> None:
     assert good.returncode == 0, good.stderr
 
 
-def test_chart_renders_the_pdb_api_the_server_offers(cp: ControlPlane) -> None:
-    """helm asks the real server for its APIs: 1.20 has no policy/v1."""
+def test_chart_dry_run_renders_the_cluster_and_the_operator(cp: ControlPlane) -> None:
+    """`helm install --dry-run` against the real server (its APIs, its OpenAPI for
+    validation): one MirrorqCluster and the operator; the StatefulSet and the PDB
+    are the operator's to build, not the chart's."""
+    # a dry run does not install crds/: the server must know the kind already
+    cp.kubectl("apply", "-f", str(CRDS))
+    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+               "crd/mirrorqclusters.mirrorq.io")
     res = subprocess.run([str(cp.bindir / "helm"), "install", "mq", str(REPO / "helm" / "mirrorq"),
                           "-n", "chart-test", "--create-namespace", "--dry-run"],
                          capture_output=True, text=True, env=cp.env(), timeout=120)
     assert res.returncode == 0, res.stderr
-    docs = res.stdout.split("\n---")
-    pdbs = [d for d in docs if "kind: PodDisruptionBudget" in d]
-    assert len(pdbs) == 1 and "apiVersion: policy/v1beta1" in pdbs[0], pdbs
+    manifest = res.stdout.split("\nNOTES:")[0]
+    docs = [d for d in yaml.safe_load_all(manifest.split("\nMANIFEST:", 1)[1]) if d]
+    kinds = [d["kind"] for d in docs]
+    assert kinds.count("MirrorqCluster") == 1 and kinds.count("Deployment") == 1, kinds
+    assert not {"PodDisruptionBudget", "StatefulSet", "ConfigMap", "Service"} & set(kinds), kinds
+    (cr,) = [d for d in docs if d["kind"] == "MirrorqCluster"]
+    (op,) = [d for d in docs if d["kind"] == "Deployment"]
+    assert cr["metadata"]["name"] == "mq-mirrorq" and cr["spec"]["auth"]["secretName"] == "mq-mirrorq"
+    assert op["metadata"]["name"] == "mq-mirrorq-operator"
+    assert "kubectl -n chart-test get mirrorqcluster mq-mirrorq" in res.stdout  # NOTES
+    # and the server accepts that MirrorqCluster as rendered (its CRD schema), pruning
+    # nothing: an unknown field would be dropped silently, not refused, on 1.20
+    cr["metadata"]["namespace"] = "default"  # the dry run created no namespace
+    ok = cp.kubectl("apply", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(cr),
+                    check=False)
+    assert ok.returncode == 0, ok.stderr
+    stored = json.loads(ok.stdout)["spec"]
+    assert {k: stored.get(k) for k in cr["spec"]} == cr["spec"], stored
 
 
 def test_operator_discovers_the_pdb_api_and_creates_the_pdb(cp: ControlPlane) -> None:

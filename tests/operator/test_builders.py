@@ -2,15 +2,24 @@
 from __future__ import annotations
 
 import base64
+import os
+import subprocess
+import sys
 import tomllib
+from pathlib import Path
 
+import pytest
 from mirrorq_operator.builders import (
     CONFIG_DIR,
     RAFT_TLS_DIR,
     RAFT_TLS_VOLUME,
+    READY_PROBE,
+    TLS_DIR,
+    auth_secret_name,
     build_all,
     build_client_service,
     build_configmap,
+    build_default_user_secret,
     build_headless_service,
     build_network_policy,
     build_pdb,
@@ -42,9 +51,11 @@ def test_statefulset():
     pod = s["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] >= 60
     assert "podAntiAffinity" in pod["affinity"]
+    assert pod["terminationGracePeriodSeconds"] == 120  # the default
     (c,) = pod["containers"]
     assert c["image"] == "mirrorq:1.2.3"
-    assert ports(c) == {"amqp": 5672, "raft": 25672, "admin": 15672, "metrics": 15692}
+    assert ports(c) == {"amqp": 5672, "amqps": 5671, "raft": 25672, "admin": 15672,
+                        "metrics": 15692}
     assert c["resources"] == {"requests": {"cpu": "500m"}}
     assert c["readinessProbe"] and c["livenessProbe"]
     assert {"name": "tls", "secret": {"secretName": "mq-tls"}} in pod["volumes"]
@@ -61,7 +72,11 @@ def test_services():
     assert ports(h["spec"])["raft"] == 25672
     c = build_client_service(SPEC, "mq", "ns1")
     assert c["spec"]["type"] == "LoadBalancer"
-    assert ports(c["spec"]) == {"amqp": 5672, "metrics": 15692}
+    assert ports(c["spec"]) == {"amqp": 5672, "amqps": 5671, "metrics": 15692}
+    plain = Spec.from_cr({"replicas": 3})  # no spec.tls: no amqps anywhere
+    assert ports(build_client_service(plain, "mq", "ns1")["spec"]) == {"amqp": 5672,
+                                                                       "metrics": 15692}
+    assert "amqps" not in ports(_pod(plain)["containers"][0])
     sel = build_statefulset(SPEC, "mq", "ns1")["spec"]["selector"]["matchLabels"]
     assert h["spec"]["selector"] == sel == c["spec"]["selector"]
 
@@ -75,6 +90,11 @@ def test_pdb_and_network_policy():
     assert len(raft_rules) == 1
     assert raft_rules[0]["from"] == [{"podSelector": {"matchLabels": np["spec"]["podSelector"]
                                                       ["matchLabels"]}}]
+    open_ports = {p["port"] for r in np["spec"]["ingress"] if "from" not in r for p in r["ports"]}
+    assert open_ports == {5672, 5671, 15692}  # amqps is let in with spec.tls
+    plain = build_network_policy(Spec.from_cr({}), "mq", "ns1")
+    assert {p["port"] for r in plain["spec"]["ingress"] if "from" not in r
+            for p in r["ports"]} == {5672, 15692}
 
 
 def test_configmap():
@@ -208,3 +228,181 @@ def test_string_config_values_become_the_numbers_the_node_reads(tmp_path):
     # not a number where the node wants one: left quoted, so the node names the key
     bad = build_configmap(Spec.from_cr({"replicas": 3, "config": {"heartbeat": "often"}}), "mq", "ns1")
     assert 'heartbeat = "often"' in bad["data"]["mirrorq.toml"]
+
+
+# -- credentials (spec.auth / NAME-default-user), grace period, AMQPS ----------
+
+AUTH_SPEC = Spec.from_cr({"replicas": 3, "auth": {"secretName": "orders-creds"},
+                          "terminationGracePeriodSeconds": 300})
+
+
+def _env(spec: Spec) -> dict[str, dict]:
+    (c,) = _pod(spec)["containers"]
+    return {e["name"]: e for e in c["env"]}
+
+
+def test_default_user_secret():
+    sec = build_default_user_secret("mq", "ns1", "mirrorq", "pw" * 12, "ab" * 16)
+    assert sec["kind"] == "Secret" and sec["type"] == "Opaque"
+    assert sec["metadata"]["name"] == "mq-default-user" and sec["metadata"]["namespace"] == "ns1"
+    assert {k: base64.b64decode(v).decode() for k, v in sec["data"].items()} == {
+        "username": "mirrorq", "password": "pw" * 12, "admin-token": "ab" * 16}
+    assert sec == build_default_user_secret("mq", "ns1", "mirrorq", "pw" * 12, "ab" * 16)  # pure
+    assert "ownerReferences" not in sec["metadata"]  # kept like the raft Secret
+    # not among what build_all makes: kube.py creates it (with random values) only without spec.auth
+    assert "Secret" not in [m["kind"] for m in build_all(SPEC, "mq", "ns1")]
+
+
+def test_auth_secret_name():
+    assert auth_secret_name(SPEC, "mq") == "mq-default-user"
+    assert auth_secret_name(AUTH_SPEC, "mq") == "orders-creds"
+
+
+@pytest.mark.parametrize(("spec", "secret"), [(SPEC, "mq-default-user"),
+                                              (AUTH_SPEC, "orders-creds")])
+def test_credentials_come_from_the_auth_secret(spec, secret):
+    env = _env(spec)
+    refs = {n: env[n]["valueFrom"]["secretKeyRef"] for n in
+            ("MIRRORQ_DEFAULT_USER", "MIRRORQ_DEFAULT_PASS", "MIRRORQ_ADMIN_TOKEN")}
+    assert refs == {
+        "MIRRORQ_DEFAULT_USER": {"name": secret, "key": "username"},
+        "MIRRORQ_DEFAULT_PASS": {"name": secret, "key": "password"},
+        "MIRRORQ_ADMIN_TOKEN": {"name": secret, "key": "admin-token", "optional": True}}
+    assert env["MIRRORQ_RAFT_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "mq-raft"
+    text = build_configmap(spec, "mq", "ns1")["data"]["mirrorq.toml"]
+    assert "users" not in text and "token" not in text  # never in the ConfigMap
+
+
+def test_grace_period_from_the_spec():
+    assert _pod(AUTH_SPEC)["terminationGracePeriodSeconds"] == 300
+    assert _pod(Spec.from_cr({}))["terminationGracePeriodSeconds"] == 120
+
+
+def _self_signed(tmp_path: Path) -> tuple[bytes, bytes]:
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mq.ns1.svc")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("mq.ns1.svc")]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    return (cert.public_bytes(serialization.Encoding.PEM),
+            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()))
+
+
+def test_amqps_config_loads_in_the_node_with_the_mounted_secret(tmp_path):
+    """spec.tls: mirrorq.toml's [tls] names the mounted kubernetes.io/tls Secret's
+    files on port 5671; the node's own config code loads it and the listener's
+    TLS context builds from a real key pair."""
+    from node.app.config import NodeConfig, apply_file, check_tls
+
+    toml = tomllib.loads(build_configmap(SPEC, "mq", "ns1")["data"]["mirrorq.toml"])
+    assert toml["tls"] == {"port": 5671, "cert": "/etc/mirrorq-tls/tls.crt",
+                           "key": "/etc/mirrorq-tls/tls.key"}
+    assert toml["frame_max"] == 131072  # the rest of the config is kept
+    (mount,) = [m for m in _pod(SPEC)["containers"][0]["volumeMounts"] if m["name"] == "tls"]
+    assert mount["mountPath"] == TLS_DIR == "/etc/mirrorq-tls"
+    # off without spec.tls
+    assert "tls" not in tomllib.loads(
+        build_configmap(RAFT_TLS_SPEC, "mq", "ns1")["data"]["mirrorq.toml"])
+
+    cert, key = _self_signed(tmp_path)
+    secret_dir = tmp_path / "tls"
+    secret_dir.mkdir()
+    (secret_dir / "tls.crt").write_bytes(cert)
+    (secret_dir / "tls.key").write_bytes(key)
+    text = build_configmap(SPEC, "mq", "ns1")["data"]["mirrorq.toml"]
+    path = tmp_path / "mirrorq.toml"
+    path.write_text(text.replace(TLS_DIR, str(secret_dir)))
+    cfg = NodeConfig(node_id="mq-0", data_dir=str(tmp_path / "data"))
+    apply_file(cfg, str(path))
+    assert (cfg.tls.port, cfg.tls.cert, cfg.tls.key) == (
+        5671, str(secret_dir / "tls.crt"), str(secret_dir / "tls.key"))
+    check_tls(cfg)
+    assert cfg.amqps_context is not None
+
+
+def test_ready_probe_passes_the_pods_admin_token(monkeypatch):
+    """The probe program (as the pod runs it, one `python -c`) with call_status
+    stubbed: it asks its own pod, with $MIRRORQ_ADMIN_TOKEN, and exits 0 when in sync."""
+    import node.admin.server as admin
+
+    calls: list[tuple] = []
+
+    def status(host, port, timeout, *, token=None):
+        calls.append((host, port, timeout, token))
+        return {"in_sync": ["mq-0"], "blocked": False}
+
+    monkeypatch.setattr(admin, "call_status", status)
+    monkeypatch.setenv("POD_NAME", "mq-0")
+    monkeypatch.setenv("HEADLESS", "mq-headless")
+    monkeypatch.setenv("POD_NAMESPACE", "ns1")
+    for token, expect in (("t0ken", "t0ken"), ("", None)):
+        monkeypatch.setenv("MIRRORQ_ADMIN_TOKEN", token)
+        with pytest.raises(SystemExit) as done:
+            exec(compile(READY_PROBE, "<probe>", "exec"), {})
+        assert done.value.code == 0
+        assert calls.pop() == ("mq-0.mq-headless.ns1.svc", 15672, 2.0, expect)
+    monkeypatch.delenv("MIRRORQ_ADMIN_TOKEN")
+    with pytest.raises(SystemExit):
+        exec(compile(READY_PROBE, "<probe>", "exec"), {})
+    assert calls.pop()[3] is None
+
+
+def test_ready_probe_runs_and_fails_against_nothing_listening():
+    """`python -c READY_PROBE` for real: it gets as far as the admin call (so no
+    syntax or name error can hide) and exits non-zero when nobody answers."""
+    (c,) = _pod(SPEC)["containers"]
+    assert c["readinessProbe"]["exec"]["command"] == ["python", "-c", READY_PROBE]
+    assert "\n" not in READY_PROBE
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "POD_NAME": "mq-0", "HEADLESS": "mq-headless",
+           "POD_NAMESPACE": "mirrorq-probe-test.invalid", "MIRRORQ_ADMIN_TOKEN": "t0ken"}
+    proc = subprocess.run([sys.executable, "-c", READY_PROBE], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "RpcError" in proc.stderr, proc.stderr  # failed in the call, not before it
+    assert "SyntaxError" not in proc.stderr and "NameError" not in proc.stderr
+
+
+def test_config_hash_follows_the_pods_config_and_template_only():
+    from mirrorq_operator.builders import build_statefulset, config_hash
+    base = Spec(replicas=3, config={"heartbeat": "60"})
+    h = config_hash(build_statefulset(base, "mq", "ns"))
+    assert h and len(h) == 16
+    # replicas are not the pods' config: scaling rolls nothing
+    assert config_hash(build_statefulset(base, "mq", "ns", replicas=5)) == h
+    # a config value, the image, the grace period: each is a new hash (a rollout)
+    assert config_hash(build_statefulset(Spec(replicas=3, config={"heartbeat": "30"}),
+                                         "mq", "ns")) != h
+    assert config_hash(build_statefulset(Spec(replicas=3, config={"heartbeat": "60"},
+                                              image="other:1"), "mq", "ns")) != h
+    assert config_hash(build_statefulset(Spec(replicas=3, config={"heartbeat": "60"},
+                                              grace_seconds=30), "mq", "ns")) != h
+
+
+def test_built_objects_are_owned_by_the_cluster_but_secrets_are_not():
+    from mirrorq_operator.builders import build_all, build_raft_secret, owned
+    objs = build_all(Spec(replicas=3), "mq", "ns", "policy/v1beta1", owner_uid="u-1")
+    assert {o["kind"] for o in objs} >= {"StatefulSet", "ConfigMap", "Service",
+                                         "PodDisruptionBudget", "NetworkPolicy"}
+    for o in objs:
+        [ref] = o["metadata"]["ownerReferences"]
+        assert ref == {"apiVersion": "mirrorq.io/v1alpha1", "kind": "MirrorqCluster",
+                       "name": "mq", "uid": "u-1", "controller": True,
+                       "blockOwnerDeletion": True}
+    secret = owned([build_raft_secret("mq", "ns", "pw")], "mq", "u-1")[0]
+    assert "ownerReferences" not in secret["metadata"]
+    assert all("ownerReferences" not in o["metadata"]
+               for o in build_all(Spec(replicas=3), "mq", "ns"))

@@ -199,6 +199,17 @@ def test_plan_is_idempotent():
         assert plan(spec, obs) == plan(spec, obs)
 
 
+def test_credentials_do_not_change_the_plan():
+    """The admin token (kube.py reads it for the calls) and the auth, TLS and grace
+    settings (builders) leave the planner's decisions alone."""
+    spec = Spec(replicas=5, auth_secret="orders-creds", grace_seconds=300, tls_secret="mq-tls")
+    for obs in (cluster(3, [0, 1, 2]), cluster(5, [0, 1, 2, 3, 4], leader=4)):
+        with_token = Observed(**{**obs.__dict__, "admin_token": "0123abcd"})
+        assert plan(spec, with_token) == plan(spec, obs)
+        assert plan(spec, obs) == plan(Spec(replicas=5), obs)
+        assert "0123abcd" not in repr(plan(spec, with_token)) + repr(with_token)
+
+
 def test_unformed_cluster_is_marked_formed_once_available():
     obs = Observed(**{**cluster(3, [0, 1, 2]).__dict__, "formed": False})
     assert MarkFormed() in plan(Spec(replicas=3), obs)
@@ -227,3 +238,20 @@ def test_called_off_scale_down_revives_the_drained_member():
     assert steps(plan(Spec(replicas=5), obs)) == [ReviveMember(node(4))]
     # still going down: the drained member is removed, not revived
     assert steps(plan(Spec(replicas=3), obs)) == [RemoveMember(node(4))]
+
+
+def test_changed_spec_rolls_out_once_every_member_is_healthy():
+    from dataclasses import replace
+
+    from mirrorq_operator.model import UpdateTemplate
+    stale = replace(cluster(3, [0, 1, 2]), template_stale=True)
+    assert steps(plan(Spec(replicas=3), stale)) == [UpdateTemplate()]
+    # one member out of sync: wait, a rollout would take a second one down
+    lagging = replace(cluster(3, [0, 1, 2], in_sync=[0, 1]), template_stale=True)
+    [wait] = steps(plan(Spec(replicas=3), lagging))
+    assert isinstance(wait, WaitFor) and "mirrorq-2 not in sync" in wait.reason
+    # a scale in progress comes first (its ScaleStatefulSet rebuilds the template too)
+    growing = replace(cluster(3, [0, 1, 2]), template_stale=True)
+    assert not any(isinstance(a, UpdateTemplate) for a in steps(plan(Spec(replicas=5), growing)))
+    # nothing stale: nothing to do
+    assert steps(plan(Spec(replicas=3), cluster(3, [0, 1, 2]))) == []

@@ -33,6 +33,43 @@ def test_bad_raft_tls_is_refused_with_a_clear_error(spec, words):
     assert isinstance(err.value, ValueError)
 
 
+def test_auth_and_grace_period():
+    assert Spec.from_cr({}).auth_secret is None and Spec.from_cr({"auth": None}).auth_secret is None
+    assert Spec.from_cr({"auth": {"secretName": "orders-creds"}}).auth_secret == "orders-creds"
+    assert Spec.from_cr({}).grace_seconds == 120
+    assert Spec.from_cr({"terminationGracePeriodSeconds": None}).grace_seconds == 120
+    assert Spec.from_cr({"terminationGracePeriodSeconds": 1}).grace_seconds == 1
+    assert Spec.from_cr({"terminationGracePeriodSeconds": 600}).grace_seconds == 600
+
+
+def test_amqps_keys_are_set_by_spec_tls_only():
+    # other [tls] keys stay the user's (client certificate verification, say)
+    spec = Spec.from_cr({"tls": {"secretName": "mq-tls"}, "config": {"tls.verify": "none"}})
+    assert spec.tls_secret == "mq-tls" and spec.config == {"tls.verify": "none"}
+
+
+@pytest.mark.parametrize(("spec", "words"), [
+    ({"auth": "orders-creds"}, "spec.auth must be an object"),
+    ({"auth": {}}, "spec.auth.secretName is required"),
+    ({"auth": {"secretName": ""}}, "spec.auth.secretName is required"),
+    ({"auth": {"secretName": 7}}, "spec.auth.secretName is required"),
+    ({"auth": {"secretName": "Orders_Creds"}}, "spec.auth.secretName 'Orders_Creds' is not a Secret name"),
+    ({"auth": {"secretName": "a" * 254}}, "is not a Secret name"),
+    ({"auth": {"secretName": "ok", "username": "x"}}, "spec.auth: unknown field(s) username"),
+    ({"terminationGracePeriodSeconds": 0}, "spec.terminationGracePeriodSeconds must be an integer >= 1"),
+    ({"terminationGracePeriodSeconds": "120"}, "spec.terminationGracePeriodSeconds must be"),
+    ({"terminationGracePeriodSeconds": True}, "spec.terminationGracePeriodSeconds must be"),
+    ({"terminationGracePeriodSeconds": 1.5}, "spec.terminationGracePeriodSeconds must be"),
+    ({"config": {"tls.port": "5671"}}, "tls.port cannot be set in config"),
+    ({"tls": {"secretName": "mq-tls"}, "config": {"tls.key": "/k", "tls.cert": "/c"}},
+     "tls.cert, tls.key cannot be set in config; name a kubernetes.io/tls Secret in spec.tls.secretName"),
+])
+def test_bad_auth_grace_or_amqps_config_is_refused_with_a_clear_error(spec, words):
+    with pytest.raises(SpecError) as err:
+        Spec.from_cr(spec)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
 def test_handler_refuses_an_invalid_spec_permanently_and_says_why():
     """No resources from a spec it refuses (before observing anything); no retry
     until the spec changes; the reason lands in status.lastError."""

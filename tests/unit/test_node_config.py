@@ -74,6 +74,71 @@ def test_env_password_wins_over_the_file(tmp_path: Path) -> None:
     assert cfg.raft.password == "from-env"
 
 
+def test_env_default_user_replaces_the_config_users(tmp_path: Path) -> None:
+    cfg = cfg_from(tmp_path, '[users]\nalice = "a"\nbob = "b"\n')
+    apply_env(cfg, {})
+    assert cfg.wire.users == {"alice": "a", "bob": "b"}
+    apply_env(cfg, {"MIRRORQ_DEFAULT_USER": "", "MIRRORQ_DEFAULT_PASS": ""})  # empty = unset
+    assert cfg.wire.users == {"alice": "a", "bob": "b"}
+    apply_env(cfg, {"MIRRORQ_DEFAULT_USER": "mirrorq", "MIRRORQ_DEFAULT_PASS": "pw"})
+    assert cfg.wire.users == {"mirrorq": "pw"}  # the only user
+    default = NodeConfig(node_id="n1", data_dir="d")
+    apply_env(default, {"MIRRORQ_DEFAULT_USER": "mirrorq", "MIRRORQ_DEFAULT_PASS": "pw"})
+    assert default.wire.users == {"mirrorq": "pw"}
+
+
+@pytest.mark.parametrize("env,missing", [
+    ({"MIRRORQ_DEFAULT_USER": "mirrorq"}, "MIRRORQ_DEFAULT_PASS"),
+    ({"MIRRORQ_DEFAULT_USER": "mirrorq", "MIRRORQ_DEFAULT_PASS": ""}, "MIRRORQ_DEFAULT_PASS"),
+    ({"MIRRORQ_DEFAULT_PASS": "pw"}, "MIRRORQ_DEFAULT_USER"),
+    ({"MIRRORQ_DEFAULT_USER": "", "MIRRORQ_DEFAULT_PASS": "pw"}, "MIRRORQ_DEFAULT_USER"),
+])
+def test_env_default_user_without_its_password_is_refused(env: dict[str, str],
+                                                          missing: str) -> None:
+    cfg = NodeConfig(node_id="n1", data_dir="d")
+    before = dict(cfg.wire.users)
+    with pytest.raises(ConfigError) as err:
+        apply_env(cfg, env)
+    assert f"{missing} is unset or empty" in str(err.value) and "\n" not in str(err.value)
+    assert cfg.wire.users == before
+
+
+def test_env_admin_token_wins_over_the_file(tmp_path: Path) -> None:
+    cfg = cfg_from(tmp_path, '[admin]\ntoken = "from-file"\n')
+    apply_env(cfg, {"MIRRORQ_ADMIN_TOKEN": ""})  # empty = unset
+    assert cfg.admin.token == "from-file"
+    apply_env(cfg, {"MIRRORQ_ADMIN_TOKEN": "0123abcd"})
+    assert cfg.admin.token == "0123abcd"
+    bare = NodeConfig(node_id="n1", data_dir="d")
+    apply_env(bare, {})
+    assert bare.admin.token is None
+    apply_env(bare, {"MIRRORQ_ADMIN_TOKEN": "t0k-en"})
+    assert bare.admin.token == "t0k-en"
+
+
+@pytest.mark.parametrize("token", ["two words", "tab\there", "new\nline", "caf\u00e9"])
+def test_env_admin_token_follows_the_file_rule(tmp_path: Path, token: str) -> None:
+    with pytest.raises(ConfigError, match="MIRRORQ_ADMIN_TOKEN must be non-empty printable ASCII"):
+        apply_env(NodeConfig(node_id="n1", data_dir="d"), {"MIRRORQ_ADMIN_TOKEN": token})
+    # the same rule (one helper) for [admin] token in the file
+    quoted = token.replace("\t", "\\t").replace("\n", "\\n")
+    with pytest.raises(ConfigError, match="admin token must be non-empty printable ASCII"):
+        cfg_from(tmp_path, f'[admin]\ntoken = "{quoted}"\n')
+
+
+def test_env_config_error_is_exit_2_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from node.app.main import EXIT_USAGE, main
+    monkeypatch.setenv("MIRRORQ_DEFAULT_USER", "mirrorq")
+    monkeypatch.delenv("MIRRORQ_DEFAULT_PASS", raising=False)
+    code = main(["serve", "--node-id", "n1", "--data-dir", str(tmp_path / "d"),
+                 "--amqp-port", "5672"])
+    assert code == EXIT_USAGE == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mirrorq: error: MIRRORQ_DEFAULT_USER is set but MIRRORQ_DEFAULT_PASS")
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
 def test_tls_paths_relative_to_the_config(tmp_path: Path) -> None:
     cfg = cfg_from(tmp_path, '[tls]\nport = 5671\ncert = "c.pem"\nkey = "/abs/k.pem"\n'
                              'verify = "required"\nonly = true\n')

@@ -3,7 +3,8 @@
 {{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* Full name: release name unless it already contains the chart name. Pods are <fullname>-N. */}}
+{{/* Full name: release name unless it already contains the chart name. It names the
+MirrorqCluster, so the operator's pods are <fullname>-N. */}}
 {{- define "mirrorq.fullname" -}}
 {{- if contains .Chart.Name .Release.Name -}}
 {{- .Release.Name | trunc 50 | trimSuffix "-" -}}
@@ -12,10 +13,7 @@
 {{- end -}}
 {{- end -}}
 
-{{- define "mirrorq.headless" -}}
-{{- printf "%s-headless" (include "mirrorq.fullname" .) -}}
-{{- end -}}
-
+{{/* The default user's Secret (username, password, admin-token). */}}
 {{- define "mirrorq.secretName" -}}
 {{- default (include "mirrorq.fullname" .) .Values.auth.existingSecret -}}
 {{- end -}}
@@ -25,17 +23,9 @@
 {{- with .Values.raftTls -}}{{- .secretName | default "" -}}{{- end -}}
 {{- end -}}
 
-{{/* Where the Raft TLS Secret is mounted (not under /etc/mirrorq: that is the read-only ConfigMap). */}}
-{{- define "mirrorq.raftTlsDir" -}}
-/etc/mirrorq-raft-tls
-{{- end -}}
-
-{{- define "mirrorq.serviceAccountName" -}}
-{{- if .Values.serviceAccount.create -}}
-{{- default (include "mirrorq.fullname" .) .Values.serviceAccount.name -}}
-{{- else -}}
-{{- default "default" .Values.serviceAccount.name -}}
-{{- end -}}
+{{/* tls.secretName (AMQP over TLS), "" when off. */}}
+{{- define "mirrorq.tlsSecret" -}}
+{{- with .Values.tls -}}{{- .secretName | default "" -}}{{- end -}}
 {{- end -}}
 
 {{- define "mirrorq.labels" -}}
@@ -45,11 +35,12 @@ app.kubernetes.io/part-of: mirrorq
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- end -}}
 
-{{/* Selector labels of the broker pods. */}}
-{{- define "mirrorq.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "mirrorq.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
-app.kubernetes.io/component: broker
+{{/* The labels the operator puts on everything it builds for the cluster
+(operator/mirrorq_operator/builders.py labels()). */}}
+{{- define "mirrorq.clusterLabels" -}}
+app.kubernetes.io/name: mirrorq
+app.kubernetes.io/instance: {{ include "mirrorq.fullname" . }}
+app.kubernetes.io/managed-by: mirrorq-operator
 {{- end -}}
 
 {{- define "mirrorq.operatorSelectorLabels" -}}
@@ -66,22 +57,44 @@ app.kubernetes.io/component: operator
 {{- printf "%s:%s" .Values.operator.image.repository (default .Chart.AppVersion .Values.operator.image.tag) -}}
 {{- end -}}
 
-{{/* --peers for pod ordinal-free rendering: every member; the start script drops itself. */}}
-{{- define "mirrorq.allPeers" -}}
-{{- $full := include "mirrorq.fullname" . -}}
-{{- $svc := include "mirrorq.headless" . -}}
-{{- $ns := .Release.Namespace -}}
-{{- $port := int .Values.ports.raft -}}
-{{- $peers := list -}}
-{{- range $i := until (int .Values.replicas) -}}
-{{- $peers = append $peers (printf "%s-%d=%s-%d.%s.%s.svc.cluster.local:%d" $full $i $full $i $svc $ns $port) -}}
-{{- end -}}
-{{- join "," $peers -}}
+{{/* node.toml keys read as fractional seconds (node/app/config.py): a whole number is
+written "1.0" there. Any other whole number is written as an integer ("60", never
+"60.0" nor Go's "4.194304e+08" for values.yaml's float64 419430400), which the node
+refuses for none of its number keys. tests/k8s/test_chart.py checks this list. */}}
+{{- define "mirrorq.floatKeys" -}}
+login_failure_window raft.election_min raft.election_max raft.leader_fallback raft.tick_interval raft.out_of_sync_after raft.block_after raft.nack_after raft.compaction_min_time raft.compaction_min_gap
 {{- end -}}
 
-{{/* A TOML value: strings quoted, whole numbers as integers (values.yaml numbers are
-float64, and Go prints 419430400.0 as 4.194304e+08), everything else as is. */}}
-{{- define "mirrorq.tomlValue" -}}
-{{- if kindIs "string" . -}}{{ . | quote }}{{- else if kindIs "bool" . -}}{{ ternary "true" "false" . }}
-{{- else if and (kindIs "float64" .) (eq (float64 (int64 .)) .) -}}{{ int64 . }}{{- else -}}{{ . }}{{- end -}}
+{{/* One spec.config value as a string. Call with (list KEY VALUE ROOT). */}}
+{{- define "mirrorq.configValue" -}}
+{{- $key := index . 0 -}}{{- $v := index . 1 -}}{{- $root := index . 2 -}}
+{{- $whole := or (kindIs "int" $v) (kindIs "int64" $v) (and (kindIs "float64" $v) (eq (float64 (int64 $v)) $v)) -}}
+{{- if kindIs "bool" $v -}}{{ ternary "true" "false" $v }}
+{{- else if $whole -}}
+{{- if has $key (splitList " " (include "mirrorq.floatKeys" $root)) -}}{{ printf "%d.0" (int64 $v) }}{{- else -}}{{ int64 $v }}{{- end -}}
+{{- else -}}{{ toString $v }}
+{{- end -}}
+{{- end -}}
+
+{{/* spec.config: .Values.config then .Values.extraConfig, tables flattened to dotted
+keys (raft: {election_min: 1.0} -> raft.election_min: "1.0"), every value a string. */}}
+{{- define "mirrorq.config" -}}
+{{- $out := dict -}}
+{{- range $src := list .Values.config .Values.extraConfig -}}
+{{- range $k, $v := $src -}}
+{{- if kindIs "map" $v -}}
+{{- range $k2, $v2 := $v -}}
+{{- $key := printf "%s.%s" $k $k2 -}}
+{{- $_ := set $out $key (include "mirrorq.configValue" (list $key $v2 $)) -}}
+{{- end -}}
+{{- else -}}
+{{- $_ := set $out $k (include "mirrorq.configValue" (list $k $v $)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $lines := list -}}
+{{- range $k, $v := $out -}}
+{{- $lines = append $lines (printf "%s: %s" ($k | quote) ($v | quote)) -}}
+{{- end -}}
+{{- join "\n" $lines -}}
 {{- end -}}

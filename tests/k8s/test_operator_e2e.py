@@ -1,0 +1,420 @@
+"""Issue 13 end to end, against a real Kubernetes v1.20.2 control plane (etcd,
+kube-apiserver, controller-manager, scheduler: k8s/control_plane.py) and the
+node agent (k8s/node_agent.py: a Ready Node, hostPath PVs, each pod a process in
+its own network namespace). Nothing here is mocked: `helm install` of the chart
+installs the CRD, the operator's Deployment with its ServiceAccount and RBAC,
+and one MirrorqCluster; the scheduler places the operator's pod, which runs
+under its own ServiceAccount's token (in-cluster config), so the chart's RBAC is
+what lets it work; the operator builds the StatefulSet, the real StatefulSet
+controller makes the pods and PVCs, and AMQP clients reach each pod's address.
+
+The tests run in order on one release (module fixtures): install -> scale
+3 -> 5 -> 3 under streaming confirms (S25: 0 confirmed lost, one membership change
+at a time) -> a rolling restart from a config change under load (at most one pod
+down at a time) -> the leader's pod deleted and recreated -> a pod whose volume is
+lost comes back as a fresh member -> `helm uninstall` keeps the PVCs.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pika
+import pytest
+
+from k8s.control_plane import ControlPlane, bin_dir, missing_binaries, up
+from k8s.node_agent import NodeAgent
+from node.admin.server import call_status
+from tests.cluster_proc import StreamPublisher, check_delivered, drain, uniq_queue
+
+T = TypeVar("T")
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "mirrorq"
+NS = "mq"
+RELEASE = "mirrorq"
+NAME = "mirrorq"  # the chart's fullname for this release: the MirrorqCluster's name
+SELECTOR = f"app.kubernetes.io/instance={NAME},app.kubernetes.io/managed-by=mirrorq-operator"
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the node agent needs root "
+                                "(network namespaces, mounts, iptables)")
+
+
+def wait(cond: Callable[[], T | None], timeout: float, what: str,
+         diag: Callable[[], str] | None = None, interval: float = 0.5) -> T:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            value = cond()
+            if value:
+                return value
+            last = value
+        except Exception as exc:  # noqa: BLE001 - keep polling, report the last one
+            last = exc
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}"
+                         + (f"\n{diag()}" if diag else ""))
+
+
+@dataclass(frozen=True)
+class PodEndpoint:
+    """What the harness's publishers and drain need of a node."""
+    node_id: str
+    host: str
+    user: str
+    password: str
+    amqp_port: int = 5672
+
+
+class Env:
+    def __init__(self, cp: ControlPlane, agent: NodeAgent, workdir: Path) -> None:
+        self.cp = cp
+        self.agent = agent
+        self.workdir = workdir
+        self.values = workdir / "values.yaml"
+        self.views: list[tuple[float, tuple[str, ...]]] = []  # leader's member set over time
+        self._watch_stop = threading.Event()
+        self._watch: threading.Thread | None = None
+
+    # -- the API
+    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.cp.kubectl("-n", NS, *args, check=check)
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def helm(self, *args: str, timeout: float = 120) -> str:
+        res = subprocess.run([str(bin_dir() / "helm"), "--kubeconfig", str(self.cp.kubeconfig),
+                              "-n", NS, *args], capture_output=True, text=True, timeout=timeout)
+        assert res.returncode == 0, f"helm {' '.join(args)}: {res.stderr or res.stdout}"
+        return res.stdout
+
+    def cr(self) -> dict[str, Any]:
+        out: dict[str, Any] = self.json("mirrorqcluster", NAME)
+        return out
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.cr().get("status") or {})
+
+    def pods(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.json("pods", "-l", SELECTOR)["items"]
+        return items
+
+    def ready_pods(self) -> list[str]:
+        return sorted(p["metadata"]["name"] for p in self.pods()
+                      if not p["metadata"].get("deletionTimestamp")
+                      and any(c["type"] == "Ready" and c["status"] == "True"
+                              for c in p.get("status", {}).get("conditions") or ()))
+
+    def secret(self, key: str) -> str:
+        data = self.json("secret", NAME)["data"]
+        return base64.b64decode(data[key]).decode()
+
+    def endpoints(self) -> list[PodEndpoint]:
+        user, password = self.secret("username"), self.secret("password")
+        out = []
+        for p in self.pods():
+            ip = p.get("status", {}).get("podIP")
+            if ip and not p["metadata"].get("deletionTimestamp"):
+                out.append(PodEndpoint(p["metadata"]["name"], ip, user, password))
+        return sorted(out, key=lambda e: e.node_id)
+
+    def admin_status(self, pod: str) -> dict[str, Any]:
+        ip = self.agent.pod_ip(NS, pod)
+        assert ip, f"{pod} runs nowhere"
+        return call_status(ip, 15672, 3.0, token=self.secret("admin-token"))
+
+    def converged(self, n: int) -> dict[str, Any] | None:
+        """The CR says n members, all in sync, a leader, available; n pods Ready."""
+        st = self.status()
+        want = [f"{NAME}-{k}" for k in range(n)]
+        cond = {c["type"]: c["status"] for c in st.get("conditions") or ()}
+        ok = (sorted(st.get("members") or ()) == want and sorted(st.get("inSync") or ()) == want
+              and st.get("leader") in want and cond.get("ClusterAvailable") == "True"
+              and cond.get("AllReplicasReady") == "True" and self.ready_pods() == want)
+        return st if ok else None
+
+    # -- membership, as the leader reports it, over time
+    def watch_members(self) -> None:
+        token = self.secret("admin-token")
+
+        def run() -> None:
+            while not self._watch_stop.is_set():
+                for e in self.endpoints():
+                    try:
+                        st = call_status(e.host, 15672, 2.0, token=token)
+                    except Exception:  # noqa: BLE001 - a pod coming or going
+                        continue
+                    if st.get("role") == "leader":
+                        members = tuple(sorted(st.get("members") or ()))
+                        if not self.views or self.views[-1][1] != members:
+                            self.views.append((time.monotonic(), members))
+                        break
+                self._watch_stop.wait(0.3)
+
+        self._watch_stop.clear()
+        self._watch = threading.Thread(target=run, daemon=True)
+        self._watch.start()
+
+    def stop_watch(self) -> None:
+        self._watch_stop.set()
+        if self._watch is not None:
+            self._watch.join(10)
+
+    def diagnostics(self) -> str:
+        parts = []
+        for args in (("get", "mirrorqcluster", "-o", "yaml"), ("get", "pods,pvc,sts", "-o", "wide"),
+                     ("get", "events", "--sort-by=.lastTimestamp")):
+            res = self.kubectl(*args, check=False)
+            parts.append(f"==== kubectl {' '.join(args)}\n{res.stdout[-4000:]}{res.stderr[-500:]}")
+        parts.append(f"==== leader member views: {self.views}")
+        parts.append("==== node agent\n" + self.agent.diagnostics())
+        return "\n".join(parts)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    missing = missing_binaries(bin_dir())
+    assert not missing, f"run `make k8s-build` first (missing in {bin_dir()}: {missing})"
+    work = tmp_path_factory.mktemp("k8s-e2e")
+    cp = up(work / "k8s")
+    agent: NodeAgent | None = None
+    try:
+        agent = NodeAgent.for_control_plane(cp, work / "agent").start()
+        e = Env(cp, agent, work)
+        e.values.write_text(
+            "replicas: 3\n"
+            "persistence:\n  size: 1Gi\n"
+            "terminationGracePeriodSeconds: 30\n"
+            "config:\n  memory_high_watermark: 1073741824\n"
+            "operator:\n  extraEnv:\n"
+            "    - {name: MIRRORQ_OPERATOR_RECONCILE_SECONDS, value: \"2\"}\n")
+        yield e
+        e.stop_watch()
+    finally:
+        if agent is not None:
+            agent.stop()
+        cp.down()
+
+
+@pytest.fixture
+def diag(env: Env, request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        print(env.diagnostics())
+
+
+def amqp_roundtrip(ep: PodEndpoint, queue: str, body: bytes) -> bytes:
+    """Publish with a confirm through this pod, then get it back through it."""
+    conn = pika.BlockingConnection(pika.ConnectionParameters(
+        host=ep.host, port=ep.amqp_port, heartbeat=0, socket_timeout=10,
+        credentials=pika.PlainCredentials(ep.user, ep.password)))
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare(queue, durable=True)
+        ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True)
+        method, _props, got = wait(lambda: (lambda r: r if r[0] else None)(
+            ch.basic_get(queue, auto_ack=True)), 10, f"the message on {ep.node_id}")
+        return bytes(got)
+    finally:
+        conn.close()
+
+
+def test_helm_install_runs_operator_under_its_service_account_and_three_ready_members(
+        env: Env, diag: None) -> None:
+    t0 = time.monotonic()
+    env.helm("install", RELEASE, str(CHART), "--create-namespace", "-f", str(env.values))
+    # the operator: scheduled on the agent's Node, running with its own ServiceAccount
+    op = wait(lambda: [p for p in env.json("pods", "-l", "app.kubernetes.io/component=operator")
+                       ["items"] if p.get("status", {}).get("phase") == "Running"],
+              60, "the operator pod running", env.diagnostics)[0]
+    assert op["spec"]["serviceAccountName"] == f"{NAME}-operator"
+    token_vols = [v["secret"]["secretName"] for v in op["spec"]["volumes"] if "secret" in v]
+    assert any(v.startswith(f"{NAME}-operator-token-") for v in token_vols), token_vols
+    st = wait(lambda: env.converged(3), 180, "3 members in sync, 3 pods Ready",
+              env.diagnostics)
+    print(f"install -> 3 Ready members: {time.monotonic() - t0:.1f}s; status {st}")
+    assert {c["type"]: c["status"] for c in st["conditions"]}["QuorumStatus"] == "True"
+    # AMQP through each pod's own address, with the chart Secret's user
+    eps = env.endpoints()
+    assert len({e.host for e in eps}) == 3
+    for e in eps:
+        body = os.urandom(4096)
+        assert amqp_roundtrip(e, uniq_queue("e2e"), body) == body
+    # the wrong password is refused (only the Secret's user exists)
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+        pika.BlockingConnection(pika.ConnectionParameters(
+            host=eps[0].host, credentials=pika.PlainCredentials(eps[0].user, "wrong"),
+            connection_attempts=1, socket_timeout=5))
+    # the admin port wants the token: without it, refused
+    with pytest.raises(Exception, match="UNAUTHENTICATED|token"):
+        call_status(eps[0].host, 15672, 3.0, token="")
+
+
+def _one_change_at_a_time(views: list[tuple[float, tuple[str, ...]]]) -> None:
+    for (_, a), (_, b) in zip(views, views[1:], strict=False):
+        assert len(set(a) ^ set(b)) == 1, f"membership jumped {a} -> {b}: {views}"
+
+
+def _publish_while(env: Env, tag: str, change: Callable[[], None]) -> dict[str, Any]:
+    queue = uniq_queue(tag)
+    eps = env.endpoints()
+    conn = pika.BlockingConnection(pika.ConnectionParameters(
+        host=eps[0].host, credentials=pika.PlainCredentials(eps[0].user, eps[0].password)))
+    conn.channel().queue_declare(queue, durable=True)
+    conn.close()
+    # random bodies of 1-16 KiB (log-uniform); nothing consumes until the end, so
+    # the queue must stay below the memory watermark (values: 1 GiB) or the
+    # publisher is blocked (connection.blocked), which is back-pressure, not a fault
+    pub = StreamPublisher(tag, queue, env.endpoints, total=None, window=50, size=1024,
+                          max_size=16 * 1024, seed=tag, deadline=600)
+    pub.start()
+
+    def diag() -> str:
+        return f"publisher {pub.summary()} events {pub.events[-10:]}\n{env.diagnostics()}"
+
+    wait(lambda: len(pub.confirmed) > 200, 60, f"{tag}: confirms flowing", diag)
+    change()
+    mark = time.monotonic()
+    wait(lambda: pub.progress_since(mark) > 200, 60, f"{tag}: confirms after the change", diag)
+    pub.finish(120)
+    assert pub.error is None, pub.summary()
+    got = drain(env.endpoints()[0], queue)
+    result = check_delivered({tag: pub.confirmed}, got)
+    print(f"{tag}: {pub.summary()} -> {result['delivered']} delivered, "
+          f"{result['lost_count']} lost, {result['duplicates']} duplicates")
+    assert result["lost_count"] == 0, result
+    return result
+
+
+@pytest.mark.timeout(900)
+def test_helm_upgrade_scales_3_5_3_one_member_at_a_time_under_load(env: Env, diag: None) -> None:
+    env.watch_members()
+
+    def scale() -> None:
+        t0 = time.monotonic()
+        env.helm("upgrade", RELEASE, str(CHART), "--reuse-values", "--set", "replicas=5")
+        wait(lambda: env.converged(5), 300, "5 members in sync", env.diagnostics)
+        print(f"3 -> 5: {time.monotonic() - t0:.1f}s")
+        t0 = time.monotonic()
+        env.helm("upgrade", RELEASE, str(CHART), "--reuse-values", "--set", "replicas=3")
+        wait(lambda: env.converged(3) and len(env.pods()) == 3, 300,
+             "back to 3 members and 3 pods", env.diagnostics)
+        print(f"5 -> 3: {time.monotonic() - t0:.1f}s")
+
+    _publish_while(env, "scale", scale)
+    env.stop_watch()
+    sizes = [len(m) for _, m in env.views]
+    assert 5 in sizes and sizes[-1] == 3, env.views
+    _one_change_at_a_time(env.views)
+
+
+@pytest.mark.timeout(900)
+def test_config_change_rolls_pods_one_at_a_time_under_load(env: Env, diag: None) -> None:
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in env.pods()}
+    most_down = [0]
+    stop = threading.Event()
+
+    def count_down() -> None:
+        while not stop.is_set():
+            with_uid = {p["metadata"]["name"] for p in env.pods()}
+            down = 3 - len([n for n in env.ready_pods() if n in with_uid])
+            most_down[0] = max(most_down[0], down)
+            stop.wait(0.3)
+
+    watcher = threading.Thread(target=count_down, daemon=True)
+
+    def roll() -> None:
+        t0 = time.monotonic()
+        watcher.start()
+        env.helm("upgrade", RELEASE, str(CHART), "--reuse-values", "--set", "config.heartbeat=30")
+        wait(lambda: env.converged(3) and all(
+            p["metadata"]["uid"] != before[p["metadata"]["name"]] for p in env.pods()), 400,
+             "every pod restarted with the new config", env.diagnostics)
+        stop.set()
+        print(f"rolling restart of 3 pods: {time.monotonic() - t0:.1f}s")
+
+    try:
+        _publish_while(env, "roll", roll)
+    finally:
+        stop.set()
+    assert most_down[0] <= 1, f"{most_down[0]} pods were down at once"
+    cm = env.json("configmap", NAME)["data"]["mirrorq.toml"]
+    assert "heartbeat = 30" in cm, cm
+
+
+def test_deleted_leader_pod_is_recreated_and_rejoins(env: Env, diag: None) -> None:
+    leader = env.status()["leader"]
+    old_uid = env.json("pod", leader)["metadata"]["uid"]
+    t0 = time.monotonic()
+    env.kubectl("delete", "pod", leader, "--wait=false")
+    wait(lambda: env.json("pod", leader)["metadata"]["uid"] != old_uid, 120,
+         f"{leader} recreated by the StatefulSet controller", env.diagnostics)
+    wait(lambda: env.converged(3), 180, f"{leader} back in sync", env.diagnostics)
+    print(f"leader pod {leader} deleted -> recreated and in sync: {time.monotonic() - t0:.1f}s")
+    assert env.admin_status(leader)["node_id"] == leader
+
+
+@pytest.mark.timeout(900)
+def test_pod_whose_volume_is_lost_comes_back_as_a_fresh_member(env: Env, diag: None) -> None:
+    victim = f"{NAME}-2"
+    pvc = env.json("pvc", f"data-{victim}")
+    pv = pvc["spec"]["volumeName"]
+    t0 = time.monotonic()
+    # the volume goes: claim and volume deleted, then the pod (a node's disk lost)
+    env.kubectl("delete", "pvc", f"data-{victim}", "--wait=false")
+    env.cp.kubectl("delete", "pv", pv, "--wait=false")
+    env.kubectl("delete", "pod", victim, "--wait=false")
+
+    def fresh_claim() -> bool:
+        new = env.json("pvc", f"data-{victim}")
+        if new["metadata"]["uid"] == pvc["metadata"]["uid"]:
+            return False
+        return True
+
+    def reschedule_if_stuck() -> bool:
+        # a pod recreated while its old claim was still terminating waits for a
+        # claim that will not come back (the StatefulSet controller makes claims
+        # only with new pods): deleting that pod is part of the fault's routine
+        if fresh_claim():
+            return True
+        pod = env.json("pods", "-l", SELECTOR)["items"]
+        for p in pod:
+            if p["metadata"]["name"] == victim and p.get("status", {}).get("phase") == "Pending" \
+                    and not p["spec"].get("nodeName"):
+                env.kubectl("delete", "pod", victim, "--wait=false", check=False)
+        return False
+
+    wait(reschedule_if_stuck, 120, "a new claim for the pod", env.diagnostics, interval=2)
+    st = wait(lambda: env.converged(3), 240, "the fresh member in sync", env.diagnostics)
+    new_uid = env.json("pvc", f"data-{victim}")["metadata"]["uid"]
+    assert st["volumes"][victim] == new_uid, st
+    print(f"volume of {victim} lost -> fresh member in sync: {time.monotonic() - t0:.1f}s")
+
+
+def test_helm_uninstall_removes_the_release_and_keeps_the_pvcs(env: Env, diag: None) -> None:
+    claims = sorted(c["metadata"]["name"] for c in env.json("pvc")["items"])
+    assert claims == [f"data-{NAME}-{k}" for k in range(3)] or len(claims) >= 3, claims
+    t0 = time.monotonic()
+    env.helm("uninstall", RELEASE)
+    wait(lambda: not env.json("pods")["items"], 180, "every pod gone", env.diagnostics)
+    for kind in ("statefulset", "service", "configmap", "deployment", "mirrorqcluster"):
+        items = env.json(kind)["items"]
+        left = [i["metadata"]["name"] for i in items if i["metadata"]["name"] != "kube-root-ca.crt"]
+        wait(lambda k=kind: not [i for i in env.json(k)["items"]
+                                 if i["metadata"]["name"] != "kube-root-ca.crt"],
+             60, f"{kind} removed (left: {left})", env.diagnostics)
+    kept = sorted(c["metadata"]["name"] for c in env.json("pvc")["items"])
+    assert kept == claims, (claims, kept)
+    print(f"helm uninstall -> everything but the PVCs (and Secrets) gone: "
+          f"{time.monotonic() - t0:.1f}s")

@@ -1,0 +1,160 @@
+"""kube.py and the cluster's credentials: the admin token read from the auth
+Secret once per pass and carried by every admin call; NAME-default-user created
+only without spec.auth. The Kubernetes and admin clients are stubbed."""
+from __future__ import annotations
+
+import base64
+import string
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from kubernetes.client.rest import ApiException
+from mirrorq_operator import kube
+from mirrorq_operator.model import (
+    AddMember,
+    CreateResources,
+    DrainMember,
+    NodeStatus,
+    Observed,
+    PodObs,
+    RemoveMember,
+    ReviveMember,
+    ScaleStatefulSet,
+    Spec,
+    TransferLeadership,
+)
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+class FakeCore:
+    def __init__(self, secrets: dict[str, dict[str, str] | None]) -> None:
+        self.secrets = secrets
+        self.read: list[str] = []
+
+    def read_namespaced_secret(self, name: str, namespace: str) -> Any:
+        self.read.append(name)
+        if name not in self.secrets:
+            raise ApiException(status=404)
+        return SimpleNamespace(data=self.secrets[name])
+
+    def read_namespaced_config_map(self, name: str, namespace: str) -> Any:
+        return SimpleNamespace(data={"formed": "true"})
+
+    def read_namespaced_pod(self, name: str, namespace: str) -> Any:
+        return SimpleNamespace(status=SimpleNamespace(conditions=[
+            SimpleNamespace(type="Ready", status="True")]))
+
+    def read_namespaced_persistent_volume_claim(self, name: str, namespace: str) -> Any:
+        return SimpleNamespace(metadata=SimpleNamespace(uid=f"uid-{name}"))
+
+    def patch_namespaced_config_map(self, *args: Any) -> None:
+        pass
+
+
+class FakeApps:
+    def read_namespaced_stateful_set(self, name: str, namespace: str) -> Any:
+        return SimpleNamespace(spec=SimpleNamespace(replicas=2),
+                               status=SimpleNamespace(ready_replicas=2))
+
+    def patch_namespaced_stateful_set(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def core(monkeypatch: pytest.MonkeyPatch) -> FakeCore:
+    fake = FakeCore({"mq-default-user": {"username": b64("mirrorq"), "password": b64("pw"),
+                                         "admin-token": b64("0123abcd")},
+                     "no-token": {"username": b64("u"), "password": b64("p")},
+                     "empty": None,
+                     "garbage": {"admin-token": "not base64!"}})
+    monkeypatch.setattr(kube.client, "CoreV1Api", lambda: fake)
+    monkeypatch.setattr(kube.client, "AppsV1Api", FakeApps)
+    return fake
+
+
+def test_admin_token_from_the_auth_secret(core: FakeCore) -> None:
+    assert kube.read_admin_token("ns1", "mq-default-user") == "0123abcd"
+    assert kube.read_admin_token("ns1", "no-token") is None  # optional key
+    assert kube.read_admin_token("ns1", "missing") is None  # no Secret (yet)
+    assert kube.read_admin_token("ns1", "empty") is None
+    assert kube.read_admin_token("ns1", "garbage") is None
+
+
+def test_observe_reads_the_token_once_and_status_calls_carry_it(
+        core: FakeCore, monkeypatch: pytest.MonkeyPatch) -> None:
+    tokens: list[Any] = []
+
+    def status(host: str, port: int, timeout: float, *, token: Any = None) -> dict[str, Any]:
+        tokens.append(token)
+        return {"role": "leader", "leader": "mq-0", "members": ["mq-0", "mq-1"],
+                "in_sync": ["mq-0", "mq-1"], "has_quorum": True}
+
+    monkeypatch.setattr(kube, "call_status", status)
+    obs = kube.observe("mq", "ns1", 1, {}, auth_secret="mq-default-user")
+    assert obs.admin_token == "0123abcd" and tokens == ["0123abcd", "0123abcd"]
+    assert core.read == ["mq-default-user"]  # once per pass
+    assert "0123abcd" not in repr(obs)  # never in a log line
+    tokens.clear()
+    obs = kube.observe("mq", "ns1", 1, {}, auth_secret="missing")
+    # no token: none sent (not the operator's own $MIRRORQ_ADMIN_TOKEN either)
+    assert obs.admin_token is None and tokens == ["", ""]
+
+
+def _obs(token: str | None) -> Observed:
+    leader = NodeStatus(role="leader", leader="mq-0", members=("mq-0", "mq-1"),
+                        in_sync=("mq-0", "mq-1"), has_quorum=True)
+    return Observed(name="mq", namespace="ns1", exists=True, sts_replicas=2, sts_ready=2,
+                    pods=(PodObs(0, True, "u0", leader), PodObs(1, True, "u1", None)),
+                    admin_token=token)
+
+
+@pytest.mark.parametrize(("token", "sent"), [("0123abcd", "0123abcd"), (None, "")])
+def test_every_admin_call_carries_the_token(core: FakeCore, monkeypatch: pytest.MonkeyPatch,
+                                            token: str | None, sent: str) -> None:
+    seen: dict[str, Any] = {}
+
+    def stub(call: str) -> Any:
+        def fn(*args: Any, token: Any = "UNSET", **kw: Any) -> dict[str, Any]:
+            seen[call] = token
+            return {"status": {"members": ["mq-0", "mq-1"]}}
+        return fn
+
+    for call in ("call_add_member", "call_remove_member", "call_drain", "call_revive",
+                 "call_transfer_leadership"):
+        monkeypatch.setattr(kube, call, stub(call))
+    spec, obs = Spec(replicas=2), _obs(token)
+    for action in (AddMember("mq-1", "mq-1.mq-headless.ns1.svc:25672"), RemoveMember("mq-1"),
+                   DrainMember("mq-1"), ReviveMember("mq-1"), TransferLeadership("mq-0")):
+        kube.execute(action, spec, obs, {})
+    assert seen == dict.fromkeys(("call_add_member", "call_remove_member", "call_drain",
+                                  "call_revive", "call_transfer_leadership"), sent)
+
+
+def test_default_user_secret_only_without_spec_auth(core: FakeCore,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[dict[str, Any]] = []
+    monkeypatch.setattr(kube, "_create", made.append)
+    monkeypatch.setattr(kube, "pdb_version", lambda: "policy/v1")
+    kube.execute(CreateResources(), Spec(), _obs(None), {})
+    secrets = {m["metadata"]["name"]: m for m in made if m["kind"] == "Secret"}
+    assert list(secrets) == ["mq-raft", "mq-default-user"]  # before everything else
+    assert [m["kind"] for m in made[:2]] == ["Secret", "Secret"]
+    data = {k: base64.b64decode(v).decode() for k, v in secrets["mq-default-user"]["data"].items()}
+    assert data["username"] == "mirrorq"
+    assert len(data["password"]) == 24 and set(data["password"]) <= set(
+        string.ascii_letters + string.digits)
+    assert len(data["admin-token"]) == 32 and set(data["admin-token"]) <= set(string.hexdigits)
+    made.clear()
+    kube.execute(CreateResources(), Spec(auth_secret="orders-creds"), _obs(None), {})
+    assert [m["metadata"]["name"] for m in made if m["kind"] == "Secret"] == ["mq-raft"]
+    # a rebuilt StatefulSet may name NAME-default-user for the first time: made (409 = kept)
+    made.clear()
+    kube.execute(ScaleStatefulSet(2), Spec(), _obs(None), {})
+    assert [m["metadata"]["name"] for m in made] == ["mq-default-user"]
+    made.clear()
+    kube.execute(ScaleStatefulSet(2), Spec(auth_secret="orders-creds"), _obs(None), {})
+    assert made == []
