@@ -77,6 +77,8 @@ CRASH_BACKOFF_MAX = 300.0
 POLL = 0.5
 REFRESH_VOLUMES = 5.0  # how often configMap/secret volumes follow their objects
 SLOTS = 14  # pod network namespaces made up front (pods at once)
+KEEP_DIR = "/run/mirrorq-agent-keep"  # mount points (in each pod's mount namespace)
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _now() -> str:
@@ -286,10 +288,7 @@ class PodWorker(threading.Thread):
             if m["name"] not in sources:
                 raise PodNotReady("CreateContainerError", f"mount of unknown volume {m['name']}")
             out.append((sources[m["name"]], m["mountPath"], bool(m.get("readOnly"))))
-        root = str(self.agent.workdir)
-        # a mount over an ancestor of the agent's directory hides the other sources:
-        # mount those last
-        out.sort(key=lambda t: (root.startswith(t[1].rstrip("/") + "/"), t[1]))
+        out.sort(key=lambda t: t[1])  # parents first
         return out
 
     def _write_volume(self, name: str, kind: str, obj: str, spec: dict[str, Any]) -> bool:
@@ -394,12 +393,23 @@ class PodWorker(threading.Thread):
         lines = ["set -e", f"mount --bind {shlex.quote(str(self.agent.hosts_file))} /etc/hosts",
                  f"mount --bind {shlex.quote(str(self.agent.resolv_file))} /etc/resolv.conf",
                  f"hostname {shlex.quote(self.hostname)}"]
+        # What a container has in its own image, these processes take from the
+        # host: the project and its venv, and the agent's directory (the volumes'
+        # sources). A volume mounted over one of their ancestors (an emptyDir at
+        # /tmp) would hide them: they are kept aside first and bound back after.
+        keep = self.agent.keep_paths
+        for i, k in enumerate(keep):
+            lines.append(f"mkdir -p {KEEP_DIR}/{i} && mount --bind {shlex.quote(k)} {KEEP_DIR}/{i}")
         for src, target, ro in self.mounts:
             t = shlex.quote(target)
             lines.append(f"mkdir -p {t}" if Path(src).is_dir() else f"touch {t}")
             lines.append(f"mount --bind {shlex.quote(src)} {t}")
             if ro:
                 lines.append(f"mount -o remount,bind,ro {t}")
+            for i, k in enumerate(keep):
+                if k.startswith(target.rstrip("/") + "/"):
+                    lines.append(f"mkdir -p {shlex.quote(k)} && "
+                                 f"mount --bind {KEEP_DIR}/{i} {shlex.quote(k)}")
         lines.append(f"cd {shlex.quote(self.container.get('workingDir') or '/')}")
         lines.append('exec "$@"')
         script = self.dir / "run.sh"
@@ -576,6 +586,9 @@ class NodeAgent:
         self.api = Api(self.server, self.token, self.ca_file)
         self.api_port = int(self.server.rsplit(":", 1)[1])
         self.hosts_file = self.workdir / "hosts"
+        venv = Path(sys.prefix).resolve()
+        self.keep_paths = [str(p) for p in (REPO, venv, self.workdir)
+                           if p == REPO or not p.is_relative_to(REPO)]
         self.resolv_file = self.workdir / "resolv.conf"
         self.workers: dict[str, PodWorker] = {}
         self.free: list[NsNode] = []

@@ -27,7 +27,7 @@ from chaosmirrorq.workload import (
     HistoryWriter,
     Workload,
     declare_queues,
-    parse_endpoints,
+    endpoints_fn,
 )
 
 __all__ = ["start_cluster", "stop_cluster", "kill_node", "restart_node", "pause_node",
@@ -174,10 +174,9 @@ def run_baseline(seconds: float = 2.0, amqp: str | None = None) -> dict[str, Any
     on the local cluster or on `amqp` endpoints ("id=host:port,...")."""
     if amqp:
         _ensure_external_run()
-        eps = parse_endpoints(amqp)
-        nodes_fn: Callable[[], list[Any]] = lambda: eps  # noqa: E731
-        first: Any = eps[0]
-        last: Any = eps[0]
+        nodes_fn: Callable[[], list[Any]] = endpoints_fn(amqp)
+        first: Any = nodes_fn()[0]
+        last: Any = first
     else:
         c = _cluster()
         nodes_fn = lambda: list(c.nodes)  # noqa: E731
@@ -464,10 +463,9 @@ def start_workload(publishers: int = 3, consumers: int = 3, rate: float = DEFAUL
     CHAOS_MIN_SIZE / CHAOS_MAX_SIZE, 1 KiB..64 KiB), sizes drawn from `seed` (CHAOS_SEED)."""
     qs = [q.strip() for q in queues.split(",") if q.strip()]
     if amqp:
-        eps = parse_endpoints(amqp)
-        nodes_fn: Callable[[], list[Any]] = lambda: eps  # noqa: E731
+        nodes_fn: Callable[[], list[Any]] = endpoints_fn(amqp)
         _ensure_external_run()
-        declare_node: Any = eps[0]
+        declare_node: Any = nodes_fn()[0]
     else:
         c = _cluster()
         nodes_fn = lambda: list(c.nodes)  # noqa: E731
@@ -492,7 +490,8 @@ def start_workload(publishers: int = 3, consumers: int = 3, rate: float = DEFAUL
                   pin_publishers_to=pin, min_size=bodies["min_size"],
                   max_size=bodies["max_size"], seed=bodies["seed"])
     wl.start()
-    _STATE.update(workload=wl, workload_running=True, check_target=run_dir, drain_node=declare_node)
+    _STATE.update(workload=wl, workload_running=True, check_target=run_dir, drain_node=declare_node,
+                  drain_nodes=nodes_fn if amqp else None)
     time.sleep(_f(warmup))
     return {"queues": qs, "pinned_to": pin, "rate": _f(rate), "bodies": bodies, **wl.summary()}
 
@@ -526,7 +525,9 @@ def stop_workload_and_drain(heal: bool = True, idle: float = 3.0, min_time: floa
     wl.stop_publishers()
     wl.stop_consumers()
     _STATE["workload_running"] = False
-    node = c.leader(timeout=60) if c is not None else _STATE["drain_node"]
+    # endpoints looked up now (k8s: the pods' current IPs), else the declaring one
+    node = c.leader(timeout=60) if c is not None else \
+        (_STATE["drain_nodes"]()[0] if _STATE.get("drain_nodes") else _STATE["drain_node"])
     drained = wl.drain(node, idle=_f(idle), min_time=_f(min_time))
     wl.close()
     rj = _run_dir() / "run.json"

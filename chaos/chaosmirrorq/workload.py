@@ -69,10 +69,25 @@ class Endpoint:
     node_id: str
     host: str
     amqp_port: int = 5672
+    user: str = "guest"
+    password: str = "guest"
+
+
+def endpoints_fn(spec_list: list[str] | str) -> Callable[[], list[Endpoint]]:
+    """parse_endpoints as a function of now: "k8s:NS/CLUSTER" looks the pods up again at
+    every call (their IPs change when they are recreated); anything else is fixed."""
+    if isinstance(spec_list, str) and spec_list.startswith("k8s:"):
+        ns, _, name = spec_list[4:].partition("/")
+        from chaosmirrorq import k8s
+        return lambda: k8s.endpoints(ns, name)
+    eps = parse_endpoints(spec_list)
+    return lambda: eps
 
 
 def parse_endpoints(spec_list: list[str] | str) -> list[Endpoint]:
     """["host:port", "id=host:port", ...] (or a comma-separated string) -> Endpoints."""
+    if isinstance(spec_list, str) and spec_list.startswith("k8s:"):
+        return endpoints_fn(spec_list)()
     items = spec_list.split(",") if isinstance(spec_list, str) else list(spec_list)
     out = []
     for i, item in enumerate(x.strip() for x in items if x.strip()):
@@ -124,7 +139,7 @@ def _connect(nodes: Callable[[], list[Any]], start: int, stop: threading.Event,
         cands = _rotation(nodes, attempt)
         for i, node in enumerate(cands):
             try:
-                conn = RawConn(node.host, node.amqp_port, timeout=timeout)
+                conn = RawConn(node.host, node.amqp_port, node.user, node.password, timeout=timeout)
                 conn.sock.settimeout(timeout)
                 return conn, node, attempt + i
             except (OSError, ConnLost) as exc:
@@ -414,7 +429,7 @@ class _Crash(Exception):
 
 def queue_depth(node: Any, queue: str, timeout: float = 5.0) -> tuple[int, int]:
     """(ready messages, consumers) of `queue` (passive queue.declare)."""
-    conn = RawConn(node.host, node.amqp_port, timeout=timeout)
+    conn = RawConn(node.host, node.amqp_port, node.user, node.password, timeout=timeout)
     try:
         conn.send_method(spec.Queue.Declare(queue=queue, passive=True), 1)
         _, ok = conn.expect(spec.Queue.DeclareOk, timeout=timeout)
@@ -424,7 +439,7 @@ def queue_depth(node: Any, queue: str, timeout: float = 5.0) -> tuple[int, int]:
 
 
 def declare_queues(node: Any, queues: list[str], timeout: float = 10.0) -> None:
-    conn = RawConn(node.host, node.amqp_port, timeout=timeout)
+    conn = RawConn(node.host, node.amqp_port, node.user, node.password, timeout=timeout)
     try:
         for q in queues:
             conn.send_method(spec.Queue.Declare(queue=q, durable=True), 1)
@@ -438,7 +453,7 @@ def drain_queue(run: str, node: Any, queue: str, writer: HistoryWriter, idle: fl
     """Consume `queue` on `node` (manual acks, batched) until nothing arrived for `idle`
     seconds, at least `min_time` passed and the queue reports 0 ready; every delivery is
     recorded with phase "drain". Returns the number of deliveries."""
-    conn = RawConn(node.host, node.amqp_port, timeout=10.0)
+    conn = RawConn(node.host, node.amqp_port, node.user, node.password, timeout=10.0)
     n = 0
     t0 = last = time.monotonic()
     try:

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Build the broker's OCI image from the Dockerfile without Docker and without a
+# registry (issue 13): Debian's mmdebstrap makes a bookworm root filesystem with
+# Python 3.11 (what python:3.11-slim-bookworm carries), podman imports it as the
+# base image, and buildah builds the Dockerfile on it (storage driver vfs,
+# chroot isolation, the host's network for pip). Needs root and the Debian
+# mirror and PyPI. Prints the image id and its size.
+#
+#   bash k8s/image.sh [TAG]          # default localhost/mirrorq:dev
+#   bash k8s/image.sh --check        # then runs `mirrorq --help` in it with podman
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TAG=localhost/mirrorq:dev
+CHECK=0
+for a in "$@"; do
+  case "$a" in
+    --check) CHECK=1 ;;
+    -*) echo "usage: $0 [--check] [TAG]" >&2; exit 2 ;;
+    *) TAG="$a" ;;
+  esac
+done
+BASE=localhost/mirrorq-base:bookworm
+STORE=(--storage-driver vfs)
+
+need=()
+for tool in mmdebstrap buildah podman; do
+  command -v "$tool" >/dev/null 2>&1 || need+=("$tool")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  echo "image.sh: installing ${need[*]} (apt-get)" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+work=$(mktemp -d /var/tmp/mirrorq-image.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+t0=$(date +%s)
+# python:slim has python3 + pip + venv on Debian bookworm; pip there may install
+# into the system Python (the image is the environment), so PEP 668's guard is off
+mmdebstrap --variant=minbase --quiet \
+  --include=python3,python3-venv,python3-pip,python-is-python3,ca-certificates,passwd \
+  bookworm "$work/rootfs.tar"
+podman "${STORE[@]}" import --quiet \
+  --change 'ENV PIP_BREAK_SYSTEM_PACKAGES=1' --change 'CMD ["python3"]' \
+  "$work/rootfs.tar" "$BASE" >/dev/null
+t1=$(date +%s)
+buildah "${STORE[@]}" bud --quiet --isolation chroot --network host --layers=false \
+  --build-arg "PYTHON_IMAGE=$BASE" -t "$TAG" -f Dockerfile .
+t2=$(date +%s)
+podman "${STORE[@]}" image inspect "$TAG" --format '{{.Id}} {{.Size}}' | \
+  awk -v tag="$TAG" -v a=$((t1 - t0)) -v b=$((t2 - t1)) \
+  '{printf "image.sh: %s id %.12s, %.0f MB (base %d s, build %d s)\n", tag, $1, $2/1e6, a, b}'
+if [ "$CHECK" = 1 ]; then
+  podman "${STORE[@]}" run --rm --network none "$TAG" --help | head -5
+fi
