@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 AMQP_PORT ?= 5672
 
-.PHONY: run test lint unit integration bench clean chaos soak fuzz proto
+.PHONY: run test lint unit integration bench clean chaos soak fuzz proto image
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,11 @@ fuzz: $(STAMP)
 
 clean:
 	rm -rf $(VENV) data build *.egg-info
+
+# image: the broker's OCI image from the Dockerfile without Docker (k8s/image.sh:
+# mmdebstrap base + buildah, vfs storage; about 40 s). Not part of `make test`.
+image:
+	bash k8s/image.sh --check
 
 # k8s-build / k8s-up / k8s-down: a real Kubernetes control plane for the Kubernetes
 # tests (issue 13, k8s/): etcd 3.4.23, kube-apiserver, kube-controller-manager and
