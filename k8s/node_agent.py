@@ -1,6 +1,8 @@
 """A node agent for the tests' real control plane (issue 13): what a kubelet does,
-for pods whose containers run as processes of this machine (there is no container
-runtime or image registry here).
+with runc as its container runtime and no image registry: pods of an image it was
+given (`images`, e.g. the broker's, built by k8s/image.sh and extracted with
+export_image) run as runc containers of it; pods of any other image run their
+command as a process of this machine's venv.
 
     agent = NodeAgent(cp, workdir)      # cp: k8s.control_plane.ControlPlane
     agent.start()                       # registers a Ready Node, runs its pods
@@ -17,19 +19,25 @@ What it does, and what it leaves to the real control plane:
   controller binds them); a Released one it made is deleted with its directory
   (reclaim policy Delete, as a dynamic provisioner would).
 - **Pods.** Each pod gets a network namespace of its own (a veth on a private
-  bridge: its own IP, the containers' real ports; `chaosmirrorq.netns.NetLab`),
-  a mount and UTS namespace (hostname = the pod's), and its container runs as a
-  process: `command` + `args` with the pod's env (values, fieldRef, secretKeyRef,
-  configMapKeyRef), configMap / secret / emptyDir / persistentVolumeClaim volumes
-  bind-mounted at their mountPaths (read-only where asked). The service-account
+  bridge: its own IP, the containers' real ports; `chaosmirrorq.netns.NetLab`).
+  A container of a known image runs under `runc` from an OCI bundle: the image's
+  root filesystem (shared, read-only), entrypoint/cmd unless the pod sets
+  command/args, env, working dir and user (runAsUser/runAsGroup win), the pod's
+  fsGroup as a supplementary group (volumes chgrp'd and group-writable, as the
+  kubelet does), PID/IPC/UTS/mount namespaces of its own and the pod's network
+  namespace; no rlimits (this sandbox refuses setrlimit to runtimes). Any other
+  container runs as a process in a mount and UTS namespace of its own. Either
+  way: the pod's env (values, fieldRef, secretKeyRef, configMapKeyRef),
+  configMap / secret / emptyDir / persistentVolumeClaim volumes bind-mounted at
+  their mountPaths (read-only where asked). The service-account
   token Secret the admission plugin mounts is one of those volumes, and
   KUBERNETES_SERVICE_HOST/PORT name the `kubernetes` Service, whose IP is DNATed
   in the pod's namespace to the API server: `load_incluster_config()` works.
   /etc/hosts (kept current) names every pod as the headless Service's DNS would:
   `HOST.SUBDOMAIN.NS.svc(.cluster.local)`; there is no DNS server (resolv.conf
   names loopback, where nothing answers: a lookup beyond /etc/hosts fails at once).
-- **Probes.** readinessProbe and livenessProbe: exec (run inside the pod's
-  namespaces with its env), tcpSocket and httpGet, with their period, timeout,
+- **Probes.** readinessProbe and livenessProbe: exec (`runc exec` in the
+  container, or nsenter into the process's namespaces with its env), tcpSocket and httpGet, with their period, timeout,
   thresholds and initial delay. Liveness failures restart the container.
 - **Status.** phase, podIP, hostIP, startTime, PodScheduled / Initialized /
   ContainersReady / Ready conditions, containerStatuses (ready, restartCount,
@@ -40,11 +48,11 @@ What it does, and what it leaves to the real control plane:
   its grace period, then the final delete (grace 0) that lets the StatefulSet
   controller replace it. A pod that vanished from the API is SIGKILLed.
 
-Not done: images (the `image` field is ignored; the command runs from this
-machine's venv: PATH starts with the venv's bin), runAsUser / fsGroup /
-readOnlyRootFilesystem (processes run as the agent's user), resource limits,
-ClusterIP Services (no kube-proxy; clients use pod addresses), init containers,
-ConfigMap/Secret `items` modes. Needs root (namespaces, mounts, iptables).
+Not done: pulling images (only the ones given), the image of a process-run pod
+(its command runs from this machine's venv, as the agent's user), resource
+limits and cgroups accounting, ClusterIP Services (no kube-proxy; clients use pod
+addresses), a DNS server, init containers, ConfigMap/Secret `items` modes.
+Needs root (namespaces, mounts, iptables, runc).
 """
 from __future__ import annotations
 
@@ -128,6 +136,44 @@ class Api:
         return self.call("PATCH", path, body, "application/merge-patch+json")
 
 
+# ---- images ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Image:
+    """An image the agent can run pods of: its root filesystem (extracted once,
+    shared read-only by every container of it) and its config."""
+    ref: str
+    rootfs: Path
+    env: tuple[str, ...] = ()
+    user: tuple[int, int] = (0, 0)
+    workdir: str = "/"
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
+
+
+def export_image(ref: str, dest: Path, storage: str = "vfs") -> Image:
+    """Extract a local image (podman's store, e.g. built by k8s/image.sh) to dest."""
+    store = ["--storage-driver", storage]
+    raw = subprocess.run(["podman", *store, "image", "inspect", ref, "--format",
+                          "{{json .Config}}"], capture_output=True, text=True, check=True).stdout
+    cfg = json.loads(raw)
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    cid = subprocess.run(["podman", *store, "create", ref], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    try:
+        exp = subprocess.Popen(["podman", *store, "export", cid], stdout=subprocess.PIPE)
+        subprocess.run(["tar", "-C", str(dest), "-xf", "-"], stdin=exp.stdout, check=True)
+        assert exp.wait() == 0, f"podman export {ref} failed"
+    finally:
+        subprocess.run(["podman", *store, "rm", cid], capture_output=True)
+    user, _, group = str(cfg.get("User") or "0").partition(":")
+    return Image(ref, dest, tuple(cfg.get("Env") or ()), (int(user), int(group or user)),
+                 cfg.get("WorkingDir") or "/", tuple(cfg.get("Entrypoint") or ()),
+                 tuple(cfg.get("Cmd") or ()))
+
+
 # ---- pods ---------------------------------------------------------------------
 
 @dataclass
@@ -176,6 +222,9 @@ class PodWorker(threading.Thread):
         self.slot = slot
         self.dir = agent.workdir / "pods" / f"{self.ns}_{self.name}_{self.uid[:8]}"
         self.container = pod["spec"]["containers"][0]
+        # a container of its image when the agent has it, else a process of the venv
+        self.image = agent.images.get(self.container.get("image", ""))
+        self.cid = ""  # the runc container id of the current start
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
         self.ready = False
@@ -250,6 +299,25 @@ class PodWorker(threading.Thread):
             time.sleep(0.05)
 
     # -- volumes and env
+    @property
+    def fs_group(self) -> int | None:
+        group = (self.pod["spec"].get("securityContext") or {}).get("fsGroup")
+        return int(group) if group is not None else None
+
+    def _own(self, path: Path) -> None:
+        """fsGroup: the volume belongs to the pod's group, group-writable, setgid."""
+        group = self.fs_group
+        if group is None:
+            return
+        for root, _dirs, files in os.walk(path):
+            os.chown(root, -1, group)
+            os.chmod(root, os.stat(root).st_mode | 0o2070)
+            for f in files:
+                fp = os.path.join(root, f)
+                os.chown(fp, -1, group, follow_symlinks=False)
+                if not os.path.islink(fp):
+                    os.chmod(fp, os.stat(fp).st_mode | 0o060)
+
     def _prepare(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.mounts = self._volumes()
@@ -268,6 +336,7 @@ class PodWorker(threading.Thread):
                 self._write_volume(name, kind, obj, vol[kind])
             elif "emptyDir" in vol:
                 path.mkdir(parents=True, exist_ok=True)
+                self._own(path)
             elif "persistentVolumeClaim" in vol:
                 claim = vol["persistentVolumeClaim"]["claimName"]
                 pvc = self.api.get_or_none(
@@ -280,6 +349,7 @@ class PodWorker(threading.Thread):
                     raise PodNotReady("ContainerCreating", f"volume of {claim} is not a hostPath")
                 Path(host).mkdir(parents=True, exist_ok=True)
                 path = Path(host)
+                self._own(path)
             else:
                 raise PodNotReady("CreateContainerError", f"volume {name}: unsupported kind")
             sources[name] = str(path)
@@ -323,6 +393,8 @@ class PodWorker(threading.Thread):
             tmp = target.with_name(f".{target.name}.tmp")
             tmp.write_bytes(content)
             os.chmod(tmp, 0o644 if kind == "configMap" else 0o640)
+            if self.fs_group is not None:  # readable by the pod's group, as the kubelet does
+                os.chown(tmp, 0, self.fs_group)
             os.replace(tmp, target)  # the directory is what is bind-mounted: renames show
             changed = True
         for old in path.iterdir():
@@ -417,14 +489,66 @@ class PodWorker(threading.Thread):
         return ["ip", "netns", "exec", self.slot.ns, "unshare", "--mount", "--uts",
                 "--propagation", "private", "/bin/sh", str(script), *argv]
 
-    def _start(self) -> None:
-        argv = [*(self.container.get("command") or ()), *(self.container.get("args") or ())]
+    def _runc(self, argv: list[str]) -> list[str]:
+        """`runc run` of an OCI bundle: the image's shared read-only rootfs, the pod's
+        network namespace, its volumes, env, user (runAsUser or the image's) and
+        fsGroup; no rlimits (this sandbox refuses setrlimit to runtimes)."""
+        assert self.image is not None
+        img = self.image
+        self.cid = f"{self.ns}_{self.name}_{self.uid[:8]}_{self.restarts}"
+        bundle = self.dir / "bundle"
+        bundle.mkdir(parents=True, exist_ok=True)
+        spec = json.loads(json.dumps(self.agent.runc_template()))
+        sec = {**(self.pod["spec"].get("securityContext") or {}),
+               **(self.container.get("securityContext") or {})}
+        uid = int(sec.get("runAsUser", img.user[0]))
+        gid = int(sec.get("runAsGroup", img.user[1] if "runAsUser" not in sec else uid))
+        user: dict[str, Any] = {"uid": uid, "gid": gid}
+        if self.fs_group is not None:
+            user["additionalGids"] = [self.fs_group]
+        env = dict(e.split("=", 1) for e in img.env if "=" in e)
+        env.update({k: v for k, v in self.env.items() if k not in ("PATH", "HOME")})
+        proc = spec["process"]
+        proc.update(args=argv, env=[f"{k}={v}" for k, v in env.items()], user=user,
+                    cwd=self.container.get("workingDir") or img.workdir, terminal=False,
+                    noNewPrivileges=True)
+        proc.pop("rlimits", None)
+        spec["root"] = {"path": str(img.rootfs), "readonly": True}
+        spec["hostname"] = self.hostname
+        mounts = spec["mounts"]
+        for src, dst in ((self.agent.hosts_file, "/etc/hosts"),
+                         (self.agent.resolv_file, "/etc/resolv.conf")):
+            mounts.append({"destination": dst, "type": "bind", "source": str(src),
+                           "options": ["rbind", "ro"]})
+        for src, target, ro in self.mounts:
+            mounts.append({"destination": target, "type": "bind", "source": src,
+                           "options": ["rbind", "ro" if ro else "rw"]})
+        spec["linux"]["namespaces"] = [
+            ns for ns in spec["linux"]["namespaces"] if ns["type"] != "network"
+        ] + [{"type": "network", "path": f"/run/netns/{self.slot.ns}"}]
+        (bundle / "config.json").write_text(json.dumps(spec))
+        return ["runc", "--root", str(self.agent.runc_root), "run", "--bundle", str(bundle),
+                self.cid]
+
+    def _argv(self) -> list[str]:
+        command = list(self.container.get("command") or ())
+        args = list(self.container.get("args") or ())
+        if self.image is not None:  # the image's entrypoint/cmd where the pod sets none
+            if not command:
+                command = list(self.image.entrypoint)
+                args = args or list(self.image.cmd)
+        argv = [*command, *args]
         if not argv:
-            raise PodNotReady("CreateContainerError",
-                              "no command: the agent runs no images, only commands")
+            raise PodNotReady("CreateContainerError", "no command, and no image the agent has "
+                              f"({self.container.get('image')!r}) to take one from")
+        return argv
+
+    def _start(self) -> None:
+        argv = self._argv()
+        cmd = self._runc(argv) if self.image is not None else self._wrap(argv)
         log = open(self.dir / "container.log", "ab")  # noqa: SIM115 - kept by the child
         try:
-            self.proc = subprocess.Popen(self._wrap(argv), env=self.env, stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         finally:
@@ -432,7 +556,8 @@ class PodWorker(threading.Thread):
         self.started_at = _now()
         self.waiting = None
         self.ready = False
-        self.note(f"started pid {self.proc.pid}: {' '.join(argv)[:200]}")
+        how = f"container {self.cid} of {self.image.ref}" if self.image else "process"
+        self.note(f"started {how}, pid {self.proc.pid}: {' '.join(argv)[:200]}")
         self._status()
 
     def _supervise(self) -> int | None:
@@ -480,8 +605,12 @@ class PodWorker(threading.Thread):
         try:
             if probe.kind == "exec":
                 assert self.proc is not None
-                argv = ["nsenter", "-t", str(self.proc.pid), "-n", "-m", "-u", "--",
-                        *probe.spec["exec"]["command"]]
+                if self.image is not None:
+                    argv = ["runc", "--root", str(self.agent.runc_root), "exec", self.cid,
+                            *probe.spec["exec"]["command"]]
+                else:
+                    argv = ["nsenter", "-t", str(self.proc.pid), "-n", "-m", "-u", "--",
+                            *probe.spec["exec"]["command"]]
                 res = subprocess.run(argv, env=self.env, capture_output=True,
                                      timeout=probe.timeout, cwd="/")
                 return res.returncode == 0
@@ -513,10 +642,17 @@ class PodWorker(threading.Thread):
         proc = self.proc
         if proc is None:
             return
+        if self.image is not None and self.cid:
+            # the container's processes are not in runc's process group
+            subprocess.run(["runc", "--root", str(self.agent.runc_root), "kill", self.cid,
+                            "KILL"], capture_output=True, timeout=30)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
+        if self.image is not None and self.cid:
+            subprocess.run(["runc", "--root", str(self.agent.runc_root), "delete", "--force",
+                            self.cid], capture_output=True, timeout=30)
 
     def _shutdown(self) -> None:
         grace = self.stop_grace or 0.0
@@ -580,6 +716,8 @@ class NodeAgent:
     workdir: Path
     venv_bin: Path = field(default_factory=lambda: Path(sys.executable).parent)
     api_port: int = 0
+    # image reference -> Image: pods of these run as runc containers of the image
+    images: dict[str, Image] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir).resolve()
@@ -596,6 +734,7 @@ class NodeAgent:
         self.host_ip = ""
         self.kubernetes_ip = ""
         self.errors: list[str] = []
+        self.history: list[str] = []  # the last events of pods that are gone
         self._starts: dict[str, str] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -603,8 +742,22 @@ class NodeAgent:
         self._hosts_lock = threading.Lock()
 
     @classmethod
-    def for_control_plane(cls, cp: Any, workdir: Path) -> NodeAgent:
-        return cls(cp.server, cp.token, cp.ca_file, workdir)
+    def for_control_plane(cls, cp: Any, workdir: Path,
+                          images: dict[str, Image] | None = None) -> NodeAgent:
+        return cls(cp.server, cp.token, cp.ca_file, workdir, images=dict(images or {}))
+
+    @property
+    def runc_root(self) -> Path:
+        return self.workdir / "runc"
+
+    def runc_template(self) -> dict[str, Any]:
+        """runc's default spec (`runc spec`), made once."""
+        path = self.workdir / "runc-spec" / "config.json"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _run("runc", "spec", "--bundle", str(path.parent))
+        spec: dict[str, Any] = json.loads(path.read_text())
+        return spec
 
     def start_time(self, uid: str) -> str:
         return self._starts.setdefault(uid, _now())
@@ -726,6 +879,8 @@ class NodeAgent:
                 worker.vanish()
             if worker.done.is_set():
                 del self.workers[uid]
+                self.history += [f"{worker.ns}/{worker.name}: {e}" for e in worker.events[-6:]]
+                del self.history[:-200]
                 self._release(worker)
 
     def _release(self, worker: PodWorker) -> None:

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,17 +33,22 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the node agent needs 
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+def env(tmp_path_factory: pytest.TempPathFactory, broker_image: Any) -> Iterator[Env]:
     missing = missing_binaries(bin_dir())
     assert not missing, f"run `make k8s-build` first (missing in {bin_dir()}: {missing})"
     work = tmp_path_factory.mktemp("k8s-chaos")
     cp = up(work / "k8s")
     agent: NodeAgent | None = None
     try:
-        agent = NodeAgent.for_control_plane(cp, work / "agent").start()
+        # broker pods: runc containers of the image built from the Dockerfile;
+        # the operator's pod (no image of it exists): a process of the venv
+        agent = NodeAgent.for_control_plane(cp, work / "agent",
+                                            {broker_image.ref: broker_image}).start()
         e = Env(cp, agent, work)
         e.values.write_text(
             "replicas: 3\npersistence:\n  size: 1Gi\nterminationGracePeriodSeconds: 30\n"
+            f"image:\n  repository: {broker_image.ref.rsplit(':', 1)[0]}\n"
+            f"  tag: {broker_image.ref.rsplit(':', 1)[1]}\n"
             "config:\n  memory_high_watermark: 1073741824\n"
             "operator:\n  extraEnv:\n"
             "    - {name: MIRRORQ_OPERATOR_RECONCILE_SECONDS, value: \"2\"}\n")

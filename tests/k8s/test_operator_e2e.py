@@ -181,17 +181,22 @@ class Env:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+def env(tmp_path_factory: pytest.TempPathFactory, broker_image: Any) -> Iterator[Env]:
     missing = missing_binaries(bin_dir())
     assert not missing, f"run `make k8s-build` first (missing in {bin_dir()}: {missing})"
     work = tmp_path_factory.mktemp("k8s-e2e")
     cp = up(work / "k8s")
     agent: NodeAgent | None = None
     try:
-        agent = NodeAgent.for_control_plane(cp, work / "agent").start()
+        # broker pods: runc containers of the image built from the Dockerfile;
+        # the operator's pod (no image of it exists): a process of the venv
+        agent = NodeAgent.for_control_plane(cp, work / "agent",
+                                            {broker_image.ref: broker_image}).start()
         e = Env(cp, agent, work)
         e.values.write_text(
             "replicas: 3\n"
+            f"image:\n  repository: {broker_image.ref.rsplit(':', 1)[0]}\n"
+            f"  tag: {broker_image.ref.rsplit(':', 1)[1]}\n"
             "persistence:\n  size: 1Gi\n"
             "terminationGracePeriodSeconds: 30\n"
             "config:\n  memory_high_watermark: 1073741824\n"
@@ -245,6 +250,17 @@ def test_helm_install_runs_operator_under_its_service_account_and_three_ready_me
               env.diagnostics)
     print(f"install -> 3 Ready members: {time.monotonic() - t0:.1f}s; status {st}")
     assert {c["type"]: c["status"] for c in st["conditions"]}["QuorumStatus"] == "True"
+    # the brokers are containers of the image built from the Dockerfile (runc): the
+    # image's user (uid 10001, with the pod's fsGroup), a read-only root
+    for w in list(env.agent.workers.values()):
+        if w.name.startswith(f"{NAME}-") and not w.name.startswith(f"{NAME}-operator"):
+            assert w.image is not None, f"{w.name} runs as a process, not a container"
+            ident = subprocess.run(["runc", "--root", str(env.agent.runc_root), "exec", w.cid,
+                                    "sh", "-c", "id -u; id -G; touch /x 2>&1 || true"],
+                                   capture_output=True, text=True, timeout=30).stdout.split("\n")
+            assert ident[0] == "10001", ident
+            assert "1000" in ident[1].split(), ident
+            assert "Read-only file system" in ident[2], ident
     # AMQP through each pod's own address, with the chart Secret's user
     eps = env.endpoints()
     assert len({e.host for e in eps}) == 3
@@ -418,3 +434,5 @@ def test_helm_uninstall_removes_the_release_and_keeps_the_pvcs(env: Env, diag: N
     assert kept == claims, (claims, kept)
     print(f"helm uninstall -> everything but the PVCs (and Secrets) gone: "
           f"{time.monotonic() - t0:.1f}s")
+    print("\n".join(line for line in env.agent.history[-40:]
+                    if "terminating" in line or "SIGKILL" in line or "deleted" in line))
