@@ -183,6 +183,10 @@ class Connection:
             frames.close()  # drops the consumed bytes from the buffer
 
     def _frame(self, ftype: int, chan: int, payload: bytes) -> None:
+        if ftype not in frame.FRAME_TYPES:
+            # the stream itself is wrong, whatever the channel: 501 before any
+            # channel check (RabbitMQ), not 504 for a channel that is not open
+            raise frame.FrameError(f"FRAME_ERROR - unknown frame type {ftype}")
         phase = self.phase
         if phase == RUNNING and chan:
             ch = self.channels.get(chan)
@@ -260,9 +264,12 @@ class Connection:
             self._drop_channel(ch)
 
     def _open_channel(self, number: int) -> None:
-        if number > self.channel_max:
-            raise ConnectionException(530, f"NOT_ALLOWED - channel number {number} exceeds "
-                                      f"channel_max {self.channel_max}", 20, 10)
+        # channel_max bounds how many are open, not their numbers (RabbitMQ's rule):
+        # channel 65535 is fine while fewer than channel_max channels are open
+        if len(self.channels) >= self.channel_max:
+            raise ConnectionException(530, f"NOT_ALLOWED - number of channels opened "
+                                      f"({len(self.channels)}) has reached the negotiated "
+                                      f"channel_max ({self.channel_max})", 20, 10)
         ch = Channel(self, number, ChanId(self.id.node, self.id.serial, next_serial()))
         self.channels[number] = ch
         self.by_id[ch.id] = ch

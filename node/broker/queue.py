@@ -12,6 +12,8 @@ import heapq
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from node.broker.vhost import ResourceKey
+
 if TYPE_CHECKING:
     from node.broker.channel import Consumer
     from node.broker.ids import ConnId
@@ -56,7 +58,8 @@ class Queue:
 
     def __init__(self, name: str, durable: bool, owner: ConnId | None, auto_delete: bool,
                  arguments: dict[str, Any], home: str, now: float) -> None:
-        self.name = name
+        # the table key (vhost-qualified), which is what error texts must name
+        self.name = ResourceKey(name)
         self.durable = durable
         self.exclusive = owner is not None
         self.owner = owner

@@ -8,12 +8,18 @@ so keys of different vhosts never collide.
 """
 from __future__ import annotations
 
+from typing import NewType
+
 DEFAULT_VHOST = "/"
 SEP = "\x00"
 
+# A table key, vhost-qualified: not interchangeable with a bare resource name
+# (an error text built from a bare name named vhost "/" for a queue of vhost "v").
+ResourceKey = NewType("ResourceKey", str)
 
-def resource_key(vhost: str, name: str) -> str:
-    return name if vhost == DEFAULT_VHOST else f"{vhost}{SEP}{name}"
+
+def resource_key(vhost: str, name: str) -> ResourceKey:
+    return ResourceKey(name if vhost == DEFAULT_VHOST else f"{vhost}{SEP}{name}")
 
 
 def split_key(key: str) -> tuple[str, str]:

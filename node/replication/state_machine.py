@@ -17,7 +17,7 @@ from node.broker.channel import Channel, Consumer
 from node.broker.exchange import EXCHANGE_TYPES, Binding, BindKey, Exchange, freeze, route
 from node.broker.ids import ChanId, ConnId
 from node.broker.queue import Message, Queue
-from node.broker.vhost import DEFAULT_VHOST, SEP, resource_key, split_key
+from node.broker.vhost import DEFAULT_VHOST, SEP, ResourceKey, resource_key, split_key
 from node.replication.command import (
     BasicAck,
     BasicCancel,
@@ -114,17 +114,17 @@ class _ConnErr(_ChanErr):
     pass
 
 
-def _where(key: str) -> str:
+def _where(key: ResourceKey) -> str:
     """How error texts name a resource: 'name' in vhost 'v'."""
     vhost, name = split_key(key)
     return f"'{name}' in vhost '{vhost}'"
 
 
-def _not_found(kind: str, key: str, ids: tuple[int, int]) -> _ChanErr:
+def _not_found(kind: str, key: ResourceKey, ids: tuple[int, int]) -> _ChanErr:
     return _ChanErr(404, f"NOT_FOUND - no {kind} {_where(key)}", ids)
 
 
-def _locked(key: str, ids: tuple[int, int]) -> _ChanErr:
+def _locked(key: ResourceKey, ids: tuple[int, int]) -> _ChanErr:
     return _ChanErr(405, f"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue "
                          f"{_where(key)}. It could be originally declared on another "
                          f"connection or the exclusive property value does not match that of "
@@ -167,7 +167,7 @@ def _b(v: bool) -> str:
     return "true" if v else "false"
 
 
-def _validate_queue_args(key: str, args: dict[str, Any]) -> dict[str, Any]:
+def _validate_queue_args(key: ResourceKey, args: dict[str, Any]) -> dict[str, Any]:
     """Check x-arguments like RabbitMQ and return them normalised (bytes -> str)."""
     def bad(arg: str, why: str) -> _ChanErr:
         return _ChanErr(406, f"PRECONDITION_FAILED - invalid arg '{arg}' for queue "
@@ -205,6 +205,37 @@ def _validate_queue_args(key: str, args: dict[str, Any]) -> dict[str, Any]:
     if "x-dead-letter-routing-key" in out and "x-dead-letter-exchange" not in out:
         raise bad("x-dead-letter-routing-key", "routing_key_but_no_dlx_defined")
     return out
+
+
+# What clients declare (Celery, MassTransit, Spring AMQP: `quorum`): both map to
+# mirrorq's one replicated queue; RabbitMQ's rules for a quorum queue apply
+QUEUE_TYPES = ("classic", "quorum")
+
+
+def _check_queue_type(key: ResourceKey, args: dict[str, Any], durable: bool, exclusive: bool,
+                      auto_delete: bool) -> None:
+    if "x-queue-type" not in args:
+        return
+    qtype = args["x-queue-type"]
+    where = _where(key)
+    if not isinstance(qtype, str):
+        raise _ChanErr(406, f"PRECONDITION_FAILED - invalid type '{_type_name(qtype)}' for arg "
+                            f"'x-queue-type' in queue {where}", QUEUE_DECLARE)
+    if qtype == "stream":
+        raise _ChanErr(406, f"PRECONDITION_FAILED - invalid arg 'x-queue-type' for queue "
+                            f"{where}: streams are not supported by mirrorq (declare "
+                            f"'quorum' or 'classic': every mirrorq queue is replicated)",
+                       QUEUE_DECLARE)
+    if qtype not in QUEUE_TYPES:
+        raise _ChanErr(406, f"PRECONDITION_FAILED - invalid arg 'x-queue-type' for queue "
+                            f"{where}: unknown queue type '{qtype}' (supported: "
+                            f"{', '.join(QUEUE_TYPES)})", QUEUE_DECLARE)
+    if qtype == "quorum":  # rabbit_quorum_queue:declare's checks, in its order
+        for bad, prop in ((auto_delete, "auto-delete"), (exclusive, "exclusive-declare"),
+                          (not durable, "non-durable")):
+            if bad:
+                raise _ChanErr(406, f"PRECONDITION_FAILED - invalid property '{prop}' for "
+                                    f"queue {where}", QUEUE_DECLARE)
 
 
 def _gen_name(prefix: str, chan: ChanId, counter: int) -> str:
@@ -422,7 +453,7 @@ class _Applier:
         self.fx.append(Reply(chan, method, fields or {}))
 
     @staticmethod
-    def key(ch: Channel, name: str, ids: tuple[int, int]) -> str:
+    def key(ch: Channel, name: str, ids: tuple[int, int]) -> ResourceKey:
         """The table key of `name` in the channel's vhost."""
         if SEP in name:  # would alias another vhost's resource
             raise _ChanErr(406, "PRECONDITION_FAILED - resource names cannot contain NUL", ids)
@@ -814,6 +845,7 @@ class _Applier:
                 raise _ChanErr(403, f"ACCESS_REFUSED - queue name '{name}' contains reserved "
                                     f"prefix 'amq.*'", QUEUE_DECLARE)
             args = _validate_queue_args(key, cmd.arguments)
+            _check_queue_type(key, args, cmd.durable, cmd.exclusive, cmd.auto_delete)
             owner = cmd.chan.conn_id if cmd.exclusive else None
             q = Queue(key, cmd.durable, owner, cmd.auto_delete, args, cmd.chan.node, s.now)
             if cmd.default_max_length and "x-max-length" not in args:
@@ -832,7 +864,7 @@ class _Applier:
                 raise _locked(key, QUEUE_DECLARE)
             if not cmd.passive:
                 if cmd.exclusive != q.exclusive:  # either way round, like RabbitMQ
-                    raise _locked(name, QUEUE_DECLARE)
+                    raise _locked(key, QUEUE_DECLARE)
                 self._check_equivalent(q, cmd)
                 q.last_used = s.now
         if not cmd.nowait:
@@ -884,7 +916,7 @@ class _Applier:
         qkey = self.key(ch, cmd.queue, QUEUE_UNBIND)
         q = s.queues.get(qkey)
         if q is not None and q.owner is not None and q.owner != cmd.chan.conn_id:
-            raise _locked(q.name, QUEUE_UNBIND)
+            raise _locked(qkey, QUEUE_UNBIND)
         x = s.exchanges.get(self.key(ch, cmd.exchange, QUEUE_UNBIND))
         if x is not None:
             self._unbind(x, (False, qkey), cmd.routing_key, cmd.arguments)
@@ -908,6 +940,7 @@ class _Applier:
         if ch is None:
             return
         count = 0
+        own: list[Effect] = []
         if self.key(ch, cmd.queue, QUEUE_DELETE) in s.queues:
             q = self._queue_for(ch, cmd.queue, QUEUE_DELETE)
             if cmd.if_unused and q.consumers:
@@ -917,9 +950,19 @@ class _Applier:
             if cmd.if_empty and count:
                 raise _ChanErr(406, f"PRECONDITION_FAILED - queue {_where(q.name)} not empty",
                                QUEUE_DELETE)
+            mark = len(self.fx)
             self.delete_queue(q)
+            # RabbitMQ's order: the deleting channel gets its queue.delete-ok before
+            # the basic.cancel of its own consumers (the queue's cancel reaches the
+            # channel after the reply); kombu, waiting for delete-ok, raised
+            # ConsumerCancelled on the cancel that came first (issue 14)
+            own = [e for e in self.fx[mark:]
+                   if isinstance(e, ConsumerCancelled) and e.chan == cmd.chan]
+            if own:
+                self.fx[mark:] = [e for e in self.fx[mark:] if e not in own]
         if not cmd.nowait:
             self.reply(cmd.chan, "Queue.DeleteOk", {"message_count": count})
+        self.fx.extend(own)
 
     def delete_queue(self, q: Queue) -> None:
         """Remove a queue. Its consumers are cancelled by the broker; its unacked
@@ -1088,13 +1131,13 @@ class _Applier:
         ch = s.channels.get(cmd.chan)
         if ch is None:
             return
-        try:
-            names = self._route(ch, cmd, BASIC_PUBLISH)
-            exp = _expiration_ms(cmd.props)
-        except _ChanErr:
-            if cmd.seq > 0:
-                self.fx.append(Confirm(cmd.chan, cmd.seq, False))
-            raise
+        # A publish that closes its channel (404 no exchange, 403 internal, 406 bad
+        # expiration) gets no basic.ack/nack, only the channel.close, as RabbitMQ
+        # does: a nack first made aiormq/aio-pika report a DeliveryError instead
+        # of the channel error their users handle (issue 14). The channel is gone,
+        # so nothing waits for that confirm.
+        names = self._route(ch, cmd, BASIC_PUBLISH)
+        exp = _expiration_ms(cmd.props)
         self._publish(cmd, names, exp)
 
     def _route(self, ch: Channel, cmd: BasicPublish, ids: tuple[int, int]) -> list[str]:
@@ -1203,7 +1246,7 @@ class _Applier:
         rk = q.dlrk if q.dlrk is not None else m.routing_key
         if q.dlx == "":  # the default exchange routes by queue name
             tkey = resource_key(vhost, rk)
-            targets = [tkey] if tkey in s.queues and SEP not in rk else []
+            targets: list[str] = [tkey] if tkey in s.queues and SEP not in rk else []
         else:
             targets = route(s.exchanges, x, rk, headers)
         for name in targets:

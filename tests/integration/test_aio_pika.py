@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 
 import aio_pika
+import aiormq
 import pytest
 
 from tests.broker_proc import Broker, uniq
@@ -77,6 +78,37 @@ def test_aio_pika_returned_unroutable_mandatory(broker: Broker) -> None:
             with pytest.raises(aio_pika.exceptions.DeliveryError):
                 await ch.default_exchange.publish(aio_pika.Message(b"x"),
                                                   routing_key=uniq("nowhere"), mandatory=True)
+        finally:
+            await conn.close()
+    run(main())
+
+
+@pytest.mark.parametrize("kind", ["missing", "internal"])
+def test_aio_pika_publish_that_closes_the_channel_raises_the_channel_error(
+        broker: Broker, kind: str) -> None:
+    """Issue 14: a confirm-channel publish to a missing exchange (404) or an internal
+    one (403) gets only the channel.close, no basic.nack: aio-pika raises the
+    channel error its users handle (ChannelNotFoundEntity / ChannelAccessRefused),
+    not a DeliveryError. Checked against RabbitMQ too (rabbitmq_ok)."""
+    async def main() -> None:
+        conn = await aio_pika.connect(broker.url, timeout=10)
+        try:
+            ch = await conn.channel(publisher_confirms=True)
+            name = uniq("aio-x")
+            if kind == "internal":
+                await ch.declare_exchange(name, internal=True, auto_delete=True)
+                expected: type[Exception] = aiormq.exceptions.ChannelAccessRefused
+            else:
+                expected = aiormq.exceptions.ChannelNotFoundEntity
+            x = aio_pika.Exchange(ch, name)  # not declared by us: no client-side check
+            with pytest.raises(expected) as exc:
+                await x.publish(aio_pika.Message(b"x"), routing_key="k", timeout=10)
+            assert not isinstance(exc.value, aio_pika.exceptions.DeliveryError)
+            # the connection keeps serving: another channel works
+            ch2 = await conn.channel(publisher_confirms=True)
+            q = await ch2.declare_queue(uniq("aio-after"), auto_delete=True)
+            assert await ch2.default_exchange.publish(aio_pika.Message(b"ok"),
+                                                      routing_key=q.name) is not None
         finally:
             await conn.close()
     run(main())

@@ -63,3 +63,35 @@ def test_kombu_reject_requeue(broker: Broker) -> None:
             assert bound.get(no_ack=False) is None
         finally:
             bound.delete()
+
+
+def test_kombu_deletes_the_queue_it_consumes_from_without_consumer_cancelled(
+        broker: Broker) -> None:
+    """Issue 14: `Queue(...).delete()` on the consuming channel gets queue.delete-ok
+    before the broker's basic.cancel of that channel's consumer (RabbitMQ's order);
+    a cancel first made kombu raise ConsumerCancelled inside delete()."""
+    name = uniq("kombu-del")
+    with connect(broker) as conn:
+        ch = conn.channel()
+        q = kombu.Queue(name, exchange=kombu.Exchange(""), routing_key=name)
+        bound = q(ch)
+        bound.declare()
+        got: list[str] = []
+        consumer = kombu.Consumer(ch, [q], callbacks=[lambda body, m: got.append(body)],
+                                  accept=["json"])
+        consumer.consume()
+        try:
+            result = bound.delete()  # raised amqp.exceptions.ConsumerCancelled before
+        finally:
+            ch.close()
+        assert result == 0, result  # message_count of delete-ok
+        # the queue is gone
+        check = conn.channel()
+        try:
+            with pytest.raises(Exception, match="NOT_FOUND|404"):
+                q(check).queue_declare(passive=True)
+        finally:
+            try:
+                check.close()
+            except Exception:  # noqa: BLE001 - closed by the 404
+                pass

@@ -800,3 +800,32 @@ def test_garbage_never_raises() -> None:
         c.open(1)
         c.raw(bytes(rnd.getrandbits(8) for _ in range(rnd.randint(1, 64))))
         c.recv() if c.conn.out and not c.conn.out[0].startswith(b"AMQP") else None
+
+
+@pytest.mark.parametrize("chan", [0, 1, 5])
+def test_unknown_frame_type_after_handshake_is_501_on_any_channel(chan: int) -> None:
+    # open channel 1, channel 5 never opened, channel 0: always FRAME_ERROR, never 504
+    c = Client()
+    c.handshake()
+    c.open(1)
+    c.raw(struct.pack(">BHI", 9, chan, 1) + b"x\xce")
+    close = c.close_frame()
+    assert isinstance(close, pc.Connection.Close) and close.reply_code == 501, close
+    assert "unknown frame type 9" in close.reply_text
+
+
+def test_channel_max_limits_open_channels_not_their_numbers() -> None:
+    c = Client(WireConfig(channel_max=3))
+    c.start()
+    c.login()
+    c.recv()
+    c.send(0, pc.Connection.TuneOk(channel_max=3, frame_max=131072, heartbeat=0),
+           pc.Connection.Open("/"))
+    assert c.names() == ["Connection.OpenOk"]
+    for n in (65535, 7, 2):  # any numbers, while fewer than 3 are open
+        c.open(n)
+    c.send(1, pc.Channel.Open())
+    close = c.close_frame()
+    assert isinstance(close, pc.Connection.Close) and close.reply_code == 530, close
+    assert close.reply_text == ("NOT_ALLOWED - number of channels opened (3) has reached "
+                                "the negotiated channel_max (3)")

@@ -369,17 +369,20 @@ def test_ack_of_no_ack_delivery_is_unknown_tag() -> None:
     assert err(h.run(ack(C1, 1)))[0] == 406
 
 
-def test_error_publish_missing_exchange_404_and_nack() -> None:
+def test_error_publish_missing_exchange_404_and_no_confirm() -> None:
+    # RabbitMQ: only the channel.close, no basic.nack (issue 14; aio-pika's users
+    # handle the channel error, a nack first became a DeliveryError)
     h = setup()
     fx = h.run(pub(C1, "k", exchange="nope", seq=1))
-    assert fx == [Confirm(C1, 1, False),
-                  ChannelError(C1, 404, "NOT_FOUND - no exchange 'nope' in vhost '/'", 60, 40)]
+    assert fx == [ChannelError(C1, 404, "NOT_FOUND - no exchange 'nope' in vhost '/'", 60, 40)]
 
 
 def test_error_publish_internal_exchange_403() -> None:
     h = setup()
     h.run(xdecl(C1, "ix", internal=True))
-    assert err(h.run(pub(C1, "k", exchange="ix")))[:2] == (
+    fx = h.run(pub(C1, "k", exchange="ix", seq=1))
+    assert not confirms(fx), fx  # no nack: the channel.close alone
+    assert err(fx)[:2] == (
         403, "ACCESS_REFUSED - cannot publish to internal exchange 'ix' in vhost '/'")
 
 
@@ -993,7 +996,7 @@ def test_error_passive_declare_default_exchange_403() -> None:
 def test_error_invalid_expiration_406() -> None:
     h = setup("q")
     fx = h.run(pub(C1, "q", seq=1, props={"expiration": "abc"}))
-    assert fx == [Confirm(C1, 1, False), ChannelError(
+    assert fx == [ChannelError(  # no nack: the channel.close alone, as RabbitMQ
         C1, 406, "PRECONDITION_FAILED - invalid expiration 'abc': no_integer", 60, 40)]
     assert err(h.run(pub(C2, "q", props={"expiration": "-5"})))[1] == (
         "PRECONDITION_FAILED - invalid expiration '-5': {value_negative,-5}")
@@ -1087,3 +1090,51 @@ def test_snapshot_roundtrip_keeps_behaviour() -> None:
     b = Batch("n1", 1, 999, h.now, [BasicCredit(C1, "t", 1), ack(C1, 0, True)])
     assert apply_batch(restored, b) == apply_batch(h.state, b)
     assert pickle.dumps(restored) == pickle.dumps(h.state)
+
+
+def test_queue_delete_replies_before_cancelling_the_deleting_channels_consumers() -> None:
+    # RabbitMQ's order (issue 14: kombu deleting the queue it consumes from got the
+    # basic.cancel while it waited for delete-ok and raised ConsumerCancelled):
+    # delete-ok first on the deleting channel, then its consumers' cancels; the
+    # other channels' consumers are cancelled as before
+    from node.replication.effect import ConsumerCancelled
+    h = setup("q")
+    h.run(consume(C1, "q", "mine"), consume(C2, "q", "theirs"))
+    fx = h.run(QueueDelete(C1, "q", False, False, False))
+    kinds = [(type(e).__name__, getattr(e, "chan", None)) for e in fx]
+    reply = kinds.index(("Reply", C1))
+    assert fx[reply].method == "Queue.DeleteOk", fx
+    assert ConsumerCancelled(C1, "mine") in fx[reply + 1:], fx
+    assert ConsumerCancelled(C2, "theirs") in fx, fx
+    assert "q" not in h.state.queues
+
+
+def test_queue_types_quorum_and_classic_accepted_stream_refused() -> None:
+    # issue 14: what Celery / MassTransit / Spring AMQP declare; RabbitMQ 3.10's
+    # quorum-queue property checks (texts as rabbit_quorum_queue:declare's)
+    h = setup()
+    for i, qtype in enumerate(("quorum", "classic")):
+        name = f"t{i}"
+        assert not errors(h.run(qdecl(C1, name, durable=True,
+                                      arguments={"x-queue-type": qtype})))
+        assert name in h.state.queues
+        # redeclared without the type: inequivalent, as RabbitMQ
+        code, text, *_ = err(h.run(qdecl(C1, name, durable=True)))
+        assert code == 406 and "inequivalent arg 'x-queue-type'" in text, text
+        h.open(C1)
+    cases = [
+        ({"durable": False}, "quorum",
+         "PRECONDITION_FAILED - invalid property 'non-durable' for queue 'q' in vhost '/'"),
+        ({"durable": True, "exclusive": True}, "quorum",
+         "PRECONDITION_FAILED - invalid property 'exclusive-declare' for queue 'q' in vhost '/'"),
+        ({"durable": True, "auto_delete": True}, "quorum",
+         "PRECONDITION_FAILED - invalid property 'auto-delete' for queue 'q' in vhost '/'"),
+        ({"durable": True}, "stream", "streams are not supported by mirrorq"),
+        ({"durable": True}, "lazy", "unknown queue type 'lazy'"),
+    ]
+    for kw, qtype, text in cases:
+        fx = h.run(qdecl(C1, "q", arguments={"x-queue-type": qtype}, **kw))
+        code, got, *_ = err(fx)
+        assert code == 406 and text in got, (qtype, kw, got)
+        assert "q" not in h.state.queues
+        h.open(C1)

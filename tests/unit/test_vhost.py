@@ -153,3 +153,20 @@ def test_permission_patterns_are_unanchored_and_empty_means_nothing() -> None:
     assert permitted((".*", ".*", ".*"), READ, "")
     assert check_patterns(".*", "(", ".*") is not None
     assert check_patterns("^a$", "", ".*") is None
+
+
+def test_resource_locked_and_exclusive_texts_name_the_queues_own_vhost() -> None:
+    # 405 for an exclusive queue of vhost v named vhost '/' (a bare name where the
+    # vhost-qualified key was meant); texts now take a ResourceKey only
+    h = Harness()
+    h.run(VhostPut("v"))
+    owner, other = _open(h, 1, "v", conn=1), _open(h, 2, "v", conn=2)
+    h.run(qdecl(owner, "ex", exclusive=True))
+    locked = "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue 'ex' in vhost 'v'"
+    # the owner redeclaring it without exclusive, and another connection unbinding it
+    for cmd, c in ((qdecl(owner, "ex"), owner), (qbind(other, "ex", "amq.direct", "k"), other)):
+        errs = [e for e in h.run(cmd) if isinstance(e, ChannelError)]
+        assert len(errs) == 1 and errs[0].reply_code == 405, errs
+        assert errs[0].reply_text.startswith(locked), errs[0].reply_text
+        _reopen = ChannelOpen(c, "v")  # the channel was closed by the error
+        h.run(_reopen)
