@@ -231,7 +231,7 @@ def _check_queue_type(key: ResourceKey, args: dict[str, Any], durable: bool, exc
                             f"{where}: unknown queue type '{qtype}' (supported: "
                             f"{', '.join(QUEUE_TYPES)})", QUEUE_DECLARE)
     if qtype == "quorum":  # rabbit_quorum_queue:declare's checks, in its order
-        for bad, prop in ((auto_delete, "auto-delete"), (exclusive, "exclusive-declare"),
+        for bad, prop in ((auto_delete, "auto-delete"), (exclusive, "exclusive-owner"),
                           (not durable, "non-durable")):
             if bad:
                 raise _ChanErr(406, f"PRECONDITION_FAILED - invalid property '{prop}' for "

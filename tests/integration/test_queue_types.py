@@ -39,7 +39,7 @@ def test_quorum_queue_declared_as_celery_does_round_trips(broker: Broker) -> Non
 
 @pytest.mark.rabbitmq_ok
 @pytest.mark.parametrize("kw,prop", [({"durable": False}, "non-durable"),
-                                     ({"durable": True, "exclusive": True}, "exclusive-declare"),
+                                     ({"durable": True, "exclusive": True}, "exclusive-owner"),
                                      ({"durable": True, "auto_delete": True}, "auto-delete")])
 def test_quorum_queue_property_rules_406(broker: Broker, kw: dict, prop: str) -> None:
     name = uniq("quorum-bad")

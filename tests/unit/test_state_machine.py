@@ -1126,7 +1126,7 @@ def test_queue_types_quorum_and_classic_accepted_stream_refused() -> None:
         ({"durable": False}, "quorum",
          "PRECONDITION_FAILED - invalid property 'non-durable' for queue 'q' in vhost '/'"),
         ({"durable": True, "exclusive": True}, "quorum",
-         "PRECONDITION_FAILED - invalid property 'exclusive-declare' for queue 'q' in vhost '/'"),
+         "PRECONDITION_FAILED - invalid property 'exclusive-owner' for queue 'q' in vhost '/'"),
         ({"durable": True, "auto_delete": True}, "quorum",
          "PRECONDITION_FAILED - invalid property 'auto-delete' for queue 'q' in vhost '/'"),
         ({"durable": True}, "stream", "streams are not supported by mirrorq"),
