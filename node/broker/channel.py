@@ -1,7 +1,7 @@
 """Per-channel delivery bookkeeping: tags, unacked deliveries, consumers, prefetch."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from node.broker.ids import ChanId
@@ -10,10 +10,10 @@ if TYPE_CHECKING:
 
 class Consumer:
     __slots__ = ("chan", "channel", "tag", "queue", "no_ack", "exclusive", "prefetch",
-                 "unacked", "credit")
+                 "unacked", "credit", "priority")
 
     def __init__(self, channel: Channel, tag: str, queue: Queue, no_ack: bool,
-                 exclusive: bool, credit: int) -> None:
+                 exclusive: bool, credit: int, priority: int = 0) -> None:
         self.chan = channel.id
         self.channel = channel
         self.tag = tag
@@ -24,6 +24,14 @@ class Consumer:
         self.prefetch = channel.prefetch
         self.unacked = 0
         self.credit = credit
+        # x-priority: higher-priority consumers are served while they can take
+        self.priority = priority
+
+    def __setstate__(self, st: Any) -> None:
+        _, slots = st if isinstance(st, tuple) else (st, None)
+        self.priority = 0  # snapshots written before consumer priorities
+        for name, value in (slots or {}).items():
+            setattr(self, name, value)
 
     def can_take(self) -> bool:
         ch = self.channel

@@ -5,6 +5,10 @@ Ready messages are a FIFO deque of new messages plus a heap of returned
 so every returned message has a lower sequence than anything still in the
 deque: the heap always precedes the deque and a requeued message goes back
 to its original position (S04).
+
+A priority queue (x-max-priority) keeps every ready message in the heap,
+keyed by (max - priority, sequence): higher priority first, FIFO within a
+priority, and a requeued message returns to its place among its priority.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ class Message:
     copied) between the queues a publish was routed to."""
 
     __slots__ = ("seq", "exchange", "routing_key", "props", "body", "size", "persistent",
-                 "expires_at", "redelivered")
+                 "expires_at", "redelivered", "delivery_count")
 
     def __init__(self, seq: int, exchange: str, routing_key: str, props: dict[str, Any],
                  body: bytes, persistent: bool, expires_at: float | None) -> None:
@@ -38,23 +42,41 @@ class Message:
         self.expires_at = expires_at
         # True once delivered: any later delivery is a redelivery (S07)
         self.redelivered = False
+        # times returned to the queue (x-delivery-count, x-delivery-limit)
+        self.delivery_count = 0
 
     # Snapshots pickle every held message: a bare tuple keeps them small.
     def __getstate__(self) -> tuple[Any, ...]:
         return (self.seq, self.exchange, self.routing_key, self.props, self.body,
-                self.persistent, self.expires_at, self.redelivered)
+                self.persistent, self.expires_at, self.redelivered, self.delivery_count)
 
     def __setstate__(self, st: tuple[Any, ...]) -> None:
         (self.seq, self.exchange, self.routing_key, self.props, self.body,
-         self.persistent, self.expires_at, self.redelivered) = st
+         self.persistent, self.expires_at, self.redelivered) = st[:8]
+        # snapshots written before delivery counting have 8 fields
+        self.delivery_count = st[8] if len(st) > 8 else 0
         self.size = len(self.body)
+
+
+MAX_PRIORITY = 255  # RabbitMQ's limit for x-max-priority
+
+
+def message_priority(props: dict[str, Any], max_priority: int) -> int:
+    """A message's priority in a queue: absent or invalid counts as 0, above
+    the queue's maximum as the maximum (RabbitMQ)."""
+    p = props.get("priority")
+    if not isinstance(p, int) or p <= 0:
+        return 0
+    return min(p, max_priority)
 
 
 class Queue:
     __slots__ = ("name", "durable", "exclusive", "owner", "auto_delete", "arguments", "home",
                  "message_ttl", "expires", "max_length", "max_length_bytes", "overflow",
                  "dlx", "dlrk", "returned", "ready", "next_seq", "ready_bytes",
-                 "consumers", "exclusive_consumer", "last_used", "deleted", "incoming")
+                 "consumers", "exclusive_consumer", "last_used", "deleted", "incoming",
+                 "max_priority", "single_active", "delivery_limit", "counts_deliveries",
+                 "prio_consumers")
 
     def __init__(self, name: str, durable: bool, owner: ConnId | None, auto_delete: bool,
                  arguments: dict[str, Any], home: str, now: float) -> None:
@@ -74,6 +96,15 @@ class Queue:
         self.overflow: str = a.get("x-overflow", "drop-head")
         self.dlx: str | None = a.get("x-dead-letter-exchange")
         self.dlrk: str | None = a.get("x-dead-letter-routing-key")
+        self.max_priority: int | None = a.get("x-max-priority")
+        self.single_active: bool = a.get("x-single-active-consumer") is True
+        self.delivery_limit: int | None = a.get("x-delivery-limit")
+        # quorum queues (and any with a delivery limit) tell consumers how often
+        # a message came back: the x-delivery-count header on redeliveries
+        self.counts_deliveries = (a.get("x-queue-type") == "quorum"
+                                  or self.delivery_limit is not None)
+        # consumers with a non-zero x-priority: pick() compares only when any
+        self.prio_consumers = 0
         self.returned: list[tuple[int, Message]] = []
         self.ready: deque[Message] = deque()
         self.next_seq = 0
@@ -85,6 +116,30 @@ class Queue:
         self.deleted = False
         # bindings that target this queue: (source exchange, bind key) -> None
         self.incoming: dict[tuple[str, Any], None] = {}
+
+    def __setstate__(self, st: Any) -> None:
+        """Unpickle; a snapshot written before a slot existed leaves it at its
+        default (derived from the arguments)."""
+        _, slots = st if isinstance(st, tuple) else (st, None)
+        for name, value in (slots or {}).items():
+            setattr(self, name, value)
+        a = self.arguments
+        for name, default in (("max_priority", a.get("x-max-priority")),
+                              ("single_active", a.get("x-single-active-consumer") is True),
+                              ("delivery_limit", a.get("x-delivery-limit")),
+                              ("counts_deliveries", a.get("x-queue-type") == "quorum"
+                               or a.get("x-delivery-limit") is not None),
+                              # older snapshots had no consumer priorities
+                              ("prio_consumers", 0)):
+            if not hasattr(self, name):
+                setattr(self, name, default)
+
+    def _key(self, m: Message) -> int:
+        """Heap order: sequence, or (max - priority, sequence) in a priority queue."""
+        mp = self.max_priority
+        if mp is None:
+            return m.seq
+        return ((mp - message_priority(m.props, mp)) << 64) | m.seq
 
     def ready_count(self) -> int:
         return len(self.returned) + len(self.ready)
@@ -107,11 +162,14 @@ class Queue:
     def push(self, m: Message) -> None:
         m.seq = self.next_seq
         self.next_seq += 1
-        self.ready.append(m)
+        if self.max_priority is None:
+            self.ready.append(m)
+        else:
+            heapq.heappush(self.returned, (self._key(m), m))
         self.ready_bytes += m.size
 
     def requeue(self, m: Message) -> None:
-        heapq.heappush(self.returned, (m.seq, m))
+        heapq.heappush(self.returned, (self._key(m), m))
         self.ready_bytes += m.size
 
     def take_all(self) -> list[Message]:

@@ -16,7 +16,7 @@ from typing import Any
 from node.broker.channel import Channel, Consumer
 from node.broker.exchange import EXCHANGE_TYPES, Binding, BindKey, Exchange, freeze, route
 from node.broker.ids import ChanId, ConnId
-from node.broker.queue import Message, Queue
+from node.broker.queue import MAX_PRIORITY, Message, Queue
 from node.broker.vhost import DEFAULT_VHOST, SEP, ResourceKey, resource_key, split_key
 from node.replication.command import (
     BasicAck,
@@ -100,7 +100,8 @@ DEFAULT_EXCHANGES = (("", "direct"), ("amq.direct", "direct"), ("amq.fanout", "f
 # queue arguments RabbitMQ compares on redeclare (others are ignored)
 _EQUIV_ARGS = ("x-dead-letter-exchange", "x-dead-letter-routing-key", "x-expires",
                "x-max-length", "x-max-length-bytes", "x-message-ttl", "x-overflow",
-               "x-max-priority", "x-queue-mode", "x-queue-type", "x-single-active-consumer")
+               "x-max-priority", "x-queue-mode", "x-queue-type", "x-single-active-consumer",
+               "x-delivery-limit")
 _OVERFLOW = ("drop-head", "reject-publish", "reject-publish-dlx")
 
 
@@ -178,7 +179,8 @@ def _validate_queue_args(key: ResourceKey, args: dict[str, Any]) -> dict[str, An
     out = {k: (v.decode("utf-8", "replace") if isinstance(v, bytes) else v)
            for k, v in args.items()}
     for arg, zero_ok in (("x-message-ttl", True), ("x-expires", False),
-                         ("x-max-length", True), ("x-max-length-bytes", True)):
+                         ("x-max-length", True), ("x-max-length-bytes", True),
+                         ("x-max-priority", True), ("x-delivery-limit", True)):
         if arg not in out:
             continue
         v = out[arg]
@@ -188,6 +190,12 @@ def _validate_queue_args(key: ResourceKey, args: dict[str, Any]) -> dict[str, An
             raise bad(arg, f"{{value_negative,{v}}}")
         if v == 0 and not zero_ok:
             raise bad(arg, "{value_zero,0}")
+    maxp = out.get("x-max-priority", 0)
+    if isinstance(maxp, int) and maxp > MAX_PRIORITY:
+        raise bad("x-max-priority", f"{{max_value_exceeded,{maxp}}}")
+    sac = out.get("x-single-active-consumer")
+    if sac is not None and not isinstance(sac, bool):
+        raise bad("x-single-active-consumer", f"{{unacceptable_type,{_type_name(sac)}}}")
     if "x-overflow" in out and not isinstance(out["x-overflow"], str):
         raise bad("x-overflow", f"{{unacceptable_type,{_type_name(out['x-overflow'])}}}")
     for arg in ("x-dead-letter-exchange", "x-dead-letter-routing-key"):
@@ -1024,9 +1032,16 @@ class _Applier:
         if q.exclusive_consumer is not None or (cmd.exclusive and q.consumers):
             raise _ChanErr(403, f"ACCESS_REFUSED - queue {_where(q.name)} in exclusive use",
                            BASIC_CONSUME)
-        c = Consumer(ch, tag, q, cmd.no_ack, cmd.exclusive, cmd.credit)
+        prio = cmd.arguments.get("x-priority", 0) if cmd.arguments else 0
+        if isinstance(prio, bool) or not isinstance(prio, int):
+            raise _ChanErr(406, f"PRECONDITION_FAILED - invalid arg 'x-priority' for queue "
+                                f"{_where(q.name)}: {{unacceptable_type,{_type_name(prio)}}}",
+                           BASIC_CONSUME)
+        c = Consumer(ch, tag, q, cmd.no_ack, cmd.exclusive, cmd.credit, prio)
         ch.consumers[tag] = c
         q.consumers[(cmd.chan, tag)] = c
+        if prio:
+            q.prio_consumers += 1
         if cmd.exclusive:
             q.exclusive_consumer = c
         if not cmd.nowait:
@@ -1046,7 +1061,10 @@ class _Applier:
     def remove_consumer(self, c: Consumer) -> None:
         q = c.queue
         c.channel.consumers.pop(c.tag, None)
-        q.consumers.pop((c.chan, c.tag), None)
+        if q.consumers.pop((c.chan, c.tag), None) is not None and c.priority:
+            q.prio_consumers -= 1
+        if q.single_active:
+            self.dirty[q.name] = q  # the next consumer takes over (S-A-C)
         if q.exclusive_consumer is c:
             q.exclusive_consumer = None
         q.last_used = self.s.now
@@ -1065,15 +1083,30 @@ class _Applier:
     # -- delivery -----------------------------------------------------------
 
     def pick(self, q: Queue) -> Consumer | None:
-        """Next consumer in round-robin order able to take a message."""
+        """The consumer to deliver the head to: with single active consumer the
+        earliest registered one only; else round-robin among the consumers of
+        the highest x-priority that can take a message (lower ones only get
+        what the higher ones cannot take)."""
         cons = q.consumers
+        if q.single_active:
+            for c in cons.values():  # never rotated: registration order
+                return c if c.can_take() else None
+            return None
+        best: tuple[tuple[Any, str], Consumer] | None = None
         for key, c in cons.items():
             if c.can_take():
-                # rotate: the served consumer goes to the back
-                del cons[key]
-                cons[key] = c
-                return c
-        return None
+                if not q.prio_consumers:
+                    best = (key, c)
+                    break
+                if best is None or c.priority > best[1].priority:
+                    best = (key, c)
+        if best is None:
+            return None
+        key, c = best
+        # rotate: the served consumer goes to the back
+        del cons[key]
+        cons[key] = c
+        return c
 
     def deliver(self, c: Consumer, q: Queue, m: Message) -> None:
         ch = c.channel
@@ -1086,8 +1119,9 @@ class _Applier:
             ch.unacked[tag] = (q, m, c)
             c.unacked += 1
             ch.limited_unacked += 1
+        props = _with_delivery_count(m) if m.delivery_count and q.counts_deliveries else m.props
         self.fx.append(Deliver(c.chan, c.tag, tag, m.redelivered, m.exchange, m.routing_key,
-                               m.props, m.body))
+                               props, m.body))
         m.redelivered = True
 
     def service(self, q: Queue) -> None:
@@ -1118,6 +1152,12 @@ class _Applier:
         queue is gone."""
         if q.deleted:
             self.s.message_bytes -= m.size
+            return
+        # every return counts, as in a quorum queue: past x-delivery-limit the
+        # message is dead-lettered (dropped without a DLX) instead
+        m.delivery_count += 1
+        if q.delivery_limit is not None and m.delivery_count > q.delivery_limit:
+            self.dead_letter(q, m, "delivery_limit")
             return
         q.requeue(m)
         if m.expires_at is not None:
@@ -1340,8 +1380,9 @@ class _Applier:
             s.message_bytes -= m.size
         else:
             ch.unacked[tag] = (q, m, None)
+        props = _with_delivery_count(m) if m.delivery_count and q.counts_deliveries else m.props
         self.fx.append(GetOk(cmd.chan, tag, m.redelivered, m.exchange, m.routing_key,
-                             q.ready_count(), m.props, m.body))
+                             q.ready_count(), props, m.body))
         m.redelivered = True
 
     # -- transactions, echo, time ---------------------------------------------
@@ -1400,6 +1441,16 @@ class _Applier:
             elif (not q.consumers and q.expires is not None
                   and now >= q.last_used + q.expires / 1000.0):
                 self.delete_queue(q)
+
+
+def _with_delivery_count(m: Message) -> dict[str, Any]:
+    """The props of a redelivery from a quorum queue: x-delivery-count says how
+    often the message came back (a new dict: props are shared between queues)."""
+    props = dict(m.props)
+    headers = dict(props.get("headers") or {})
+    headers["x-delivery-count"] = m.delivery_count
+    props["headers"] = headers
+    return props
 
 
 def _is_cycle(queue: str, deaths: list[dict[str, Any]]) -> bool:
