@@ -878,7 +878,7 @@ class _Applier:
         if not cmd.nowait:
             self.reply(cmd.chan, "Queue.DeclareOk",
                        {"queue": name, "message_count": q.ready_count(),
-                        "consumer_count": len(q.consumers)})
+                        "consumer_count": _consumer_count(q)})
 
     def _check_equivalent(self, q: Queue, cmd: QueueDeclare) -> None:
         def ineq(arg: str, why: str) -> _ChanErr:
@@ -1035,7 +1035,7 @@ class _Applier:
         prio = cmd.arguments.get("x-priority", 0) if cmd.arguments else 0
         if isinstance(prio, bool) or not isinstance(prio, int):
             raise _ChanErr(406, f"PRECONDITION_FAILED - invalid arg 'x-priority' for queue "
-                                f"{_where(q.name)}: {{unacceptable_type,{_type_name(prio)}}}",
+                                f'{_where(q.name)}: "expected integer, got {_type_name(prio)}"',
                            BASIC_CONSUME)
         c = Consumer(ch, tag, q, cmd.no_ack, cmd.exclusive, cmd.credit, prio)
         ch.consumers[tag] = c
@@ -1380,7 +1380,8 @@ class _Applier:
             s.message_bytes -= m.size
         else:
             ch.unacked[tag] = (q, m, None)
-        props = _with_delivery_count(m) if m.delivery_count and q.counts_deliveries else m.props
+        # a quorum queue's basic.get always carries the count, 0 the first time
+        props = _with_delivery_count(m) if q.counts_deliveries else m.props
         self.fx.append(GetOk(cmd.chan, tag, m.redelivered, m.exchange, m.routing_key,
                              q.ready_count(), props, m.body))
         m.redelivered = True
@@ -1441,6 +1442,15 @@ class _Applier:
             elif (not q.consumers and q.expires is not None
                   and now >= q.last_used + q.expires / 1000.0):
                 self.delete_queue(q)
+
+
+def _consumer_count(q: Queue) -> int:
+    """What queue.declare-ok reports: a quorum queue with single active
+    consumer counts only the active one (RabbitMQ 3.10; a classic one, all)."""
+    n = len(q.consumers)
+    if q.single_active and q.arguments.get("x-queue-type") == "quorum":
+        return min(n, 1)
+    return n
 
 
 def _with_delivery_count(m: Message) -> dict[str, Any]:
