@@ -2,18 +2,27 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
+# two stamps: `make run` installs only what running needs ([project.dependencies]);
+# test, lint, chaos, bench... install the test extra (PySpark, matplotlib, mypy, ...)
 STAMP  := $(VENV)/.installed-stamp
+RUN_STAMP := $(VENV)/.run-stamp
 AMQP_PORT ?= 5672
 
 .PHONY: run test lint unit integration bench clean chaos soak fuzz proto image
+
+$(RUN_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $(RUN_STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
-	touch $(STAMP)
+	touch $(STAMP) $(RUN_STAMP)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	@mkdir -p data
 	@echo "mirrorq: starting a 3-node local cluster (n1..n3, AMQP on $(AMQP_PORT)..$$(($(AMQP_PORT)+2))); Ctrl-C stops it"
 	$(VENV)/bin/mirrorq local-cluster up --nodes 3 --base-port $(AMQP_PORT) --dir data/cluster --foreground

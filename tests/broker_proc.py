@@ -65,6 +65,7 @@ class NodeProcess(Broker):
     """One `mirrorq serve` process with its own ports and data dir."""
 
     own = True
+    ready_host = "127.0.0.1"  # where start() waits for the listener (::1 for an IPv6-only node)
 
     def __init__(self, data_dir: Path, node_id: str = "n1", extra_args: tuple[str, ...] = (),
                  config: str | None = None, amqps: bool = False, tls_only: bool = False) -> None:
@@ -110,7 +111,7 @@ class NodeProcess(Broker):
             assert self.proc is not None
             if self.proc.poll() is not None:
                 raise RuntimeError(f"node exited with {self.proc.returncode}: {self.tail_log()}")
-            return port_open(self.ready_port)
+            return port_open(self.ready_port, self.ready_host)
 
         try:
             wait_for(ready, timeout=timeout, what=f"node {self.node_id} to accept AMQP")

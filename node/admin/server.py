@@ -558,9 +558,12 @@ class MetricsServer:
             await self._server.wait_closed()
 
 
-# status keys that only grow: exposed as Prometheus counters (`_total`)
+# status keys that only grow: exposed as Prometheus counters, named `_total` and
+# only so (a gauge of the same value without `_total` made every one a duplicate)
 COUNTERS = ("published", "confirmed", "nacked", "delivered", "redelivered", "acked",
-            "leader_changes", "resends", "journal_flushes", "snapshots", "applied_batches")
+            "leader_changes", "resends", "journal_flushes", "snapshots", "applied_batches",
+            "nacked_publishes", "deferred_elections", "prevote_rounds", "ignored_votes",
+            "fast_elections", "peer_rejects", "encoded_appends", "forced_compactions")
 
 
 def _label(value: Any) -> str:
@@ -568,22 +571,24 @@ def _label(value: Any) -> str:
 
 
 def render_metrics(status: dict[str, Any], queues: list[dict[str, Any]] | None = None) -> str:
-    """Prometheus text format: every numeric status field as a gauge, the
-    monotonic ones also as `_total` counters, the confirm-latency histogram,
-    and per-queue depths when `queues` (ListQueues rows) is given."""
+    """Prometheus text format, one family per metric: the monotonic status
+    fields (COUNTERS) as `mirrorq_<key>_total` counters, every other numeric
+    one as a `mirrorq_<key>` gauge, the confirm-latency histogram, and
+    per-queue depths when `queues` (ListQueues rows) is given."""
     lines = []
     node = _label(status.get("node_id", ""))
-    for key, value in sorted(status.items()):
+    gauges = dict(status, is_leader=status.get("role") == "leader")
+    for key, value in sorted(gauges.items()):
         if isinstance(value, bool):
             value = int(value)
-        if isinstance(value, int | float):
-            lines.append(f'mirrorq_{key}{{node="{node}"}} {value}')
-    lines.append(f'mirrorq_is_leader{{node="{node}"}} {int(status.get("role") == "leader")}')
-    for key in COUNTERS:
-        value = status.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
+        if not isinstance(value, int | float):
+            continue
+        if key in COUNTERS:
             lines.append(f"# TYPE mirrorq_{key}_total counter")
             lines.append(f'mirrorq_{key}_total{{node="{node}"}} {value}')
+        else:
+            lines.append(f"# TYPE mirrorq_{key} gauge")
+            lines.append(f'mirrorq_{key}{{node="{node}"}} {value}')
     hist = status.get("confirm_latency")
     if isinstance(hist, dict) and hist.get("le"):
         name = "mirrorq_confirm_latency_seconds"

@@ -1,6 +1,7 @@
 """Wire-level settings of one node's AMQP listener."""
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass, field
 
 
@@ -54,3 +55,23 @@ class TlsConfig:
     # verify_peer); required: must be sent (verify_peer + fail_if_no_peer_cert)
     verify: str = "none"
     only: bool = False  # TLS-only: the plain AMQP listener is not opened at all
+
+
+def ipv6_available(address: str = "::") -> bool:
+    """An IPv6 socket can be bound to `address` here (the kernel may have IPv6
+    off, or no ::1 on loopback)."""
+    if not socket.has_ipv6:
+        return False
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind((address, 0))
+    except OSError:
+        return False
+    return True
+
+
+def default_listen() -> list[str]:
+    """Where AMQP listens when no address is configured: every address of both
+    families, as RabbitMQ does (so `amqp://[::1]` and clients that resolve
+    `localhost` to ::1 first connect); IPv4 only where IPv6 is unavailable."""
+    return ["0.0.0.0", "::"] if ipv6_available() else ["0.0.0.0"]

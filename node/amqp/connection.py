@@ -133,6 +133,7 @@ class Connection:
         self.last_recv = now
         self.last_send = now
         self.close_deadline = 0.0
+        self.linger_until = 0.0  # CLOSED after our CloseOk: close the socket by then
 
     # ------------------------------------------------------------ output
 
@@ -291,7 +292,7 @@ class Connection:
         phase = self.phase
         if name == "Connection.Close":
             self.write(frame.encode_method(0, "Connection.CloseOk"))
-            self._finish()
+            self._linger()
             return
         if phase == AWAIT_START_OK and name == "Connection.StartOk":
             self._start_ok(m)
@@ -470,9 +471,9 @@ class Connection:
         if ftype != frame.FRAME_METHOD or chan != 0:
             return
         cid, mid = frame.method_ids(payload)
-        if cid == 10 and mid == 50:  # Close crossing ours
+        if cid == 10 and mid == 50:  # Close crossing ours (its CloseOk for ours may follow)
             self.write(frame.encode_method(0, "Connection.CloseOk"))
-            self._finish()
+            self._linger()
         elif cid == 10 and mid == 51:
             self._finish()
 
@@ -489,6 +490,17 @@ class Connection:
         self._release()
         self.phase = CLOSED
         self.close_transport = True
+
+    def _linger(self) -> None:
+        """After our Connection.CloseOk: the connection is gone, but the socket stays
+        open, reading and dropping whatever the client still sends, until the client
+        hangs up or close_timeout passes (RabbitMQ's `closed` state). Closing at once
+        made the kernel answer frames still in flight (amqplib writes Connection.Close
+        ahead of its buffered publishes) with a RST that could reach the client before
+        the CloseOk: amqplib then never called close's callback and hung."""
+        self._release()
+        self.phase = CLOSED
+        self.linger_until = self.clock() + self.config.close_timeout
 
     def revoked(self) -> str | None:
         """Why an open connection may no longer stay (its user or vhost was
@@ -517,6 +529,8 @@ class Connection:
         now = self.clock()
         phase = self.phase
         if phase == CLOSED:
+            if self.linger_until and now >= self.linger_until:
+                self.close_transport = True
             return
         if phase == CLOSING:
             if now >= self.close_deadline:

@@ -131,23 +131,25 @@ class AmqpServer:
         self._disk_low_flag = False
         self._servers: list[asyncio.base_events.Server] = []
         self._timer: asyncio.Task[None] | None = None
-        # (host, port, SSLContext or None for plain AMQP); None once closed: no reopening
-        self._listen: list[tuple[str, int, ssl.SSLContext | None]] | None = None
+        # (addresses, port, SSLContext or None for plain AMQP); None once closed: no reopening
+        self._listen: list[tuple[list[str], int, ssl.SSLContext | None]] | None = None
         self._relisten: asyncio.Task[None] | None = None
         proposer.add_drain_listener(self._on_drain)
         # users, vhosts or permissions changed: close connections they revoke
         proposer.add_model_listener(lambda _model: self._check_access())
 
-    async def start(self, host: str, port: int | None, tls_port: int | None = None,
+    async def start(self, hosts: list[str], port: int | None, tls_port: int | None = None,
                     ssl_context: ssl.SSLContext | None = None) -> None:
-        """Listen on `port` (plain AMQP; None: TLS-only) and on `tls_port` (amqps).
-        Both listeners share every behaviour: connection limit, throttling, drain."""
+        """Listen on every address of `hosts` (e.g. "0.0.0.0" and "::": IPv6
+        sockets are IPv6-only, so the two coexist) at `port` (plain AMQP; None:
+        TLS-only) and at `tls_port` (amqps). Both listeners share every
+        behaviour: connection limit, throttling, drain."""
         self._listen = []
         if port is not None:
-            self._listen.append((host, port, None))
+            self._listen.append((hosts, port, None))
         if tls_port is not None:
             assert ssl_context is not None, "amqps needs an SSLContext"
-            self._listen.append((host, tls_port, ssl_context))
+            self._listen.append((hosts, tls_port, ssl_context))
         if not self.draining():  # a node restarted in maintenance mode stays closed
             await self._open_listeners()
         self._timer = asyncio.create_task(self._timer_loop())
@@ -158,10 +160,10 @@ class AmqpServer:
         loop = asyncio.get_running_loop()
         servers: list[asyncio.base_events.Server] = []
         try:
-            for host, port, ctx in self._listen:
+            for hosts, port, ctx in self._listen:
                 # the handshake timeout bounds sockets that never finish TLS (e.g. plaintext)
                 servers.append(await loop.create_server(
-                    lambda: _Protocol(self), host, port, reuse_address=True, ssl=ctx,
+                    lambda: _Protocol(self), hosts, port, reuse_address=True, ssl=ctx,
                     ssl_handshake_timeout=self.config.handshake_timeout if ctx else None))
         except BaseException:
             for server in servers:
@@ -330,7 +332,9 @@ class AmqpServer:
             server.close()
         for proto in list(self.conns.values()):
             conn = proto.conn
-            if conn is not None and conn.phase != CLOSED:
+            # also the CLOSED ones still lingering after their CloseOk (force_close
+            # then writes nothing and just hangs up)
+            if conn is not None and not conn.close_transport:
                 conn.force_close(320, "CONNECTION_FORCED - broker forced connection closure "
                                       f"with reason '{reason}'")
             proto.flush()

@@ -39,7 +39,12 @@ class AdminConfig:
 class NodeConfig:
     node_id: str
     data_dir: str
+    # this node's address: the Raft address its peers dial (--host), where admin and
+    # metrics listen, and the host of the URLs it logs
     amqp_host: str = "127.0.0.1"
+    # where the AMQP (and amqps) listeners bind (--listen, [amqp] listen); None: every
+    # address of both families (node.amqp.config.default_listen), as RabbitMQ
+    amqp_listen: list[str] | None = None
     amqp_port: int | None = 5672  # None: TLS-only ([tls] only), no plain listener
     admin_port: int | None = None
     metrics_port: int | None = None
@@ -139,6 +144,13 @@ def apply_file(cfg: NodeConfig, path: str) -> None:
             _apply_tls(cfg.tls, value, path)
         elif key == "admin":
             cfg.admin = _admin_config(value, path)
+        elif key == "amqp":
+            if not isinstance(value, dict):
+                raise ConfigError("amqp must be a table ([amqp])")
+            for akey, avalue in value.items():
+                if akey != "listen":
+                    raise ConfigError(f"unknown key amqp.{akey} in {path}")
+                cfg.amqp_listen = check_listen(avalue, "amqp.listen")
         elif key in ("amqp_host",):
             if not isinstance(value, str):
                 raise ConfigError(f"{key} must be a string")
@@ -146,6 +158,15 @@ def apply_file(cfg: NodeConfig, path: str) -> None:
         else:
             raise ConfigError(f"unknown key {key!r} in {path}")
     validate(cfg)
+
+
+def check_listen(value: Any, name: str) -> list[str]:
+    """A non-empty list of addresses (IP literals or host names) to listen on."""
+    if not isinstance(value, list) or not value \
+            or not all(isinstance(a, str) and a.strip() for a in value):
+        raise ConfigError(f"{name} must be a non-empty list of addresses, e.g. "
+                          '["127.0.0.1", "::1"]')
+    return [a.strip().removeprefix("[").removesuffix("]") for a in value]
 
 
 def _relative(config_path: str, value: Any, name: str) -> str:

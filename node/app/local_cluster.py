@@ -30,6 +30,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from node.amqp.config import ipv6_available
 from node.app.pki import make_ca, make_member
 
 EXIT_USAGE = 2
@@ -57,10 +58,12 @@ def layout(nodes: int, base_port: int, host: str = "127.0.0.1") -> list[dict[str
         raise ClusterError(f"--base-port {base_port} is too high: node n{nodes}'s Raft port would be "
                            f"{top} (> 65535); use a base port <= {65535 - RAFT_OFFSET - nodes + 1}")
     out = []
+    listen = amqp_listen(host)
     for i in range(nodes):
         out.append({
             "id": f"n{i + 1}",
             "host": host,
+            "listen": listen,
             "amqp_port": base_port + i,
             "admin_port": base_port + ADMIN_OFFSET + i,
             "metrics_port": base_port + METRICS_OFFSET + i,
@@ -70,9 +73,21 @@ def layout(nodes: int, base_port: int, host: str = "127.0.0.1") -> list[dict[str
     return out
 
 
+def amqp_listen(host: str) -> list[str]:
+    """Where a node's AMQP listener binds: the cluster's host, plus ::1 beside
+    127.0.0.1 so that clients resolving `localhost` to ::1 first (Node.js)
+    connect too, while everything stays on loopback."""
+    if host == "127.0.0.1" and ipv6_available("::1"):
+        return [host, "::1"]
+    return [host]
+
+
 def port_free(host: str, port: int) -> bool:
-    with socket.socket() as s:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -83,9 +98,11 @@ def port_free(host: str, port: int) -> bool:
 def check_ports_free(nodes: list[dict[str, Any]]) -> None:
     for n in nodes:
         for kind in ("amqp_port", "admin_port", "metrics_port", "raft_port"):
-            if not port_free(n["host"], n[kind]):
-                raise ClusterError(f"port {n[kind]} ({n['id']} {kind.removesuffix('_port')}) on "
-                                   f"{n['host']} is in use")
+            hosts = (n.get("listen") or [n["host"]]) if kind == "amqp_port" else [n["host"]]
+            for host in hosts:
+                if not port_free(host, n[kind]):
+                    raise ClusterError(f"port {n[kind]} ({n['id']} {kind.removesuffix('_port')}) "
+                                       f"on {host} is in use")
 
 
 def peers_arg(nodes: list[dict[str, Any]], me: str) -> str:
@@ -189,6 +206,7 @@ def healthy(nodes: list[dict[str, Any]]) -> tuple[bool, str]:
 def _spawn(d: Path, n: dict[str, Any], nodes: list[dict[str, Any]], config: Path,
            log_level: str, raft_password: str | None = None) -> int:
     argv = [sys.executable, "-m", "node.app", "serve", "--node-id", n["id"], "--host", n["host"],
+            "--listen", ",".join(n.get("listen") or [n["host"]]), "--raft-listen", n["host"],
             "--amqp-port", str(n["amqp_port"]), "--raft-port", str(n["raft_port"]),
             "--admin-port", str(n["admin_port"]), "--metrics-port", str(n["metrics_port"]),
             "--data-dir", str(d / n["id"]), "--config", str(config), "--log-level", log_level]
@@ -298,7 +316,28 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def _exit_status(pid: int, node_id: str) -> str | None:
+    """How node `pid` ended ("exit code 1", "killed by SIGKILL"), or None while it
+    runs. The nodes are this process's children: waiting reaps them and tells how."""
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # not our child (or already reaped)
+        return None if pid_alive(pid, node_id) else "exited"
+    if not done:
+        return None
+    code = os.waitstatus_to_exitcode(status)
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
+
+
 def _foreground(d: Path, state: dict[str, Any]) -> int:
+    """Report each node that exits; Ctrl-C stops the cluster (0). Once every node
+    has exited there is nothing left to supervise: say so and exit 1, so that
+    `make run` does not sit there serving nothing."""
     print("Ctrl-C stops the cluster (data stays in " f"{d})", flush=True)
     stop = {"now": False}
 
@@ -307,12 +346,20 @@ def _foreground(d: Path, state: dict[str, Any]) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    reported: set[str] = set()
+    gone: dict[str, str] = {}
     while not stop["now"]:
         for n in state["nodes"]:
-            if n["id"] not in reported and not pid_alive(n["pid"], n["id"]):
-                reported.add(n["id"])
-                print(f"mirrorq: node {n['id']} exited (log: {d}/{n['id']}.log)", flush=True)
+            how = None if n["id"] in gone else _exit_status(n["pid"], n["id"])
+            if how is not None:
+                gone[n["id"]] = how
+                print(f"mirrorq: node {n['id']} exited ({how}; log: {d}/{n['id']}.log)",
+                      flush=True)
+        if len(gone) == len(state["nodes"]):
+            _stop(d, state)  # nothing to stop: records that no pid runs
+            sys.stderr.write("mirrorq: every node has exited ("
+                             + ", ".join(f"{k}: {v}" for k, v in gone.items())
+                             + f"); logs in {d}\n")
+            return 1
         time.sleep(0.2)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not abort the stop
     print("stopping the cluster...", flush=True)
@@ -423,13 +470,16 @@ def add_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     up.add_argument("--base-port", type=_port, default=5672,
                     help="AMQP port of n1; admin +10000, metrics +10020, raft +20000 (+i for node i)")
     up.add_argument("--dir", required=True, help="where cluster.json, data and logs live")
-    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--host", default="127.0.0.1",
+                    help="the address every node listens on and advertises (AMQP, admin, "
+                         "metrics, Raft); default 127.0.0.1: loopback only (AMQP also on ::1)")
     up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for a healthy cluster")
     up.add_argument("--config", help="TOML given to every node (without a raft.password, the "
                                      "directory's generated one is used)")
     up.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     up.add_argument("--foreground", action="store_true",
-                    help="stay in the foreground after start-up; Ctrl-C runs `down`")
+                    help="stay in the foreground after start-up, reporting nodes that exit; "
+                         "Ctrl-C runs `down`; exits 1 once every node has exited")
     status = lsub.add_parser("status", help="list the nodes: pid, alive, ports, role")
     status.add_argument("--dir", required=True)
     status.add_argument("--json", action="store_true")

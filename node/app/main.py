@@ -15,6 +15,7 @@ import socket
 import sys
 from typing import Any, NoReturn
 
+from node.amqp.config import default_listen
 from node.app.config import (
     ConfigError,
     NodeConfig,
@@ -22,6 +23,7 @@ from node.app.config import (
     apply_file,
     check_cluster_password,
     check_data_dir,
+    check_listen,
     check_tls,
     parse_peers,
     validate,
@@ -53,7 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--amqps-port", type=_port,
                        help="AMQP over TLS (overrides [tls] port; needs [tls] cert and key)")
     serve.add_argument("--data-dir", required=True)
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (AMQP, Raft, admin)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="this node's address: its Raft address as peers dial it, where the "
+                            "admin and metrics ports listen (default 127.0.0.1)")
+    serve.add_argument("--listen", action="append", metavar="ADDR",
+                       help="address the AMQP and amqps listeners bind (repeatable or comma-"
+                            "separated; overrides [amqp] listen; default: every address, IPv4 "
+                            "and IPv6, as RabbitMQ)")
+    serve.add_argument("--raft-listen", metavar="ADDR",
+                       help="address the Raft port binds (default: every address; peers dial "
+                            "--host)")
     serve.add_argument("--raft-port", type=_port,
                        help="default: AMQP port + 20000 (TLS-only without --amqp-port: amqps port)")
     serve.add_argument("--peers", default="", help="ID=HOST:RAFTPORT,... of the other members")
@@ -81,6 +92,9 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
     if args.config:
         apply_file(cfg, args.config)
     apply_env(cfg, os.environ)
+    if args.listen:
+        cfg.amqp_listen = check_listen([a for arg in args.listen for a in arg.split(",")],
+                                       "--listen")
     if args.amqps_port is not None:
         cfg.tls.port = args.amqps_port
     if cfg.tls.only:
@@ -89,6 +103,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         raise ConfigError("the following arguments are required: --amqp-port "
                           "(unless [tls] only = true)")
     cfg.raft.host = args.host
+    cfg.raft.bind_host = args.raft_listen
     base = args.amqp_port or cfg.tls.port or 0
     raft_port = args.raft_port or base + 20000
     if raft_port > 65535:
@@ -107,23 +122,40 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
     validate(cfg)
     check_cluster_password(cfg)
     check_tls(cfg)
-    ports = [p for p in (cfg.amqp_port, cfg.tls.port, cfg.raft.port, cfg.admin_port,
-                         cfg.metrics_port) if p]
+    amqp_ports = [p for p in (cfg.amqp_port, cfg.tls.port) if p]
+    ports = amqp_ports + [p for p in (cfg.raft.port, cfg.admin_port, cfg.metrics_port) if p]
     if len(set(ports)) != len(ports):
         raise ConfigError(f"ports must differ, got {ports}")
     for port in ports:
-        _check_port_free(cfg.amqp_host, port)
+        if port in amqp_ports:
+            hosts = cfg.amqp_listen or default_listen()
+        elif port == cfg.raft.port and cfg.raft.bind_host:
+            hosts = [cfg.raft.bind_host]
+        else:
+            hosts = [cfg.amqp_host]
+        for host in hosts:
+            _check_port_free(host, port)
     check_data_dir(cfg.data_dir)
     return cfg
 
 
 def _check_port_free(host: str, port: int) -> None:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    """Every address `host` names can be bound at `port` (as the listener will:
+    IPv6 sockets IPv6-only)."""
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"cannot listen on {shown}: {exc.strerror}") from exc
+    for family, kind, proto, _name, addr in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                s.bind(addr)
+            except OSError as exc:
+                raise ConfigError(f"cannot listen on {shown}: {exc.strerror}") from exc
 
 
 async def serve(cfg: NodeConfig) -> None:
@@ -179,11 +211,14 @@ async def serve(cfg: NodeConfig) -> None:
         await raft.wait_ready()
         if metrics is not None and cfg.metrics_port:
             await metrics.start(cfg.amqp_host, cfg.metrics_port)
-        await amqp.start(cfg.amqp_host, cfg.amqp_port, cfg.tls.port, cfg.amqps_context)
+        listen = cfg.amqp_listen or default_listen()
+        await amqp.start(listen, cfg.amqp_port, cfg.tls.port, cfg.amqps_context)
         urls = ([f"amqp://guest:guest@{cfg.amqp_host}:{cfg.amqp_port}/"] if cfg.amqp_port else []) + \
             ([f"amqps://{cfg.amqp_host}:{cfg.tls.port}/ (verify {cfg.tls.verify})"]
              if cfg.tls.port else [])
-        log.info("node %s ready: %s", cfg.node_id, ", ".join(urls))
+        log.info("node %s ready: %s (AMQP listening on %s%s)", cfg.node_id, ", ".join(urls),
+                 ", ".join(listen), "" if cfg.amqp_listen or len(listen) > 1
+                 else "; IPv6 is unavailable here")
         await stop.wait()
         log.info("node %s shutting down", cfg.node_id)
     finally:

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 class RaftConfig:
     host: str = "127.0.0.1"
     port: int = 25672
+    # the address the Raft port binds (`serve --raft-listen`); None: every address of
+    # `host`'s family (local-cluster passes its loopback host)
+    bind_host: str | None = None
     peers: dict[str, str] = field(default_factory=dict)  # node id -> host:port (others)
     join: bool = False  # joining a running cluster: wait to hear a leader before campaigning
     password: str | None = None

@@ -9,7 +9,11 @@ I1 only the leader plans; a node that is not leading forgets its clocks, so a
 I2 a new cluster (no members recorded yet): the leader proposes the
    bootstrap commands once (members, all in sync, and the seed users).
 I3 an in-sync member whose Raft link broke (reset, EOF, connect refused: its
-   process is gone or restarting) is marked out of sync at once.
+   process is gone or restarting) is marked out of sync at once, and the
+   member is declared down at once (NodeDown, once until it links again), as
+   RabbitMQ acts on a node's broken distribution link: its clients' exclusive
+   queues go and its consumers' deliveries return without waiting for the
+   bound (a Celery worker redeclaring its exclusive queue elsewhere got 405).
 I4 an in-sync member silent for longer than the bound is marked out of
    sync; a member silent that long is also declared down (NodeDown, once per
    silence).
@@ -76,11 +80,6 @@ def plan(planner: Planner, view: RaftView, bound: float, bootstrap: Sequence[Com
             m = lag[member] = Lag(view.commit_index, now)
         silent = now - p.last_reply > bound
         lagging = now - m.since > bound
-        if silent and member not in down:
-            down.add(member)
-            wanted.append(NodeDown(member))  # I4
-        elif not silent:
-            down.discard(member)
         if member in in_sync:
             if (p.lost or silent or lagging or member in draining) and remaining > majority:  # I3-I6, I8
                 remaining -= 1
@@ -88,6 +87,11 @@ def plan(planner: Planner, view: RaftView, bound: float, bootstrap: Sequence[Com
         elif p.connected and not p.lost and not silent and member not in draining \
                 and p.match_index >= view.commit_index:  # I7
             wanted.append(MarkInSync(member))
+        if (silent or p.lost) and member not in down:
+            down.add(member)
+            wanted.append(NodeDown(member))  # I3, I4
+        elif not silent and not p.lost:
+            down.discard(member)
     proposed = dict(planner.proposed)
     out: list[Command] = []
     for cmd in wanted:

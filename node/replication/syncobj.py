@@ -560,6 +560,8 @@ class RaftShim:
             # unreachable for minutes (issue 13, found on a real StatefulSet)
             dnsCacheTime=c.dns_cache_seconds,
             dnsFailCacheTime=min(1.0, c.dns_cache_seconds),
+            # where the Raft port listens (transport._createServer); None: every address
+            bindAddress=f"{c.bind_host}:{c.port}" if c.bind_host else None,
         )
         self._so = _BrokerLog(self, self.address, list(c.peers.values()), conf)
         self._so.addOnTickCallback(self._on_tick)

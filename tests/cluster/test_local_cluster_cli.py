@@ -1,6 +1,7 @@
 """`mirrorq local-cluster up | status --json | down`, and its one-line errors (exit 2)."""
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import random
@@ -8,13 +9,16 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pika
 import pytest
 
+from node.amqp.config import ipv6_available
 from node.app import local_cluster as lc
-from tests.broker_proc import REPO
+from tests.broker_proc import REPO, wait_for
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -157,3 +161,110 @@ def test_local_cluster_user_config_without_password_gets_the_generated_one(tmp_p
     finally:
         _cli("down", "--dir", str(d), timeout=60)
         _kill_recorded(d)
+
+
+def test_foreground_supervisor_exits_nonzero_once_every_node_is_gone(tmp_path: Path) -> None:
+    """`make run` stays in the foreground; when every node has died it says which
+    and how, and exits non-zero instead of supervising nothing."""
+    d = tmp_path / "fg"
+    out = tmp_path / "fg.out"
+    base = _free_base(2)
+    with open(out, "wb") as f:
+        sup = subprocess.Popen([sys.executable, "-m", "node.app", "local-cluster", "up", "--nodes",
+                                "2", "--base-port", str(base), "--dir", str(d), "--timeout", "60",
+                                "--foreground"], cwd=str(REPO), stdout=f, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: sup.poll() is not None or b"Ctrl-C stops" in out.read_bytes(),
+                 timeout=90, what="the cluster to come up in the foreground")
+        assert sup.poll() is None, out.read_text()
+        pids = [n["pid"] for n in json.loads((d / "cluster.json").read_text())["nodes"]]
+        os.kill(pids[0], signal.SIGKILL)
+        wait_for(lambda: b"node n1 exited" in out.read_bytes(), timeout=10,
+                 what="the supervisor to report n1")
+        assert sup.poll() is None, "one node left: the supervisor keeps running"
+        os.kill(pids[1], signal.SIGKILL)
+        try:
+            code = sup.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"supervisor still running with no node: {out.read_text()}") \
+                from None
+        text = out.read_text()
+        assert code != 0, text
+        for node_id in ("n1", "n2"):
+            assert f"node {node_id} exited (killed by SIGKILL" in text, text
+        assert "every node has exited" in text, text
+        assert [n["pid"] for n in json.loads((d / "cluster.json").read_text())["nodes"]] \
+            == [None, None]
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait(timeout=10)
+        _kill_recorded(d)
+
+
+def _listening(pid: int) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket `pid` listens on, IPv4 and IPv6, from /proc."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    out = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state != "0A" or inode not in inodes:  # 0A: LISTEN
+                continue
+            hexaddr, hexport = local.split(":")
+            raw = bytes.fromhex(hexaddr)
+            if sys.byteorder == "little":  # printed as 32-bit words in host order
+                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            out.add((str(ipaddress.ip_address(raw)), int(hexport, 16)))
+    return out
+
+
+def _loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)  # gRPC listens on ::ffff:127.0.0.1
+    return bool((mapped or ip).is_loopback)
+
+
+@pytest.fixture(scope="module")
+def loopback_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A 2-node `local-cluster up` with the defaults; its cluster.json."""
+    d = tmp_path_factory.mktemp("lc-loopback") / "c"
+    base = _free_base(2)
+    try:
+        up = _cli("up", "--nodes", "2", "--base-port", str(base), "--dir", str(d), "--timeout", "60")
+        assert up.returncode == 0, f"up failed: {up.stderr}\n{up.stdout}"
+        yield json.loads((d / "cluster.json").read_text())
+    finally:
+        _cli("down", "--dir", str(d), timeout=60)
+        _kill_recorded(d)
+
+
+def test_local_cluster_keeps_amqp_admin_and_metrics_on_loopback(
+        loopback_cluster: dict[str, Any]) -> None:
+    for n in loopback_cluster["nodes"]:
+        socks = _listening(n["pid"])
+        ports = {port for _addr, port in socks}
+        assert {n["amqp_port"], n["admin_port"], n["metrics_port"]} <= ports, (n, socks)
+        outside = {(a, p) for a, p in socks if p != n["raft_port"] and not _loopback(a)}
+        assert not outside, f"{n['id']} listens beyond loopback: {sorted(outside)}"
+        amqp = {a for a, p in socks if p == n["amqp_port"]}
+        if ipv6_available("::1"):  # for clients that resolve localhost to ::1 first
+            assert amqp == {"127.0.0.1", "::1"}, amqp
+            conn = pika.BlockingConnection(pika.ConnectionParameters("::1", n["amqp_port"],
+                                                                     heartbeat=0))
+            conn.close()
+
+
+def test_local_cluster_keeps_raft_on_loopback(loopback_cluster: dict[str, Any]) -> None:
+    for n in loopback_cluster["nodes"]:
+        raft = {a for a, p in _listening(n["pid"]) if p == n["raft_port"]}
+        assert raft and all(_loopback(a) for a in raft), f"{n['id']} Raft listens on {raft}"

@@ -309,12 +309,12 @@ def test_s21_streaming_confirms_100x_cheaper_than_tx_per_message(raw: Any, amqp:
     confirm_mode(c)
     t = ConfirmTracker()
     n_confirm, n_tx = 5000, 100
-    f0 = node_metric(broker, "journal_flushes")
+    f0 = node_metric(broker, "journal_flushes_total")
     t0 = time.monotonic()
     stream(c, t, n_confirm, lambda _i: c.publish_bytes("", qc, body, persistent=True),
            window=n_confirm)
     per_confirm = (time.monotonic() - t0) / n_confirm
-    f1 = node_metric(broker, "journal_flushes")
+    f1 = node_metric(broker, "journal_flushes_total")
 
     qt = amqp.queue(durable=True)
     tc = raw()
@@ -324,7 +324,7 @@ def test_s21_streaming_confirms_100x_cheaper_than_tx_per_message(raw: Any, amqp:
         tc.publish("", qt, body, persistent=True)
         tc.call(spec.Tx.Commit(), spec.Tx.CommitOk)
     per_tx = (time.monotonic() - t0) / n_tx
-    f2 = node_metric(broker, "journal_flushes")
+    f2 = node_metric(broker, "journal_flushes_total")
     ratio = per_tx / per_confirm
     print(f"S21: per message confirm={per_confirm * 1e6:.0f}us tx={per_tx * 1e6:.0f}us "
           f"time ratio={ratio:.1f}x")

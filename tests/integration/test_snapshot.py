@@ -23,7 +23,7 @@ def test_s19_confirmed_messages_survive_kill9_across_snapshots(tmp_path: Path) -
         n = 600
         for i in range(n):  # one publish per batch: many Raft entries, several snapshots
             ch.basic_publish("", "snap", b"m%d" % i, pika.BasicProperties(delivery_mode=2))
-        wait_for(lambda: (node_metric(node, "snapshots") or 0) >= 2, timeout=30,
+        wait_for(lambda: (node_metric(node, "snapshots_total") or 0) >= 2, timeout=30,
                  what="at least two snapshots")
         assert (node.data_dir / "raft.dump").stat().st_size > 0
         conn.close()
@@ -60,8 +60,8 @@ def test_journal_bytes_force_a_snapshot_and_bodies_survive_kill9(tmp_path: Path)
         bodies = [os.urandom(64 * 1024) for _ in range(60)]  # ~3.8 MB: past the 2 MB bound
         for body in bodies:
             ch.basic_publish("", "bigsnap", body, pika.BasicProperties(delivery_mode=2))
-        wait_for(lambda: (node_metric(node, "forced_compactions") or 0) >= 1
-                 and (node_metric(node, "snapshots") or 0) >= 1, timeout=30,
+        wait_for(lambda: (node_metric(node, "forced_compactions_total") or 0) >= 1
+                 and (node_metric(node, "snapshots_total") or 0) >= 1, timeout=30,
                  what="a snapshot forced by journal bytes")
         conn.close()
         node.kill9()

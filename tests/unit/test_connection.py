@@ -293,6 +293,26 @@ def test_client_close_proposes_connection_close() -> None:
     c.send(0, pc.Connection.Close(200, "bye", 0, 0))
     assert c.names() == ["Connection.CloseOk"]
     assert c.p.of(C.ConnectionClose) == [C.ConnectionClose(ConnId("n1", 1))]
+    assert c.conn.phase == CLOSED
+
+
+def test_after_close_ok_the_socket_lingers_dropping_input_until_close_timeout() -> None:
+    """RabbitMQ's `closed` state: frames the client sent after its Close (amqplib
+    writes Close ahead of buffered publishes) are read and dropped, not answered
+    with a RST by an already closed socket; the client hangs up, or we do after
+    close_timeout."""
+    c = Client(WireConfig(close_timeout=3.0))
+    c.handshake()
+    c.open(1)
+    c.send(0, pc.Connection.Close(200, "bye", 0, 0),
+           pc.Basic.Publish(exchange="", routing_key="q"))
+    assert c.names() == ["Connection.CloseOk"] and not c.conn.close_transport
+    c.send(1, pc.Basic.Publish(exchange="", routing_key="q"))
+    c.conn.tick()
+    assert c.recv() == [] and not c.conn.close_transport
+    assert len(c.p.of(C.ConnectionClose)) == 1 and not c.p.of(C.BasicPublish)
+    c.clock.t += 3.0
+    c.conn.tick()
     assert c.conn.close_transport
 
 

@@ -48,9 +48,12 @@ def test_i2_bootstrap_once_by_the_first_leader() -> None:
     assert out == [[], [show(boot[0])], []]
 
 
-def test_i3_a_broken_link_marks_out_of_sync_at_once() -> None:
-    _, out = fold([view(now=0.0, commit=3, peers={"n2": {"lost": True, "connected": False}})])
-    assert out == [[OUT2]]
+def test_i3_a_broken_link_marks_out_of_sync_and_declares_down_at_once() -> None:
+    lost = {"n2": {"lost": True, "connected": False}}
+    _, out = fold([view(now=t, commit=3, peers=lost) for t in (0.0, 0.5)]
+                  + [view(now=1.0, commit=3), view(now=2.0, commit=3, peers=lost)])
+    # down once while lost; again after it linked and broke again
+    assert out == [[OUT2, "NodeDown(n2)"], [], [], [OUT2, "NodeDown(n2)"]]
 
 
 def test_i3_a_connected_member_is_not_lost() -> None:
@@ -63,7 +66,7 @@ def test_i4_silence_past_the_bound_marks_out_and_declares_down_once() -> None:
     views = [view(now=t, commit=0, peers=silent) for t in (1.0, 4.9, 5.1, 6.5, 9.0)]
     _, out = fold(views)
     assert out[:2] == [[], []]
-    assert out[2] == [DOWN3, OUT3]
+    assert out[2] == [OUT3, DOWN3]
     assert DOWN3 not in out[3] + out[4]  # once per silence
     # it answers again, then falls silent again: declared down again
     _, out = fold([view(now=10.0, commit=0, peers={"n3": {"reply": 10.0}}),
@@ -96,18 +99,19 @@ def test_i7_an_out_of_sync_member_that_caught_up_is_marked_in() -> None:
                    view(now=0.1, commit=9, peers={"n3": {"match": 9, "lost": True}}, **base),
                    view(now=0.2, commit=9, draining=("n3",), **base),
                    view(now=0.3, commit=9, **base)])
-    assert out == [[], [], [], [IN3]]
+    assert out == [[], [DOWN3], [], [IN3]]  # the broken link: declared down (I3)
 
 
 def test_i8_never_below_a_majority() -> None:
     both_dead = {"n2": {"lost": True}, "n3": {"lost": True}}
     _, out = fold([view(now=0.0, commit=1, peers=both_dead)])
-    assert out == [[OUT2]]  # n1 + n3 remain: a majority of 3
+    assert out == [[OUT2, "NodeDown(n2)", DOWN3]]  # n1 + n3 remain: a majority of 3
     _, out = fold([view(now=0.0, commit=1, in_sync=("n1", "n3"), peers=both_dead)])
-    assert out == [[]]
+    assert out == [["NodeDown(n2)", DOWN3]]
 
 
 def test_i9_repeated_at_most_once_per_second_until_applied() -> None:
     lost = {"n2": {"lost": True}}
     _, out = fold([view(now=t, commit=1, peers=lost) for t in (0.0, 0.5, 0.99, 1.0, 1.5, 2.1)])
-    assert [len(c) for c in out] == [1, 0, 0, 1, 0, 1]
+    # MarkOutOfSync again each second; NodeDown once (with the first)
+    assert [len(c) for c in out] == [2, 0, 0, 1, 0, 1]

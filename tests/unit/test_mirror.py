@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from node.replication import in_sync, mirror
-from node.replication.command import MarkInSync, MarkOutOfSync
+from node.replication.command import MarkInSync, MarkOutOfSync, NodeDown
 from node.replication.view import RaftView
 from tests.unit.views import view
 
@@ -100,7 +100,8 @@ def test_m7_an_in_sync_member_that_dies_holds_confirms_until_it_is_marked_out() 
     dead = {"n3": {"match": 10, "lost": True, "connected": False}}
     t0 = view(now=1.0, commit=11, peers=dead)
     planner, cmds = in_sync.plan(planner, t0, bound=5.0)
-    assert [(type(c), c.node) for c in cmds] == [(MarkOutOfSync, "n3")]  # type: ignore[union-attr]
+    assert [(type(c), c.node) for c in cmds] == [  # type: ignore[union-attr]
+        (MarkOutOfSync, "n3"), (NodeDown, "n3")]
     gate, left, _ = fold([t0], held, gate)
     assert left == [[]]  # the change is not applied yet: still waiting for n3
     applied = view(now=1.02, commit=12, in_sync=("n1", "n2"), peers=dead)
