@@ -27,6 +27,6 @@ USER 10001:10001
 WORKDIR /data
 VOLUME ["/data"]
 # AMQP, admin (gRPC), metrics (Prometheus), Raft
-EXPOSE 5672 15672 15692 25672
+EXPOSE 5672 15672 15682 15692 25672
 ENTRYPOINT ["mirrorq"]
 CMD ["--help"]

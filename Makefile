@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 RUN_STAMP := $(VENV)/.run-stamp
 AMQP_PORT ?= 5672
 
-.PHONY: run test lint unit integration bench clean chaos soak fuzz proto image
+.PHONY: run test lint unit integration bench clean chaos soak fuzz proto image spark-up spark-down spark-submit
 
 $(RUN_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,17 @@ test: lint k8s-build
 CHAOS_ARGS ?=
 chaos: $(STAMP)
 	$(PY) -m chaosmirrorq.suite $(CHAOS_ARGS)
+
+# spark-up / spark-down: a Spark standalone cluster on loopback (a master and two
+# workers from the pyspark distribution; state and logs in data/spark) for the
+# history checker: make spark-submit ARGS='chaos/analysis/check_history.py RUN --out r.json'
+SPARK_DIR ?= data/spark
+spark-up: $(STAMP)
+	$(PY) chaos/analysis/spark_standalone.py up --dir $(SPARK_DIR)
+spark-down: $(STAMP)
+	$(PY) chaos/analysis/spark_standalone.py down --dir $(SPARK_DIR)
+spark-submit: $(STAMP)
+	$(PY) chaos/analysis/spark_standalone.py submit --dir $(SPARK_DIR) -- $(ARGS)
 
 # bench: the benchmark suite (bench/README.md): mirrorq 1 and 3 nodes vs RabbitMQ 3.10
 # 1 node / 3-node quorum / 3-node classic mirrored, 3 repeats each; installs the Debian

@@ -11,7 +11,7 @@ import asyncio
 import time
 from typing import Any, Protocol
 
-from node.broker.password import hash_password
+from node.broker.password import hash_password, password_hash_ok
 from node.broker.permission import check_patterns
 from node.broker.vhost import vhost_name_error
 from node.replication.command import (
@@ -122,6 +122,16 @@ class Administrator:
         if not name:
             raise KeyError("a user needs a name")
         await self.replica.commit([UserPut(name, hash_password(password), tags)], timeout)
+
+    async def put_user_hash(self, name: str, password_hash: str, tags: tuple[str, ...] = (),
+                            timeout: float = 30.0) -> None:
+        """A user with a stored hash as RabbitMQ exports it
+        (rabbit_password_hashing_sha256: base64(salt + SHA-256(salt + password)))."""
+        if not name:
+            raise KeyError("a user needs a name")
+        if not password_hash_ok(password_hash):
+            raise ValueError("password_hash is not a base64 salted SHA-256 hash")
+        await self.replica.commit([UserPut(name, password_hash, tags)], timeout)
 
     async def delete_user(self, name: str, timeout: float = 30.0) -> None:
         if name not in self.read_model().users:

@@ -36,6 +36,27 @@ class AdminConfig:
 
 
 @dataclass
+class HttpConfig:
+    """[http]: the management HTTP API (issue 15): its port and optional TLS
+    (PEM file paths, checked when the config is loaded)."""
+    port: int | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None  # set: clients need a certificate it signed
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if not self.tls_cert or not self.tls_key:
+            return None
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(self.tls_cert, self.tls_key)
+        if self.tls_client_ca:
+            ctx.load_verify_locations(self.tls_client_ca)
+            ctx.verify_mode = ssl.CERT_REQUIRED
+        return ctx
+
+
+@dataclass
 class NodeConfig:
     node_id: str
     data_dir: str
@@ -51,6 +72,7 @@ class NodeConfig:
     wire: WireConfig = field(default_factory=WireConfig)
     raft: RaftConfig = field(default_factory=RaftConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
     # --insecure-dev: a cluster whose Raft links are not authenticated
     insecure_dev: bool = False
@@ -144,6 +166,8 @@ def apply_file(cfg: NodeConfig, path: str) -> None:
             _apply_tls(cfg.tls, value, path)
         elif key == "admin":
             cfg.admin = _admin_config(value, path)
+        elif key == "http":
+            cfg.http = _http_config(value, path)
         elif key == "amqp":
             if not isinstance(value, dict):
                 raise ConfigError("amqp must be a table ([amqp])")
@@ -334,6 +358,44 @@ def _admin_config(table: Any, path: str) -> AdminConfig:
     if "tls_client_ca" in table:
         admin.tls_client_ca = _read_file("tls_client_ca", table["tls_client_ca"], pem=True)
     return admin
+
+
+_HTTP_KEYS = {"port", "tls_cert", "tls_key", "tls_client_ca"}
+
+
+def _http_config(table: Any, path: str) -> HttpConfig:
+    if not isinstance(table, dict):
+        raise ConfigError("http must be a table ([http])")
+    unknown = sorted(set(table) - _HTTP_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown key http.{unknown[0]} in {path}")
+    http = HttpConfig()
+    if "port" in table:
+        http.port = _int("http.port", table["port"], 1, 65535)
+    if ("tls_cert" in table) != ("tls_key" in table):
+        raise ConfigError("http.tls_cert and http.tls_key go together")
+    if "tls_client_ca" in table and "tls_cert" not in table:
+        raise ConfigError("http.tls_client_ca needs http.tls_cert and http.tls_key")
+    for key in ("tls_cert", "tls_key", "tls_client_ca"):
+        if key in table:
+            value = table[key]
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"http.{key} must be a file path")
+            full = _relative(path, value, f"http.{key}")
+            try:
+                with open(full, "rb") as f:
+                    data = f.read()
+            except OSError as exc:
+                raise ConfigError(f"cannot read http.{key} {full}: {exc.strerror}") from exc
+            if b"-----BEGIN " not in data:
+                raise ConfigError(f"http.{key} {full} is not a PEM file")
+            setattr(http, key, full)
+    if http.tls_cert:
+        try:
+            http.ssl_context()
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"http TLS: {exc}") from exc
+    return http
 
 
 def validate(cfg: NodeConfig) -> None:

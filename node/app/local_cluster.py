@@ -1,9 +1,10 @@
 """`mirrorq local-cluster up|status|down`: N node processes on one machine.
 
 Layout for `--nodes N --base-port P` (node i = 0..N-1 is called n{i+1}):
-    AMQP P+i, admin P+10000+i, metrics P+10020+i, Raft P+20000+i
-so `--base-port 5672` gives the single-node defaults (5672 / 15672 / 15692 /
-25672) to n1. Everything lives under --dir D: D/cluster.json (layout and
+    AMQP P+i, management HTTP P+10000+i, gRPC admin P+10010+i,
+    metrics P+10020+i, Raft P+20000+i
+so `--base-port 5672` gives n1 5672 / 15672 (HTTP, RabbitMQ's management
+port) / 15682 (admin) / 15692 / 25672. Everything lives under --dir D: D/cluster.json (layout and
 pids), D/cluster.toml (generated Raft password, mode 0600), D/nI/ (data) and
 D/nI.log (stdout and stderr of the node). A cluster needs a Raft password: a
 `--config` that sets none gets the generated one through MIRRORQ_RAFT_PASSWORD.
@@ -34,8 +35,9 @@ from node.amqp.config import ipv6_available
 from node.app.pki import make_ca, make_member
 
 EXIT_USAGE = 2
-MAX_NODES = 20  # metrics ports (P+10020+i) would reach the admin ports of node 21
-ADMIN_OFFSET = 10000
+MAX_NODES = 10  # HTTP (P+10000+i), admin (P+10010+i), metrics (P+10020+i) stay apart
+HTTP_OFFSET = 10000
+ADMIN_OFFSET = 10010
 METRICS_OFFSET = 10020
 RAFT_OFFSET = 20000
 STATE_FILE = "cluster.json"
@@ -65,6 +67,7 @@ def layout(nodes: int, base_port: int, host: str = "127.0.0.1") -> list[dict[str
             "host": host,
             "listen": listen,
             "amqp_port": base_port + i,
+            "http_port": base_port + HTTP_OFFSET + i,
             "admin_port": base_port + ADMIN_OFFSET + i,
             "metrics_port": base_port + METRICS_OFFSET + i,
             "raft_port": base_port + RAFT_OFFSET + i,
@@ -97,7 +100,9 @@ def port_free(host: str, port: int) -> bool:
 
 def check_ports_free(nodes: list[dict[str, Any]]) -> None:
     for n in nodes:
-        for kind in ("amqp_port", "admin_port", "metrics_port", "raft_port"):
+        for kind in ("amqp_port", "http_port", "admin_port", "metrics_port", "raft_port"):
+            if not n.get(kind):
+                continue
             hosts = (n.get("listen") or [n["host"]]) if kind == "amqp_port" else [n["host"]]
             for host in hosts:
                 if not port_free(host, n[kind]):
@@ -210,6 +215,8 @@ def _spawn(d: Path, n: dict[str, Any], nodes: list[dict[str, Any]], config: Path
             "--amqp-port", str(n["amqp_port"]), "--raft-port", str(n["raft_port"]),
             "--admin-port", str(n["admin_port"]), "--metrics-port", str(n["metrics_port"]),
             "--data-dir", str(d / n["id"]), "--config", str(config), "--log-level", log_level]
+    if n.get("http_port"):  # cluster.json written before the HTTP API has none
+        argv += ["--http-port", str(n["http_port"])]
     peers = peers_arg(nodes, n["id"])
     if peers:
         argv += ["--peers", peers]
@@ -308,7 +315,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                            f"see {d}/n*.log")
     print(f"mirrorq local cluster of {len(nodes)} nodes up in {d} ({why})")
     for n in nodes:
-        print(f"  {n['id']}  {amqp_url(n)}  pid {n['pid']}  admin {n['host']}:{n['admin_port']}  "
+        http = f"http://{n['host']}:{n['http_port']}/  " if n.get("http_port") else ""
+        print(f"  {n['id']}  {amqp_url(n)}  pid {n['pid']}  {http}admin {n['host']}:{n['admin_port']}  "
               f"metrics http://{n['host']}:{n['metrics_port']}/metrics  raft {n['raft_port']}")
     sys.stdout.flush()
     if args.foreground:
@@ -427,7 +435,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         st = node_status(n) if alive else None
         rows.append({
             "id": n["id"], "pid": n.get("pid") if alive else None, "alive": alive,
-            "amqp_port": n["amqp_port"], "admin_port": n["admin_port"],
+            "amqp_port": n["amqp_port"], "http_port": n.get("http_port"),
+            "admin_port": n["admin_port"],
             "metrics_port": n["metrics_port"], "raft_port": n["raft_port"], "url": amqp_url(n),
             "role": str(st.get("role")) if st else "down",
             "leader": _leader_id(st, state["nodes"]) if st else None,
@@ -468,7 +477,8 @@ def add_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     up = lsub.add_parser("up", help="start N nodes and wait until they form a healthy cluster")
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--base-port", type=_port, default=5672,
-                    help="AMQP port of n1; admin +10000, metrics +10020, raft +20000 (+i for node i)")
+                    help="AMQP port of n1; HTTP +10000, admin +10010, metrics +10020, raft "
+                         "+20000 (+i for node i)")
     up.add_argument("--dir", required=True, help="where cluster.json, data and logs live")
     up.add_argument("--host", default="127.0.0.1",
                     help="the address every node listens on and advertises (AMQP, admin, "

@@ -76,7 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--raft-tls-cert", help="PEM certificate of this member (mutual TLS between members)")
     serve.add_argument("--raft-tls-key", help="PEM private key for --raft-tls-cert")
     serve.add_argument("--raft-tls-ca", help="PEM CA that signed every member's certificate")
-    serve.add_argument("--admin-port", type=_port)
+    serve.add_argument("--admin-port", type=_port, help="gRPC admin API (local-cluster: 15682)")
+    serve.add_argument("--http-port", type=_port,
+                       help="management HTTP API, RabbitMQ's (overrides [http] port; 15672 is "
+                            "RabbitMQ's)")
     serve.add_argument("--metrics-port", type=_port)
     serve.add_argument("--config", help="TOML file (users, frame_max, heartbeat, memory_high_watermark, raft...)")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -95,6 +98,8 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
     if args.listen:
         cfg.amqp_listen = check_listen([a for arg in args.listen for a in arg.split(",")],
                                        "--listen")
+    if getattr(args, "http_port", None) is not None:
+        cfg.http.port = args.http_port
     if args.amqps_port is not None:
         cfg.tls.port = args.amqps_port
     if cfg.tls.only:
@@ -123,7 +128,8 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
     check_cluster_password(cfg)
     check_tls(cfg)
     amqp_ports = [p for p in (cfg.amqp_port, cfg.tls.port) if p]
-    ports = amqp_ports + [p for p in (cfg.raft.port, cfg.admin_port, cfg.metrics_port) if p]
+    ports = amqp_ports + [p for p in (cfg.raft.port, cfg.admin_port, cfg.metrics_port,
+                                      cfg.http.port) if p]
     if len(set(ports)) != len(ports):
         raise ConfigError(f"ports must differ, got {ports}")
     for port in ports:
@@ -193,6 +199,23 @@ async def serve(cfg: NodeConfig) -> None:
     admin = AdminServer(status, Administrator(raft), queues=raft.queue_rows,
                         token=cfg.admin.token, tls=cfg.admin.tls()) if cfg.admin_port else None
     metrics = MetricsServer(status, raft.queue_rows) if cfg.metrics_port else None
+    http = None
+    if cfg.http.port:
+        from node.app.management import NodeBackend
+        from node.http.api import ManagementApi
+        from node.http.server import HttpServer
+        listeners = [{"protocol": "amqp", "ip_address": a, "port": cfg.amqp_port}
+                     for a in (cfg.amqp_listen or default_listen()) if cfg.amqp_port]
+        listeners += [{"protocol": "amqp/ssl", "ip_address": a, "port": cfg.tls.port}
+                      for a in (cfg.amqp_listen or default_listen()) if cfg.tls.port]
+        listeners.append({"protocol": "clustering", "ip_address": cfg.raft.bind_host or "::",
+                          "port": cfg.raft.port})
+        listeners.append({"protocol": "https" if cfg.http.tls_cert else "http",
+                          "ip_address": cfg.amqp_host, "port": cfg.http.port})
+        api = ManagementApi(NodeBackend(cfg.node_id, raft, amqp, Administrator(raft), status,
+                                        cfg.wire.users, cfg.wire.loopback_users,
+                                        cfg.admin.token, listeners))
+        http = (HttpServer(api, cfg.http.ssl_context()), api)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -211,6 +234,9 @@ async def serve(cfg: NodeConfig) -> None:
         await raft.wait_ready()
         if metrics is not None and cfg.metrics_port:
             await metrics.start(cfg.amqp_host, cfg.metrics_port)
+        if http is not None and cfg.http.port:
+            await http[0].start(cfg.amqp_host, cfg.http.port)
+            http[1].start_sampling()
         listen = cfg.amqp_listen or default_listen()
         await amqp.start(listen, cfg.amqp_port, cfg.tls.port, cfg.amqps_context)
         urls = ([f"amqp://guest:guest@{cfg.amqp_host}:{cfg.amqp_port}/"] if cfg.amqp_port else []) + \
@@ -222,11 +248,16 @@ async def serve(cfg: NodeConfig) -> None:
         await stop.wait()
         log.info("node %s shutting down", cfg.node_id)
     finally:
+        if http is not None:  # no new management writes while the wire closes
+            await http[0].stop()
         await amqp.close(holder.get("why", "shutdown"))
         if admin is not None:
             await admin.stop()
         if metrics is not None:
             await metrics.stop()
+        if http is not None:
+            await http[1].stop()
+            await http[0].stop()
         raft.stop()
 
 

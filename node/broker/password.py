@@ -30,3 +30,15 @@ def check_password(stored: str, password: str) -> bool:
         return False
     salt, digest = raw[:SALT_BYTES], raw[SALT_BYTES:]
     return hmac.compare_digest(digest, hashlib.sha256(salt + password.encode("utf-8")).digest())
+
+
+def password_hash_ok(stored: str) -> bool:
+    """A well-formed stored hash (4-byte salt + 32-byte digest, base64); ""
+    is RabbitMQ's "no password" (nobody can log in with one)."""
+    if stored == "":
+        return True
+    try:
+        raw = base64.b64decode(stored.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError, ValueError):
+        return False
+    return len(raw) == SALT_BYTES + 32

@@ -76,7 +76,7 @@ class Queue:
                  "dlx", "dlrk", "returned", "ready", "next_seq", "ready_bytes",
                  "consumers", "exclusive_consumer", "last_used", "deleted", "incoming",
                  "max_priority", "single_active", "delivery_limit", "counts_deliveries",
-                 "prio_consumers")
+                 "prio_consumers", "stats")
 
     def __init__(self, name: str, durable: bool, owner: ConnId | None, auto_delete: bool,
                  arguments: dict[str, Any], home: str, now: float) -> None:
@@ -116,6 +116,10 @@ class Queue:
         self.deleted = False
         # bindings that target this queue: (source exchange, bind key) -> None
         self.incoming: dict[tuple[str, Any], None] = {}
+        # message counters since declare (replicated, so every node shows the
+        # same totals; the HTTP API derives rates by sampling them):
+        # [published, delivered + got, redelivered, acked]
+        self.stats: list[int] = [0, 0, 0, 0]
 
     def __setstate__(self, st: Any) -> None:
         """Unpickle; a snapshot written before a slot existed leaves it at its
@@ -133,6 +137,8 @@ class Queue:
                               ("prio_consumers", 0)):
             if not hasattr(self, name):
                 setattr(self, name, default)
+        if not hasattr(self, "stats"):  # snapshots written before message counters
+            self.stats = [0, 0, 0, 0]
 
     def _key(self, m: Message) -> int:
         """Heap order: sequence, or (max - priority, sequence) in a priority queue."""

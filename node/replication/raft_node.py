@@ -47,7 +47,7 @@ from node.replication.effect import Confirm, Deliver, Effect, GetOk, Return, eff
 from node.replication.metric import Histogram
 from node.replication.pipeline import Flush, Limits, Pipeline
 from node.replication.port import EffectSink
-from node.replication.read_model import ModelPublisher, ReadModel
+from node.replication.read_model import Management, ModelPublisher, ReadModel, management_rows
 from node.replication.state_machine import BrokerState, apply_batch, batch_verdict, default_state
 from node.replication.syncobj import RaftShim, clock
 from node.replication.view import RaftView
@@ -98,6 +98,7 @@ class RaftNode:
         self._out: list[tuple[BatchKey, list[Effect]]] = []
         self._out_done: list[tuple[int, str]] = []  # (seq, verdict or "fail:<reason>")
         self._gate = mirror.Gate()
+        self._view: RaftView | None = None
         self._planner = in_sync.Planner()
         self._was_member = False
         self._removed = False
@@ -151,6 +152,7 @@ class RaftNode:
     def on_tick(self, view: RaftView) -> int | None:
         step = mirror.step(self._gate, view)
         self._gate = step.gate
+        self._view = view  # the last view (immutable): per-peer figures for status()
         boot = self._bootstrap() if not view.members else ()
         self._planner, control = in_sync.plan(self._planner, view, self.config.out_of_sync_after, boot)
         if control:
@@ -183,10 +185,10 @@ class RaftNode:
     def _bootstrap(self) -> list[Command]:
         """A new cluster: every configured member in sync, and the first
         leader's configured users with full permissions on "/" (RabbitMQ's
-        default_permissions)."""
+        default_permissions) and the administrator tag (default_user_tags)."""
         cmds: list[Command] = [SetMember(self.node_id, self.address, True)]
         cmds += [SetMember(n, a, True) for n, a in self.config.peers.items()]
-        cmds += [UserPut(n, h, ()) for n, h in self.seed_users.items()]
+        cmds += [UserPut(n, h, ("administrator",)) for n, h in self.seed_users.items()]
         cmds += [PermissionSet(n, DEFAULT_VHOST, ".*", ".*", ".*") for n in self.seed_users]
         return cmds
 
@@ -392,6 +394,11 @@ class RaftNode:
     async def queue_rows(self) -> list[dict[str, Any]]:
         return await self.model_publisher.queue_rows()
 
+    async def management_rows(self) -> Management:
+        """Queues, exchanges, bindings, channels, consumers and connections as
+        of the raft thread's next tick (read_model.management_rows)."""
+        return await self.model_publisher.compute(management_rows)
+
     def is_congested(self) -> bool:
         return self.pipeline.congested
 
@@ -461,4 +468,17 @@ class RaftNode:
             "longest_leader_gap_ms": round(shim.longest_leader_gap * 1000, 1),
             "in_sync_size": len(model.in_sync),
             "confirm_latency": self.confirm_latency.snapshot(),
+            "peers": self._peer_rows(),
         }
+
+    def _peer_rows(self) -> list[dict[str, Any]]:
+        """Every other Raft node as this node's last tick saw it (the leader's
+        match indexes and reply times are meaningful on the leader only)."""
+        view = self._view
+        if view is None:
+            return []
+        return [{"member": p.member or self.member_id(p.address), "address": p.address,
+                 "match_index": p.match_index, "connected": p.connected, "lost": p.lost,
+                 "reply_age": round(max(0.0, view.now - p.last_reply), 3)
+                 if p.last_reply else None}
+                for p in view.peers]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -158,7 +159,165 @@ def queue_rows(state: Any) -> tuple[QueueRow, ...]:
     return tuple(rows)
 
 
+# ------------------------------------------------------------ management rows
+# What the HTTP management API reads (issue 15): built on the raft thread by
+# the pure `management_rows`, only when the loop asks (O(state)), as plain
+# tuples and fresh dicts that nothing else references (immutable by contract).
+
+class MQueue(NamedTuple):
+    vhost: str
+    name: str
+    durable: bool
+    auto_delete: bool
+    exclusive: bool
+    owner: tuple[str, int] | None  # (node, connection serial) of an exclusive queue
+    arguments: Mapping[str, Any]
+    node: str  # home node (where it was declared)
+    ready: int
+    unacked: int
+    ready_bytes: int
+    unacked_bytes: int
+    consumers: int
+    stats: tuple[int, int, int, int]  # published, delivered+got, redelivered, acked
+    idle_since: float  # the proposer's clock at the last use (apply time)
+
+
+class MExchange(NamedTuple):
+    vhost: str
+    name: str
+    type: str
+    durable: bool
+    auto_delete: bool
+    internal: bool
+    arguments: Mapping[str, Any]
+
+
+class MBinding(NamedTuple):
+    vhost: str
+    source: str
+    destination: str
+    destination_type: str  # "queue" or "exchange"
+    routing_key: str
+    arguments: Mapping[str, Any]
+
+
+class MChannel(NamedTuple):
+    node: str
+    conn: int  # connection serial
+    serial: int
+    number: int  # 1-based position among its connection's channels (the state has no numbers)
+    vhost: str
+    prefetch: int
+    global_prefetch: int
+    unacked: int
+    consumers: int
+
+
+class MConsumer(NamedTuple):
+    vhost: str
+    queue: str
+    node: str
+    conn: int
+    chan_serial: int
+    tag: str
+    ack_required: bool
+    exclusive: bool
+    prefetch: int
+    priority: int
+
+
+class MConnection(NamedTuple):
+    node: str
+    serial: int
+    channels: int
+    vhost: str
+
+
+class Management(NamedTuple):
+    queues: tuple[MQueue, ...]
+    exchanges: tuple[MExchange, ...]
+    bindings: tuple[MBinding, ...]
+    channels: tuple[MChannel, ...]
+    consumers: tuple[MConsumer, ...]
+    connections: tuple[MConnection, ...]
+    config_version: int
+
+
+def _plain(value: Any) -> Any:
+    """A fresh copy of a field-table value (dicts and lists copied)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def management_rows(state: Any) -> Management:
+    """Everything the management API lists, as of now (pure; run it on the
+    raft thread between applies)."""
+    unacked: dict[int, list[int]] = {}
+    channels = []
+    consumers = []
+    chan_number: dict[Any, int] = {}
+    for chans in state.conns.values():
+        for i, cid in enumerate(chans, 1):
+            chan_number[cid] = i
+    for cid, ch in state.channels.items():
+        for entry in ch.unacked.values():
+            slot = unacked.setdefault(id(entry[0]), [0, 0])
+            slot[0] += 1
+            slot[1] += entry[1].size
+        channels.append(MChannel(cid.node, cid.conn, cid.serial, chan_number.get(cid, 0),
+                                 ch.vhost, ch.prefetch, ch.global_prefetch, len(ch.unacked),
+                                 len(ch.consumers)))
+        for tag, c in ch.consumers.items():
+            qv, qn = split_key(c.queue.name)
+            consumers.append(MConsumer(qv, qn, cid.node, cid.conn, cid.serial, tag,
+                                       not c.no_ack, bool(c.exclusive), int(c.prefetch),
+                                       int(getattr(c, "priority", 0))))
+    queues = []
+    for key, q in state.queues.items():
+        vhost, name = split_key(key)
+        un = unacked.get(id(q), (0, 0))
+        owner = (q.owner.node, q.owner.serial) if q.owner is not None else None
+        stats = getattr(q, "stats", None) or [0, 0, 0, 0]
+        queues.append(MQueue(vhost, name, bool(q.durable), bool(q.auto_delete), bool(q.exclusive),
+                             owner, MappingProxyType(_plain(q.arguments)), q.home,
+                             q.ready_count(), un[0], int(q.ready_bytes), un[1], len(q.consumers),
+                             (stats[0], stats[1], stats[2], stats[3]), float(q.last_used)))
+    exchanges = []
+    bindings = []
+    for key, x in state.exchanges.items():
+        vhost, name = split_key(key)
+        exchanges.append(MExchange(vhost, name, x.type, bool(x.durable), bool(x.auto_delete),
+                                   bool(x.internal), MappingProxyType(_plain(x.arguments))))
+        for b in x.bindings.values():
+            is_x, dest = b.dest
+            bindings.append(MBinding(vhost, name, split_key(dest)[1],
+                                     "exchange" if is_x else "queue", b.routing_key,
+                                     MappingProxyType(_plain(b.arguments))))
+    conns = []
+    for conn_id, chans in state.conns.items():
+        first = next(iter(chans), None)
+        ch = state.channels.get(first) if first is not None else None
+        conns.append(MConnection(conn_id.node, conn_id.serial, len(chans),
+                                 ch.vhost if ch is not None else "/"))
+    queues.sort(key=lambda r: (r.vhost, r.name))
+    exchanges.sort(key=lambda r: (r.vhost, r.name))
+    return Management(tuple(queues), tuple(exchanges), tuple(bindings), tuple(channels),
+                      tuple(consumers), tuple(conns), int(state.config_version))
+
+
 ModelListener = Callable[[ReadModel], None]
+
+
+def _settle(fut: asyncio.Future[Any], answer: Any, exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(answer)
 
 
 class ModelPublisher:
@@ -186,6 +345,9 @@ class ModelPublisher:
         self._current = first
         self._listeners: list[ModelListener] = []
         self._row_waiters: list[tuple[int, asyncio.Future[tuple[QueueRow, ...]]]] = []
+        # ---- shared: (pure function of the state, its future), appended by the
+        # loop, taken by the raft thread (deque operations are atomic)
+        self._asks: deque[tuple[Callable[[Any], Any], asyncio.Future[Any]]] = deque()
 
     # ---------------------------------------------------------- raft thread
     def tick(self, state: BrokerState) -> None:
@@ -200,6 +362,15 @@ class ModelPublisher:
             if not self._scheduled:  # coalesce: the loop takes the latest when it runs
                 self._scheduled = True
                 self.loop.call_soon_threadsafe(self._take)
+        while self._asks:
+            fn, fut = self._asks.popleft()
+            try:
+                answer = fn(state)
+            except Exception as exc:  # noqa: BLE001 - the asker gets it, the raft thread goes on
+                log.exception("read model request failed")
+                self.loop.call_soon_threadsafe(_settle, fut, None, exc)
+            else:
+                self.loop.call_soon_threadsafe(_settle, fut, answer, None)
         asked = self._rows_asked
         if asked != self._rows_served:
             self._rows_served = asked
@@ -231,6 +402,17 @@ class ModelPublisher:
             if entry in self._row_waiters:
                 self._row_waiters.remove(entry)
         return [row._asdict() for row in rows]
+
+    async def compute(self, fn: Callable[[Any], _V], timeout: float | None = None) -> _V:
+        """`fn(state)` run on the raft thread at its next tick, between two
+        applies (the generalisation of queue_rows). `fn` must be pure and
+        return objects the state does not share (e.g. management_rows)."""
+        fut: asyncio.Future[Any] = self.loop.create_future()
+        self._asks.append((fn, fut))
+        try:
+            return await asyncio.wait_for(fut, self.rows_timeout if timeout is None else timeout)
+        except TimeoutError:
+            raise TimeoutError("read model request: the raft thread did not answer") from None
 
     def _take(self) -> None:
         self._scheduled = False  # before reading _latest: a newer one schedules again

@@ -1119,6 +1119,10 @@ class _Applier:
             ch.unacked[tag] = (q, m, c)
             c.unacked += 1
             ch.limited_unacked += 1
+        stats = q.stats
+        stats[1] += 1
+        if m.redelivered:
+            stats[2] += 1
         props = _with_delivery_count(m) if m.delivery_count and q.counts_deliveries else m.props
         self.fx.append(Deliver(c.chan, c.tag, tag, m.redelivered, m.exchange, m.routing_key,
                                props, m.body))
@@ -1215,6 +1219,7 @@ class _Applier:
         """Put a message on a queue (or hand it straight to a consumer).
         False when x-overflow reject-publish refused it."""
         s = self.s
+        q.stats[0] += 1
         if q.overflow != "drop-head" and q.full():
             if q.overflow == "reject-publish-dlx":
                 m = Message(0, exchange, rk, props, body, persistent, None)
@@ -1325,7 +1330,8 @@ class _Applier:
         if ch is None:
             return
         for tag in self._collect(ch, cmd.delivery_tag, cmd.multiple, ids):
-            _, m = self._settle(ch, tag)
+            q, m = self._settle(ch, tag)
+            q.stats[3] += 1
             self.s.message_bytes -= m.size
         self.mark_channel_queues(ch)
 
@@ -1380,6 +1386,10 @@ class _Applier:
             s.message_bytes -= m.size
         else:
             ch.unacked[tag] = (q, m, None)
+        stats = q.stats
+        stats[1] += 1
+        if m.redelivered:
+            stats[2] += 1
         # a quorum queue's basic.get always carries the count, 0 the first time
         props = _with_delivery_count(m) if q.counts_deliveries else m.props
         self.fx.append(GetOk(cmd.chan, tag, m.redelivered, m.exchange, m.routing_key,

@@ -13,6 +13,7 @@ from .model import (
     ADMIN_PORT,
     AMQP_PORT,
     AMQPS_PORT,
+    HTTP_PORT,
     METRICS_PORT,
     RAFT_PORT,
     Spec,
@@ -66,14 +67,15 @@ if [ ! -e /var/lib/mirrorq/raft.journal ] && [ "$(cat /etc/mirrorq/formed)" = "t
   JOIN="--join"
 fi
 exec mirrorq serve --node-id "$POD_NAME" --host "$SELF" --data-dir /var/lib/mirrorq \\
-  --amqp-port 5672 --raft-port 25672 --admin-port 15672 --metrics-port 15692 \\
+  --amqp-port 5672 --raft-port 25672 --admin-port 15682 --metrics-port 15692 \\
+  --http-port 15672 \\
   --peers "$PEERS" --config /etc/mirrorq/mirrorq.toml $JOIN
 """
 
 # one `python -c` program; the admin token (if any) from the pod's environment
 READY_PROBE = ("import os,sys; from node.admin.server import call_status as c; "
                "s=c(os.environ['POD_NAME']+'.'+os.environ['HEADLESS']+'.'"
-               "+os.environ['POD_NAMESPACE']+'.svc',15672,2.0,"
+               "+os.environ['POD_NAMESPACE']+'.svc',15682,2.0,"
                "token=os.environ.get('MIRRORQ_ADMIN_TOKEN') or None); "
                "sys.exit(0 if os.environ['POD_NAME'] in s.get('in_sync',[]) "
                "and not s.get('blocked') else 1)")
@@ -201,7 +203,8 @@ def _ports(spec: Spec) -> list[dict[str, Any]]:
     return [{"name": "amqp", "containerPort": AMQP_PORT}, *amqps,
             {"name": "raft", "containerPort": RAFT_PORT},
             {"name": "admin", "containerPort": ADMIN_PORT},
-            {"name": "metrics", "containerPort": METRICS_PORT}]
+            {"name": "metrics", "containerPort": METRICS_PORT},
+            {"name": "management", "containerPort": HTTP_PORT}]
 
 
 def _secret_env(env: str, secret: str, key: str, optional: bool = False) -> dict[str, Any]:
@@ -305,7 +308,9 @@ def build_client_service(spec: Spec, name: str, namespace: str) -> dict[str, Any
         "spec": {"type": spec.service_type, "selector": labels(name),
                  "ports": [{"name": "amqp", "port": AMQP_PORT, "targetPort": AMQP_PORT}, *amqps,
                            {"name": "metrics", "port": METRICS_PORT,
-                            "targetPort": METRICS_PORT}]},
+                            "targetPort": METRICS_PORT},
+                           {"name": "management", "port": HTTP_PORT,
+                            "targetPort": HTTP_PORT}]},
     }
 
 
@@ -340,8 +345,10 @@ def build_network_policy(spec: Spec, name: str, namespace: str) -> dict[str, Any
             "ingress": [
                 {"from": [members], "ports": [{"port": RAFT_PORT, "protocol": "TCP"}]},
                 {"from": [members, operator], "ports": [{"port": ADMIN_PORT, "protocol": "TCP"}]},
+                # the HTTP API authenticates every request itself, as AMQP does
                 {"ports": [{"port": AMQP_PORT, "protocol": "TCP"}, *amqps,
-                           {"port": METRICS_PORT, "protocol": "TCP"}]},
+                           {"port": METRICS_PORT, "protocol": "TCP"},
+                           {"port": HTTP_PORT, "protocol": "TCP"}]},
             ],
         },
     }

@@ -9,7 +9,8 @@ from typing import Any
 AMQP_PORT = 5672
 AMQPS_PORT = 5671  # spec.tls.secretName set: the amqps listener
 RAFT_PORT = 25672
-ADMIN_PORT = 15672
+ADMIN_PORT = 15682  # mirrorq's gRPC admin API
+HTTP_PORT = 15672  # the management HTTP API and console (RabbitMQ's port)
 METRICS_PORT = 15692
 
 # A Secret's name: a DNS-1123 subdomain (lower case alphanumerics, '-' and '.').
@@ -111,9 +112,9 @@ def headless_name(cluster: str) -> str:
     return f"{cluster}-headless"
 
 
-PORT_NAMES = ("amqp", "raft", "admin", "metrics")
+PORT_NAMES = ("amqp", "raft", "admin", "metrics", "http")
 IN_CLUSTER_PORTS = {"amqp": AMQP_PORT, "raft": RAFT_PORT, "admin": ADMIN_PORT,
-                    "metrics": METRICS_PORT}
+                    "metrics": METRICS_PORT, "http": HTTP_PORT}
 LOCAL_BASE_PORT_ENV = "MIRRORQ_OPERATOR_LOCAL_BASE_PORT"
 LOCAL_HOST = "127.0.0.1"
 LOCAL_STRIDE = 10  # ports per ordinal in local mode
@@ -126,11 +127,11 @@ class Addressing:
 
     In-cluster (the default, local_base_port None): the pod's stable DNS name
     NAME-k.NAME-headless.NS.svc behind the headless Service, on the fixed ports
-    (AMQP 5672, Raft 25672, admin 15672, metrics 15692).
+    (AMQP 5672, Raft 25672, admin gRPC 15682, metrics 15692, HTTP 15672).
 
     Local (development and tests, no Kubernetes DNS): every pod on 127.0.0.1,
     pod k on ports P+10k (AMQP), P+10k+1 (Raft), P+10k+2 (admin), P+10k+3
-    (metrics), P = local_base_port. Selected by MIRRORQ_OPERATOR_LOCAL_BASE_PORT=P.
+    (metrics), P+10k+4 (HTTP), P = local_base_port. Selected by MIRRORQ_OPERATOR_LOCAL_BASE_PORT=P.
     Whatever runs the pods starts them on these ports (development without DNS).
     """
     local_base_port: int | None = None

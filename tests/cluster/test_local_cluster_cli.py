@@ -73,7 +73,8 @@ def test_local_cluster_up_status_down_round_trip(tmp_path: Path) -> None:
         assert [r["id"] for r in rows] == ["n1", "n2", "n3"]
         assert [r["pid"] for r in rows] == pids
         assert [r["amqp_port"] for r in rows] == [base, base + 1, base + 2]
-        assert [r["admin_port"] for r in rows] == [base + 10000, base + 10001, base + 10002]
+        assert [r["http_port"] for r in rows] == [base + 10000, base + 10001, base + 10002]
+        assert [r["admin_port"] for r in rows] == [base + 10010, base + 10011, base + 10012]
         assert all(r["alive"] for r in rows)
         roles = sorted(r["role"] for r in rows)
         assert roles == ["follower", "follower", "leader"], rows
@@ -125,7 +126,7 @@ def test_local_cluster_up_status_down_round_trip(tmp_path: Path) -> None:
 def test_local_cluster_bad_args_exit_2(tmp_path: Path) -> None:
     d = str(tmp_path / "bad")
     _assert_usage_error(_cli("up", "--nodes", "0", "--dir", d), "--nodes")
-    _assert_usage_error(_cli("up", "--nodes", "21", "--dir", d), "--nodes")
+    _assert_usage_error(_cli("up", "--nodes", "11", "--dir", d), "--nodes")
     _assert_usage_error(_cli("up", "--nodes", "x", "--dir", d), "--nodes")
     _assert_usage_error(_cli("up", "--nodes", "3", "--base-port", "50000", "--dir", d), "65535")
     _assert_usage_error(_cli("up", "--nodes", "3", "--base-port", "0", "--dir", d), "port")
@@ -253,7 +254,8 @@ def test_local_cluster_keeps_amqp_admin_and_metrics_on_loopback(
     for n in loopback_cluster["nodes"]:
         socks = _listening(n["pid"])
         ports = {port for _addr, port in socks}
-        assert {n["amqp_port"], n["admin_port"], n["metrics_port"]} <= ports, (n, socks)
+        assert {n["amqp_port"], n["http_port"], n["admin_port"], n["metrics_port"]} <= ports, \
+            (n, socks)
         outside = {(a, p) for a, p in socks if p != n["raft_port"] and not _loopback(a)}
         assert not outside, f"{n['id']} listens beyond loopback: {sorted(outside)}"
         amqp = {a for a, p in socks if p == n["amqp_port"]}

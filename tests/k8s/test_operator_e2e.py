@@ -22,6 +22,8 @@ import os
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,7 +132,7 @@ class Env:
     def admin_status(self, pod: str) -> dict[str, Any]:
         ip = self.agent.pod_ip(NS, pod)
         assert ip, f"{pod} runs nowhere"
-        return call_status(ip, 15672, 3.0, token=self.secret("admin-token"))
+        return call_status(ip, 15682, 3.0, token=self.secret("admin-token"))
 
     def converged(self, n: int) -> dict[str, Any] | None:
         """The CR says n members, all in sync, a leader, available; n pods Ready."""
@@ -150,7 +152,7 @@ class Env:
             while not self._watch_stop.is_set():
                 for e in self.endpoints():
                     try:
-                        st = call_status(e.host, 15672, 2.0, token=token)
+                        st = call_status(e.host, 15682, 2.0, token=token)
                     except Exception:  # noqa: BLE001 - a pod coming or going
                         continue
                     if st.get("role") == "leader":
@@ -274,7 +276,20 @@ def test_helm_install_runs_operator_under_its_service_account_and_three_ready_me
             connection_attempts=1, socket_timeout=5))
     # the admin port wants the token: without it, refused
     with pytest.raises(Exception, match="UNAUTHENTICATED|token"):
-        call_status(eps[0].host, 15672, 3.0, token="")
+        call_status(eps[0].host, 15682, 3.0, token="")
+    # the management HTTP API (15672) on every pod, with the Secret's user: each
+    # names the same leader; no credentials is 401
+    leaders = set()
+    for e in eps:
+        auth = base64.b64encode(f"{e.user}:{e.password}".encode()).decode()
+        req = urllib.request.Request(f"http://{e.host}:15672/api/mirrorq/cluster",
+                                     headers={"Authorization": f"Basic {auth}"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            leaders.add(json.load(resp)["leader"])
+    assert len(leaders) == 1 and None not in leaders, leaders
+    with pytest.raises(urllib.error.HTTPError) as denied:
+        urllib.request.urlopen(f"http://{eps[0].host}:15672/api/overview", timeout=10)
+    assert denied.value.code == 401
 
 
 def _one_change_at_a_time(views: list[tuple[float, tuple[str, ...]]]) -> None:

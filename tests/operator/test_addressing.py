@@ -21,7 +21,8 @@ def test_in_cluster_is_the_default():
     assert a == IN_CLUSTER and not a.local
     assert a.raft_address("mq", "ns1", 2) == "mq-2.mq-headless.ns1.svc:25672" == \
         raft_address("mq", "ns1", 2)
-    assert a.admin_endpoint("mq", "ns1", 2) == ("mq-2.mq-headless.ns1.svc", 15672)
+    assert a.admin_endpoint("mq", "ns1", 2) == ("mq-2.mq-headless.ns1.svc", 15682)
+    assert a.port(2, "http") == 15672
     assert a.amqp_endpoint("mq", "ns1", 0) == ("mq-0.mq-headless.ns1.svc", 5672)
 
 
@@ -32,7 +33,8 @@ def test_local_mode_ports():
     assert a.raft_address("mq", "ns1", 0) == "127.0.0.1:30001"
     assert a.admin_endpoint("mq", "ns1", 3) == ("127.0.0.1", 30032)
     assert a.port(4, "metrics") == 30043
-    ports = [a.port(k, n) for k in range(9) for n in ("amqp", "raft", "admin", "metrics")]
+    assert a.port(4, "http") == 30044
+    ports = [a.port(k, n) for k in range(9) for n in ("amqp", "raft", "admin", "metrics", "http")]
     assert len(set(ports)) == len(ports)
 
 

@@ -54,8 +54,8 @@ def test_statefulset():
     assert pod["terminationGracePeriodSeconds"] == 120  # the default
     (c,) = pod["containers"]
     assert c["image"] == "mirrorq:1.2.3"
-    assert ports(c) == {"amqp": 5672, "amqps": 5671, "raft": 25672, "admin": 15672,
-                        "metrics": 15692}
+    assert ports(c) == {"amqp": 5672, "amqps": 5671, "raft": 25672, "admin": 15682,
+                        "metrics": 15692, "management": 15672}
     assert c["resources"] == {"requests": {"cpu": "500m"}}
     assert c["readinessProbe"] and c["livenessProbe"]
     assert {"name": "tls", "secret": {"secretName": "mq-tls"}} in pod["volumes"]
@@ -72,10 +72,11 @@ def test_services():
     assert ports(h["spec"])["raft"] == 25672
     c = build_client_service(SPEC, "mq", "ns1")
     assert c["spec"]["type"] == "LoadBalancer"
-    assert ports(c["spec"]) == {"amqp": 5672, "amqps": 5671, "metrics": 15692}
+    assert ports(c["spec"]) == {"amqp": 5672, "amqps": 5671, "metrics": 15692,
+                                "management": 15672}
     plain = Spec.from_cr({"replicas": 3})  # no spec.tls: no amqps anywhere
-    assert ports(build_client_service(plain, "mq", "ns1")["spec"]) == {"amqp": 5672,
-                                                                       "metrics": 15692}
+    assert ports(build_client_service(plain, "mq", "ns1")["spec"]) == {
+        "amqp": 5672, "metrics": 15692, "management": 15672}
     assert "amqps" not in ports(_pod(plain)["containers"][0])
     sel = build_statefulset(SPEC, "mq", "ns1")["spec"]["selector"]["matchLabels"]
     assert h["spec"]["selector"] == sel == c["spec"]["selector"]
@@ -91,10 +92,10 @@ def test_pdb_and_network_policy():
     assert raft_rules[0]["from"] == [{"podSelector": {"matchLabels": np["spec"]["podSelector"]
                                                       ["matchLabels"]}}]
     open_ports = {p["port"] for r in np["spec"]["ingress"] if "from" not in r for p in r["ports"]}
-    assert open_ports == {5672, 5671, 15692}  # amqps is let in with spec.tls
+    assert open_ports == {5672, 5671, 15692, 15672}  # amqps is let in with spec.tls
     plain = build_network_policy(Spec.from_cr({}), "mq", "ns1")
     assert {p["port"] for r in plain["spec"]["ingress"] if "from" not in r
-            for p in r["ports"]} == {5672, 15692}
+            for p in r["ports"]} == {5672, 15692, 15672}
 
 
 def test_configmap():
@@ -353,7 +354,7 @@ def test_ready_probe_passes_the_pods_admin_token(monkeypatch):
         with pytest.raises(SystemExit) as done:
             exec(compile(READY_PROBE, "<probe>", "exec"), {})
         assert done.value.code == 0
-        assert calls.pop() == ("mq-0.mq-headless.ns1.svc", 15672, 2.0, expect)
+        assert calls.pop() == ("mq-0.mq-headless.ns1.svc", 15682, 2.0, expect)
     monkeypatch.delenv("MIRRORQ_ADMIN_TOKEN")
     with pytest.raises(SystemExit):
         exec(compile(READY_PROBE, "<probe>", "exec"), {})
