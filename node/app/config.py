@@ -43,6 +43,9 @@ class HttpConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None  # set: clients need a certificate it signed
+    # other members' management URLs (node -> http(s)://host:port/): the cluster view
+    # and the console link to them; the node knows its own
+    member_urls: dict[str, str] = field(default_factory=dict)
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if not self.tls_cert or not self.tls_key:
@@ -360,7 +363,7 @@ def _admin_config(table: Any, path: str) -> AdminConfig:
     return admin
 
 
-_HTTP_KEYS = {"port", "tls_cert", "tls_key", "tls_client_ca"}
+_HTTP_KEYS = {"port", "tls_cert", "tls_key", "tls_client_ca", "member_urls"}
 
 
 def _http_config(table: Any, path: str) -> HttpConfig:
@@ -372,6 +375,12 @@ def _http_config(table: Any, path: str) -> HttpConfig:
     http = HttpConfig()
     if "port" in table:
         http.port = _int("http.port", table["port"], 1, 65535)
+    if "member_urls" in table:
+        urls = table["member_urls"]
+        if not isinstance(urls, dict) or not all(
+                isinstance(v, str) and v.startswith(("http://", "https://")) for v in urls.values()):
+            raise ConfigError("http.member_urls must be a table of node = \"http(s)://HOST:PORT/\"")
+        http.member_urls = {str(k): v for k, v in urls.items()}
     if ("tls_cert" in table) != ("tls_key" in table):
         raise ConfigError("http.tls_cert and http.tls_key go together")
     if "tls_client_ca" in table and "tls_cert" not in table:

@@ -217,6 +217,11 @@ def _spawn(d: Path, n: dict[str, Any], nodes: list[dict[str, Any]], config: Path
             "--data-dir", str(d / n["id"]), "--config", str(config), "--log-level", log_level]
     if n.get("http_port"):  # cluster.json written before the HTTP API has none
         argv += ["--http-port", str(n["http_port"])]
+        for other in nodes:  # the cluster view and the console link to the others
+            if other["id"] != n["id"] and other.get("http_port"):
+                host = f"[{other['host']}]" if ":" in other["host"] else other["host"]
+                argv += ["--http-member-url",
+                         f"{other['id']}=http://{host}:{other['http_port']}/"]
     peers = peers_arg(nodes, n["id"])
     if peers:
         argv += ["--peers", peers]

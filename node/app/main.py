@@ -80,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--http-port", type=_port,
                        help="management HTTP API, RabbitMQ's (overrides [http] port; 15672 is "
                             "RabbitMQ's)")
+    serve.add_argument("--http-member-url", action="append", default=[], metavar="NODE=URL",
+                       help="another member's management URL (repeatable), so that "
+                            "/api/mirrorq/cluster and the console link to it "
+                            "(adds to [http] member_urls)")
     serve.add_argument("--metrics-port", type=_port)
     serve.add_argument("--config", help="TOML file (users, frame_max, heartbeat, memory_high_watermark, raft...)")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -87,6 +91,17 @@ def build_parser() -> argparse.ArgumentParser:
     admin_cli.add_parsers(sub, _Parser, _port)
     local_cluster.add_parser(sub, _Parser)
     return parser
+
+
+def _member_urls(cfg: NodeConfig) -> dict[str, str]:
+    """The members' management URLs this node knows: its own, and the others'
+    from [http] member_urls / --http-member-url."""
+    urls = dict(cfg.http.member_urls)
+    if cfg.http.port:
+        host = f"[{cfg.amqp_host}]" if ":" in cfg.amqp_host else cfg.amqp_host
+        scheme = "https" if cfg.http.tls_cert else "http"
+        urls[cfg.node_id] = f"{scheme}://{host}:{cfg.http.port}/"
+    return urls
 
 
 def config_from_args(args: argparse.Namespace) -> NodeConfig:
@@ -100,6 +115,11 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
                                        "--listen")
     if getattr(args, "http_port", None) is not None:
         cfg.http.port = args.http_port
+    for item in getattr(args, "http_member_url", None) or []:
+        name, sep, url = item.partition("=")
+        if not sep or not name or not url.startswith(("http://", "https://")):
+            raise ConfigError(f"--http-member-url {item!r}: expected NODE=http(s)://HOST:PORT/")
+        cfg.http.member_urls[name] = url
     if args.amqps_port is not None:
         cfg.tls.port = args.amqps_port
     if cfg.tls.only:
@@ -214,7 +234,8 @@ async def serve(cfg: NodeConfig) -> None:
                           "ip_address": cfg.amqp_host, "port": cfg.http.port})
         api = ManagementApi(NodeBackend(cfg.node_id, raft, amqp, Administrator(raft), status,
                                         cfg.wire.users, cfg.wire.loopback_users,
-                                        cfg.admin.token, listeners))
+                                        cfg.admin.token, listeners,
+                                        member_urls=_member_urls(cfg)))
         http = (HttpServer(api, cfg.http.ssl_context()), api)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -22,7 +22,8 @@ class NodeBackend:
     def __init__(self, node_id: str, raft: RaftNode, amqp: AmqpServer,
                  administrator: Administrator, status: Callable[[], dict[str, Any]],
                  configured_users: Mapping[str, str], loopback_users: list[str],
-                 token: str | None, listeners: list[dict[str, Any]]) -> None:
+                 token: str | None, listeners: list[dict[str, Any]],
+                 member_urls: Mapping[str, str] | None = None) -> None:
         self.node_id = node_id
         self.raft = raft
         self.amqp = amqp
@@ -32,6 +33,7 @@ class NodeBackend:
         self._loopback = loopback_users
         self._token = token
         self._listeners = listeners
+        self._member_urls = dict(member_urls or {})
 
     @property
     def administrator(self) -> Administrator:
@@ -59,6 +61,10 @@ class NodeBackend:
         st = self._status()
         st["member_addresses"] = dict(self.raft.read_model().members)
         return st
+
+    def member_urls(self) -> dict[str, str]:
+        """Members' management URLs where known (its own; others configured)."""
+        return dict(self._member_urls)
 
     def listeners(self) -> list[dict[str, Any]]:
         return [dict(x, node=self.node_id) for x in self._listeners]

@@ -21,7 +21,8 @@ import json
 import mimetypes
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -78,6 +79,24 @@ def bad_request(reason: str) -> HttpError:
 
 def rate(value: float) -> dict[str, float]:
     return {"rate": round(float(value), 1)}
+
+
+def pick_columns(r: Mapping[str, Any], columns: str) -> dict[str, Any]:
+    """RabbitMQ's `columns=a,b.c`: only those fields (dotted: nested)."""
+    out: dict[str, Any] = {}
+    for c in (c.strip() for c in columns.split(",")):
+        if not c:
+            continue
+        v: Any = r
+        for part in c.split("."):
+            v = v.get(part) if isinstance(v, dict) else None
+        if v is not None or c in r:
+            cur = out
+            parts = c.split(".")
+            for part in parts[:-1]:
+                cur = cur.setdefault(part, {})
+            cur[parts[-1]] = v
+    return out
 
 
 def conn_name(node: str, serial: int) -> str:
@@ -325,7 +344,8 @@ def quorum_critical(status: Mapping[str, Any]) -> str | None:
 
 def latency_percentile(hist: Mapping[str, Any], q: float) -> float | None:
     """The q-quantile (0..1) in ms from a cumulative histogram snapshot
-    (upper bound of the bucket that holds it)."""
+    (upper bound of the bucket that holds it). Since node start: a figure
+    that moves in steps; cluster_json reports the windowed one."""
     count = int(hist.get("count") or 0)
     if not count:
         return None
@@ -336,36 +356,122 @@ def latency_percentile(hist: Mapping[str, Any], q: float) -> float | None:
     return None
 
 
-def cluster_json(status: Mapping[str, Any]) -> dict[str, Any]:
-    """/api/mirrorq/cluster: the Raft members as this node sees them."""
+def interpolated_percentile(bounds: Sequence[float], counts: Sequence[int],
+                            q: float) -> float | None:
+    """The q-quantile (0..1) in ms of per-bucket counts (`counts[i]` in
+    (bounds[i-1], bounds[i]], the last one +Inf), interpolated linearly
+    within its bucket as Prometheus' histogram_quantile does; the +Inf
+    bucket answers its lower bound."""
+    total = sum(counts)
+    if total <= 0:
+        return None
+    want = q * total
+    below = 0
+    for i, c in enumerate(counts):
+        if c > 0 and below + c >= want:
+            lower = float(bounds[i - 1]) if i > 0 else 0.0
+            if i >= len(bounds):
+                return round(lower * 1000, 3)
+            upper = float(bounds[i])
+            return round((lower + (upper - lower) * (want - below) / c) * 1000, 3)
+        below += c
+    return None
+
+
+LATENCY_WINDOW = 30.0  # seconds of confirms the cluster view's p50/p99 cover
+LATENCY_SAMPLE = 1.0  # seconds between snapshots of the confirm-latency histogram
+
+
+class LatencyWindow:
+    """Snapshots of this node's cumulative confirm-latency histogram; the
+    percentiles of the last `window` seconds come from the difference between
+    the newest snapshot and the latest one at least `window` old (or the
+    oldest kept, while the node is younger than that)."""
+
+    def __init__(self, window: float = LATENCY_WINDOW) -> None:
+        self.window = window
+        self.samples: deque[tuple[float, tuple[int, ...]]] = deque()
+
+    @staticmethod
+    def _cum(hist: Mapping[str, Any]) -> tuple[int, ...]:
+        return tuple(int(c) for c in hist.get("cumulative") or ())
+
+    def add(self, now: float, hist: Mapping[str, Any]) -> None:
+        cum = self._cum(hist)
+        if self.samples and len(self.samples[-1][1]) != len(cum):
+            self.samples.clear()
+        self.samples.append((now, cum))
+        # keep one sample at or before the window's start
+        while len(self.samples) >= 2 and self.samples[1][0] <= now - self.window:
+            self.samples.popleft()
+
+    def summary(self, now: float, hist: Mapping[str, Any]) -> dict[str, Any]:
+        """p50/p99 (ms) and count of the confirms of the last `window`
+        seconds, with `hist` the histogram now."""
+        cum = self._cum(hist)
+        kept = [(t, c) for t, c in self.samples if len(c) == len(cum)]
+        old = [c for t, c in kept if t <= now - self.window]
+        base = old[-1] if old else kept[0][1] if kept else (0,) * len(cum)
+        counts = [max(0, (a - (cum[i - 1] if i else 0)) - (b - (base[i - 1] if i else 0)))
+                  for i, (a, b) in enumerate(zip(cum, base, strict=True))]
+        bounds = [float(x) for x in (hist.get("le") or [])[:-1]]
+        return {"p50_ms": interpolated_percentile(bounds, counts, 0.5),
+                "p99_ms": interpolated_percentile(bounds, counts, 0.99),
+                "count": sum(counts), "window_seconds": self.window}
+
+
+def cluster_json(status: Mapping[str, Any], latency: LatencyWindow | None = None,
+                 now: float | None = None,
+                 http_urls: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """/api/mirrorq/cluster: the Raft members as this node sees them.
+
+    `match_index` of another member is known to the leader only (a follower
+    answers null); `http_url` is a member's management URL where this node
+    knows it ([http] member_urls). `confirm_latency` is this node's (a
+    confirm leaves the node its publisher is connected to): p50/p99 of the
+    last LATENCY_WINDOW seconds, interpolated within the histogram bucket,
+    and the since-start bucket edges under `since_start`."""
     me = status.get("node_id")
     leader = status.get("leader")
+    leading = status.get("role") == "leader"
     in_sync = list(status.get("in_sync") or [])
     draining = list(status.get("draining") or [])
     addresses = dict(status.get("member_addresses") or {})
+    urls = dict(http_urls or {})
     peers = {p.get("member"): p for p in status.get("peers") or []}
     members = []
     for name in status.get("members") or []:
         peer = peers.get(name)
         mine = name == me
+        if mine:
+            match = status.get("last_applied")
+        elif leading and peer is not None:
+            match = peer.get("match_index")
+        else:
+            match = None  # only the leader tracks its followers' match index
         members.append({
             "name": name, "address": addresses.get(name),
             "in_sync": name in in_sync, "draining": name in draining,
             "leader": name == leader, "self": mine,
             "reachable": True if mine else bool(peer and peer.get("connected")),
-            "match_index": (status.get("last_applied") if mine
-                            else (peer.get("match_index") if peer else None)),
+            "match_index": match,
+            "http_url": urls.get(name),
         })
     hist = status.get("confirm_latency") or {}
+    since_start = {"p50_ms": latency_percentile(hist, 0.5),
+                   "p99_ms": latency_percentile(hist, 0.99),
+                   "count": hist.get("count", 0)}
+    if latency is not None and hist:
+        recent = latency.summary(time.monotonic() if now is None else now, hist)
+    else:
+        recent = dict(since_start, window_seconds=None)
     return {"node": me, "members": members, "leader": leader, "term": status.get("term"),
             "role": status.get("role"), "in_sync": in_sync, "draining": draining,
             "commit_index": status.get("commit_index"),
             "last_applied": status.get("last_applied"),
             "mirrored_index": status.get("mirrored_index"),
             "has_quorum": status.get("has_quorum"),
-            "confirm_latency": {"p50_ms": latency_percentile(hist, 0.5),
-                                "p99_ms": latency_percentile(hist, 0.99),
-                                "count": hist.get("count", 0)}}
+            "confirm_latency": {**recent, "since_start": since_start}}
 
 
 # ------------------------------------------------------------------ rates
@@ -373,20 +479,25 @@ def cluster_json(status: Mapping[str, Any]) -> dict[str, Any]:
 class RateSampler:
     """Samples the replicated per-queue counters every SAMPLE_INTERVAL
     seconds on this node; a rate is the change between the last two samples
-    per second (RabbitMQ's basic rates mode)."""
+    per second (RabbitMQ's basic rates mode). The per-queue counters are
+    applied from the log, so their rates are cluster-wide (every node counts
+    every publish, delivery and ack). Confirms are not in the log (a confirm
+    leaves the node its publisher is connected to): `confirmed` is this
+    node's own counter, sampled alongside, so the confirm rate is this
+    node's."""
 
     def __init__(self) -> None:
-        self.prev: tuple[float, dict[tuple[str, str], tuple[int, ...]]] | None = None
-        self.cur: tuple[float, dict[tuple[str, str], tuple[int, ...]]] | None = None
+        self.prev: tuple[float, dict[tuple[str, str], tuple[int, ...]], int] | None = None
+        self.cur: tuple[float, dict[tuple[str, str], tuple[int, ...]], int] | None = None
 
-    def add(self, now: float, m: Management) -> None:
+    def add(self, now: float, m: Management, confirmed: int = 0) -> None:
         self.prev = self.cur
-        self.cur = (now, {(q.vhost, q.name): q.stats for q in m.queues})
+        self.cur = (now, {(q.vhost, q.name): q.stats for q in m.queues}, int(confirmed))
 
     def rates(self, key: tuple[str, str]) -> tuple[float, ...]:
         if self.prev is None or self.cur is None:
             return (0.0,) * 4
-        (t0, a), (t1, b) = self.prev, self.cur
+        (t0, a, _), (t1, b, _) = self.prev, self.cur
         dt = t1 - t0
         new, old = b.get(key), a.get(key)
         if dt <= 0 or new is None:
@@ -394,14 +505,25 @@ class RateSampler:
         old = old or (0,) * 4
         return tuple(max(0, n - o) / dt for n, o in zip(new, old, strict=True))
 
-    def totals(self) -> tuple[float, ...]:
+    def totals(self, vhosts: Iterable[str] | None = None) -> tuple[float, ...]:
+        """Sum of the queues' rates (of those in `vhosts`, None: all)."""
         if self.cur is None:
             return (0.0,) * 4
+        keep = None if vhosts is None else set(vhosts)
         out = [0.0] * 4
         for key in self.cur[1]:
+            if keep is not None and key[0] not in keep:
+                continue
             for i, r in enumerate(self.rates(key)):
                 out[i] += r
         return tuple(out)
+
+    def confirm_rate(self) -> float:
+        """This node's confirms per second between the last two samples."""
+        if self.prev is None or self.cur is None:
+            return 0.0
+        dt = self.cur[0] - self.prev[0]
+        return max(0, self.cur[2] - self.prev[2]) / dt if dt > 0 else 0.0
 
 
 # ------------------------------------------------------------------ handlers
@@ -428,6 +550,7 @@ class Backend(Protocol):
     def token(self) -> str | None: ...
     def listeners(self) -> list[dict[str, Any]]: ...
     def alarms(self) -> list[str]: ...
+    def member_urls(self) -> Mapping[str, str]: ...
 
 
 Route = Callable[[Request, dict[str, str], Principal], Awaitable[Response]]
@@ -462,6 +585,7 @@ class ManagementApi:
         self.b = backend
         self.static_dir = static_dir
         self.sampler = RateSampler()
+        self.latency = LatencyWindow()
         self.router = Router()
         self._sampling: asyncio.Task[None] | None = None
         self._routes()
@@ -479,12 +603,19 @@ class ManagementApi:
                 pass
 
     async def _sample_loop(self) -> None:
+        next_rates = time.monotonic()
         while True:
+            now = time.monotonic()
             try:
-                self.sampler.add(time.monotonic(), await self.b.management_rows())
+                st = self.b.status()
+                self.latency.add(now, st.get("confirm_latency") or {})
+                if now >= next_rates:
+                    next_rates = now + SAMPLE_INTERVAL
+                    rows = await self.b.management_rows()
+                    self.sampler.add(time.monotonic(), rows, int(st.get("confirmed") or 0))
             except Exception:  # noqa: BLE001 - no leader yet, raft busy: sample next time
                 pass
-            await asyncio.sleep(SAMPLE_INTERVAL)
+            await asyncio.sleep(LATENCY_SAMPLE)
 
     def _on(self, method: str, pattern: str, fn: Route, public: bool = False) -> None:
         async def handler(req: Request, params: dict[str, str]) -> Response:
@@ -503,7 +634,15 @@ class ManagementApi:
         if not path.startswith("/api/") and path != "/api":
             return self._static(path)
         handler, params = self.router.resolve(req.method, path)
-        return await handler(req, params)
+        resp = await handler(req, params)
+        cols = req.query.get("columns")
+        if cols and req.method == "GET" and resp.status == 200 and resp.body[:1] == b"{":
+            # one object (a queue, the overview...): RabbitMQ applies columns to it too;
+            # lists went through _filter already
+            value = json.loads(resp.body)
+            if not ("items" in value and "page" in value):
+                resp = json_response(pick_columns(value, cols))
+        return resp
 
     def _static(self, path: str) -> Response:
         root = self.static_dir
@@ -597,22 +736,7 @@ class ManagementApi:
             rows = sorted(rows, key=key, reverse=req.query.get("sort_reverse") == "true")
         cols = req.query.get("columns")
         if cols:
-            wanted = [c.strip() for c in cols.split(",") if c.strip()]
-
-            def pick(r: dict[str, Any]) -> dict[str, Any]:
-                out: dict[str, Any] = {}
-                for c in wanted:
-                    v: Any = r
-                    for part in c.split("."):
-                        v = v.get(part) if isinstance(v, dict) else None
-                    if v is not None or c in r:
-                        cur = out
-                        parts = c.split(".")
-                        for part in parts[:-1]:
-                            cur = cur.setdefault(part, {})
-                        cur[parts[-1]] = v
-                return out
-            rows = [pick(r) for r in rows]
+            rows = [pick_columns(r, cols) for r in rows]
         page = req.query.get("page")
         if page:
             if not page.isdigit() or int(page) < 1:
@@ -712,10 +836,15 @@ class ManagementApi:
         unacked = sum(q.unacked for q in queues)
         st = self.b.status()
         totals = [sum(q.stats[i] for q in queues) for i in range(4)]
-        stats = message_stats(totals, self.sampler.totals())
+        # publish, deliver_get, redeliver, ack: cluster-wide, as RabbitMQ's overview
+        # (the replicated per-queue counters summed over the visible queues; a message
+        # routed to k queues counts k publishes, an unroutable one none)
+        stats = message_stats(totals, self.sampler.totals(vis))
+        # confirm: this node's (confirms are not replicated: one leaves the node
+        # its publisher is connected to; sum the nodes' overviews for the cluster)
         hist_count = int((st.get("confirm_latency") or {}).get("count") or 0)
         stats["confirm"] = int(st.get("confirmed") or hist_count)
-        stats["confirm_details"] = rate(0)
+        stats["confirm_details"] = rate(self.sampler.confirm_rate())
         return json_response({
             "management_version": RABBIT_VERSION, "rabbitmq_version": RABBIT_VERSION,
             "product_name": "mirrorq", "product_version": self.b.product_version,
@@ -741,8 +870,11 @@ class ManagementApi:
                           "path": "/", "port": str(req.headers.get("host", "").rpartition(":")[2])}],
             "statistics_db_event_queue": 0,
             "churn_rates": {},
-            "mirrorq": cluster_json(st),
+            "mirrorq": self._cluster(st),
         })
+
+    def _cluster(self, st: Mapping[str, Any]) -> dict[str, Any]:
+        return cluster_json(st, self.latency, time.monotonic(), self.b.member_urls())
 
     def _cluster_name(self) -> str:
         members = self._nodes()
@@ -755,7 +887,7 @@ class ManagementApi:
         return json_response([])
 
     def _node_json(self, name: str, st: Mapping[str, Any]) -> dict[str, Any]:
-        cluster = cluster_json(st)
+        cluster = self._cluster(st)
         member = next((m for m in cluster["members"] if m["name"] == name), None)
         mine = name == self.b.node_id
         alarms = self.b.alarms() if mine else []
@@ -769,8 +901,11 @@ class ManagementApi:
         if mine:
             out.update({"os_pid": str(os.getpid()), "processors": os.cpu_count() or 1,
                         "uptime": int((time.monotonic() - _STARTED) * 1000),
-                        **_fds(),
-                        "mem_used": int(st.get("message_bytes") or 0),
+                        **_process_stats(),
+                        # RabbitMQ's mem_used is the node's memory: this process's RSS
+                        # (above); the bytes of message bodies held (what the
+                        # memory_high_watermark alarm compares) are message_bytes
+                        "message_bytes": int(st.get("message_bytes") or 0),
                         "queues": st.get("queues"), "connections": st.get("connections"),
                         "role": st.get("role"), "term": st.get("term"),
                         "commit_index": st.get("commit_index")})
@@ -1492,7 +1627,7 @@ class ManagementApi:
 
     # ------------------------------------------------------------- mirrorq
     async def mirrorq_cluster(self, _r: Request, _p: dict[str, str], p: Principal) -> Response:
-        return json_response(cluster_json(self.b.status()))
+        return json_response(self._cluster(self.b.status()))
 
     async def member_add(self, req: Request, params: dict[str, str], p: Principal) -> Response:
         require_admin(p)
@@ -1525,14 +1660,39 @@ class ManagementApi:
 _STARTED = time.monotonic()
 
 
-def _fds() -> dict[str, int]:
-    """fd_used / fd_total of this process (Linux /proc; empty elsewhere)."""
+def _process_stats() -> dict[str, int]:
+    """This process as RabbitMQ reports its node (Linux /proc; what cannot be
+    read is left out): mem_used (resident set size, bytes), fd_used/fd_total,
+    sockets_used (the open fds that are sockets; sockets_total = fd_total, the
+    only bound), proc_used/proc_total (OS threads here, Erlang processes in
+    RabbitMQ; the bound is the kernel's threads-max)."""
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/self/statm") as f:
+            out["mem_used"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         import resource
-        used = len(os.listdir("/proc/self/fd"))
-        return {"fd_used": used, "fd_total": int(resource.getrlimit(resource.RLIMIT_NOFILE)[0])}
+        fds = os.listdir("/proc/self/fd")
+        sockets = 0
+        for fd in fds:
+            try:
+                sockets += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+            except OSError:  # closed meanwhile (the listing's own fd)
+                pass
+        total = int(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        out.update({"fd_used": len(fds), "fd_total": total,
+                    "sockets_used": sockets, "sockets_total": total})
     except (OSError, ImportError, ValueError):
-        return {}
+        pass
+    try:
+        out["proc_used"] = len(os.listdir("/proc/self/task"))
+        with open("/proc/sys/kernel/threads-max") as f:
+            out["proc_total"] = int(f.read())
+    except (OSError, ValueError):
+        pass
+    return out
 
 
 def _encode(path: str, fields: dict[str, Any]) -> bytes:

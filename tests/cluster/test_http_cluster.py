@@ -121,3 +121,41 @@ def test_quorum_critical_and_membership(cluster_factory: Callable[..., Cluster])
         sorted(n.node_id for n in others)
     assert requests.delete(url(leader, "/api/mirrorq/members/zz"), auth=AUTH,
                            timeout=T).status_code == 404
+
+
+def test_cluster_view_match_index_and_member_urls(
+        cluster_factory: Callable[..., Cluster]) -> None:
+    """Only the leader knows its followers' match index: a follower reports
+    null for the other members (not 0); every member carries the management
+    URL of its node where known (its own, and --http-member-url's), and that
+    URL serves that node's API (the console links to it)."""
+    c = with_http(cluster_factory(3))
+    urls = {n.node_id: f"http://{n.host}:{n.http_port}/" for n in c.nodes}  # type: ignore[attr-defined]
+    for n in c.nodes:
+        for other, u in urls.items():
+            if other != n.node_id:
+                n.extra_args += ["--http-member-url", f"{other}={u}"]
+    c.start()
+
+    def settled() -> dict[str, Any] | None:
+        views = {n.node_id: get(n, "/api/mirrorq/cluster") for n in c.nodes}
+        leaders = {v["leader"] for v in views.values()}
+        if len(leaders) != 1 or None in leaders:
+            return None
+        leader = leaders.pop()
+        lv = views[leader]
+        if lv["role"] != "leader" or not all(
+                isinstance(m["match_index"], int) and m["match_index"] > 0 for m in lv["members"]):
+            return None
+        return views
+    views = wait_for(settled, timeout=30, what="a leader that knows every match index")
+    for name, v in views.items():
+        by = {m["name"]: m for m in v["members"]}
+        assert sorted(by) == ["n1", "n2", "n3"]
+        assert {m: by[m]["http_url"] for m in by} == urls, name
+        assert isinstance(by[name]["match_index"], int)  # its own: last applied
+        if v["role"] != "leader":
+            assert all(by[m]["match_index"] is None for m in by if m != name), (name, by)
+    for name, u in urls.items():
+        r = requests.get(u + "api/overview", auth=AUTH, timeout=T)
+        assert r.status_code == 200 and r.json()["node"] == name

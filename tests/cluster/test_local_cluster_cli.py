@@ -82,6 +82,12 @@ def test_local_cluster_up_status_down_round_trip(tmp_path: Path) -> None:
         assert all(r["leader"] == leader for r in rows), rows
         human = _cli("status", "--dir", str(d))
         assert human.returncode == 0 and "leader" in human.stdout
+        # each node's cluster view links every member's console (--http-member-url)
+        import requests
+        view = requests.get(f"http://127.0.0.1:{base + 10001}/api/mirrorq/cluster",
+                            auth=("guest", "guest"), timeout=15).json()
+        assert {m["name"]: m["http_url"] for m in view["members"]} == {
+            f"n{i + 1}": f"http://127.0.0.1:{base + 10000 + i}/" for i in range(3)}
 
         # every node serves AMQP: publish on n1, get on n3
         c1 = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", base, heartbeat=0))

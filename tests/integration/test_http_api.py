@@ -139,6 +139,11 @@ def test_queue_lifecycle_publish_get_purge_delete(http: Api, node: NodeProcess) 
     assert any(row["name"] == q for row in http.get("/api/queues"))
     assert any(row["name"] == q for row in http.get("/api/queues/%2F"))
     assert http.get(f"/api/queues?name={q}&columns=name,messages") == [{"name": q, "messages": 2}]
+    # columns apply to one object too (RabbitMQ's reply/3), dotted names nest
+    assert http.get(f"/api/queues/%2F/{q}?columns=name,messages,message_stats.publish") \
+        == {"name": q, "messages": 2, "message_stats": {"publish": 3}}
+    assert set(http.get("/api/overview?columns=node,object_totals.queues")) == {"node",
+                                                                                "object_totals"}
     assert http("DELETE", f"/api/queues/%2F/{q}/contents").status_code == 204
     assert http.get(f"/api/queues/%2F/{q}")["messages"] == 0
     assert http("DELETE", f"/api/queues/%2F/{q}").status_code == 204

@@ -227,8 +227,51 @@ def test_cluster_json_and_latency() -> None:
     assert c["leader"] == "n2" and c["term"] == 3 and c["mirrored_index"] == 9
     by = {m["name"]: m for m in c["members"]}
     assert by["n1"]["reachable"] and by["n2"]["leader"] and not by["n3"]["reachable"]
-    assert by["n3"]["match_index"] == 4 and not by["n3"]["in_sync"]
-    assert c["confirm_latency"]["p99_ms"] == 5.0
+    assert not by["n3"]["in_sync"]
+    # n1 follows: it does not know the others' match index (null, not 0 or stale)
+    assert by["n2"]["match_index"] is None and by["n3"]["match_index"] is None
+    assert by["n1"]["match_index"] == 10
+    assert c["confirm_latency"]["since_start"]["p99_ms"] == 5.0
+    # the leader knows them; http_url where configured, else null
+    c = api.cluster_json(dict(st, role="leader", leader="n1"),
+                         http_urls={"n2": "http://h:15673/"})
+    by = {m["name"]: m for m in c["members"]}
+    assert by["n2"]["match_index"] == 10 and by["n3"]["match_index"] == 4
+    assert by["n2"]["http_url"] == "http://h:15673/" and by["n3"]["http_url"] is None
+
+
+def test_interpolated_percentile() -> None:
+    bounds = [0.001, 0.005, 0.01]
+    # 100 in (1, 5] ms: p50 is halfway through the bucket, not its upper edge
+    assert api.interpolated_percentile(bounds, [0, 100, 0, 0], 0.5) == pytest.approx(3.0)
+    assert api.interpolated_percentile(bounds, [50, 50, 0, 0], 0.99) == pytest.approx(4.92)
+    assert api.interpolated_percentile(bounds, [0, 0, 0, 10], 0.5) == pytest.approx(10.0)
+    assert api.interpolated_percentile(bounds, [0, 0, 0, 0], 0.5) is None
+
+
+def test_latency_window_forgets_old_confirms() -> None:
+    le = [0.001, 0.005, 0.01, "+Inf"]
+
+    def hist(*counts: int) -> dict[str, Any]:
+        cum, t = [], 0
+        for n in counts:
+            t += n
+            cum.append(t)
+        return {"le": le, "cumulative": cum, "count": t}
+
+    w = api.LatencyWindow(window=30.0)
+    w.add(0.0, hist(0, 0, 0, 0))
+    w.add(1.0, hist(0, 0, 100, 0))  # 100 slow confirms (5..10 ms) at t=1
+    slow = w.summary(2.0, hist(0, 0, 100, 0))
+    assert slow["count"] == 100 and 5.0 < slow["p50_ms"] < 10.0
+    for t in range(2, 40):
+        w.add(float(t), hist(0, 0, 100, 0))
+    w.add(40.0, hist(100, 0, 100, 0))  # 100 fast ones (< 1 ms) at t=40
+    fast = w.summary(41.0, hist(100, 0, 100, 0))
+    assert fast["count"] == 100 and fast["p50_ms"] < 1.0 and fast["p99_ms"] < 1.0
+    assert len(w.samples) <= 33  # bounded: one sample per second of the window
+    # nothing in the window: no figure (the since-start one is elsewhere)
+    assert w.summary(80.0, hist(100, 0, 100, 0))["p50_ms"] is None
 
 
 def test_rate_sampler() -> None:
@@ -240,6 +283,11 @@ def test_rate_sampler() -> None:
     s.add(5.0, management_rows(h.state))
     assert s.rates(("/", "orders"))[0] == pytest.approx(2.0)
     assert s.totals()[0] == pytest.approx(2.0)
+    assert s.totals(["other"])[0] == 0.0  # a user sees the rates of its vhosts only
+    s = api.RateSampler()
+    s.add(0.0, management_rows(h.state), confirmed=100)
+    s.add(5.0, management_rows(h.state), confirmed=150)
+    assert s.confirm_rate() == pytest.approx(10.0)
 
 
 def test_message_json_encodings() -> None:

@@ -167,3 +167,18 @@ def test_peer_common_name() -> None:
     cert = {"subject": ((("organizationName", "acme"),), (("commonName", "alice"),))}
     assert peer_common_name(cert) == "alice"
     assert peer_common_name({}) is None and peer_common_name(None) is None
+
+
+def test_http_member_urls(tmp_path: Path) -> None:
+    cfg = cfg_from(tmp_path, '[http]\nport = 15672\n'
+                             'member_urls = { n2 = "http://h2:15672/", n3 = "https://h3:15672/" }\n')
+    assert cfg.http.member_urls == {"n2": "http://h2:15672/", "n3": "https://h3:15672/"}
+    from node.app.main import _member_urls
+    assert _member_urls(cfg)["n1"] == "http://127.0.0.1:15672/"  # its own, from its port
+    with pytest.raises(ConfigError, match="member_urls"):
+        cfg_from(tmp_path, '[http]\nmember_urls = { n2 = "h2:15672" }\n')
+    from node.app.main import build_parser, config_from_args
+    args = build_parser().parse_args([
+        "serve", "--node-id", "n1", "--data-dir", str(tmp_path / "d"), "--amqp-port", "5672",
+        "--http-port", "15672", "--http-member-url", "n2=http://h2:15673/"])
+    assert config_from_args(args).http.member_urls == {"n2": "http://h2:15673/"}

@@ -384,7 +384,7 @@
       tr.appendChild(td(inSync === undefined ? null : inSync ? badge("in sync", "ok") : badge("out of sync", "bad")));
       tr.appendChild(td(m.draining === undefined ? null : m.draining ? badge("draining", "warn") : badge("no", "plain")));
       tr.appendChild(td(reachable === undefined ? null : reachable ? badge("reachable", "ok") : badge("unreachable", "bad")));
-      // only the leader knows its followers' match index (a follower reports 0 or nothing)
+      // only the leader knows its followers' match index (a follower reports null)
       var knowsMatch = m.self || !c.role || c.role === "leader";
       tr.appendChild(td(knowsMatch && isNum(m.match_index) ? fmtInt(m.match_index) : null, "num",
                         knowsMatch ? null : "known to the leader only"));
@@ -528,7 +528,8 @@
     $("t-messages").textContent = fmtInt(messages);
     $("t-messages-sub").textContent = fmtInt(ready) + " ready \u00b7 " + fmtInt(unacked) + " unacked";
 
-    // cluster-wide rates: the overview's message_stats, else the sum over queues
+    // rates: the overview's message_stats (publish/deliver cluster-wide; confirm is the
+    // answering node's, confirms are not replicated), else the sum over queues
     var ms = res.overview.ok ? (ov.message_stats || {}) : null;
     var pick = function (key, qkey) {
       var r = ms ? rateOf(ms, key, "overview") : undefined;
