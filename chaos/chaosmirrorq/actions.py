@@ -31,7 +31,8 @@ from chaosmirrorq.workload import (
 )
 
 __all__ = ["start_cluster", "stop_cluster", "kill_node", "restart_node", "pause_node",
-           "partition_node", "partition_minority", "heal_all", "restart_cluster",
+           "partition_node", "partition_minority", "partition_one_way", "delay_node",
+           "lose_packets", "heal_all", "restart_cluster",
            "rolling_restart", "add_member", "remove_member", "start_workload",
            "stop_workload", "stop_workload_and_drain"]
 
@@ -385,13 +386,86 @@ def partition_minority(seconds: float = 6.0, include_leader: bool = False) -> di
     return {"minority": [n.node_id for n in minority], "healthy_after": healthy}
 
 
+def _need_lab(what: str) -> Any:
+    lab = _STATE.get("lab")
+    if lab is None:
+        raise RuntimeError(f"{what} needs start_cluster(netns=True) (root, ip netns, iptables, tc)")
+    return lab
+
+
+def partition_one_way(a: str = "leader", b: str = "follower", seconds: float = 6.0) -> dict[str, Any]:
+    """One-way partition for `seconds`: `a` hears `b`, `b` does not hear `a` (iptables
+    DROP of everything from a, in b's namespace; clients are unaffected), heal, wait
+    until healthy. `a`/`b`: leader, follower, random or a node id (b != a)."""
+    c = _cluster()
+    lab = _need_lab("partition_one_way")
+    na = _pick(a)
+    nb = _pick(b)
+    if nb is na:
+        others = [n for n in c.live() if n is not na]
+        if not others:
+            raise RuntimeError("partition_one_way needs two live nodes")
+        nb = random.choice(others)
+    t0 = time.time()
+    try:
+        lab.partition_one_way(_lab_index(na), _lab_index(nb))
+        time.sleep(_f(seconds))
+    finally:
+        lab.heal(_lab_index(nb))
+    healthy = _wait_healthy()
+    record_fault(f"partition-one-way {nb.node_id} deaf to {na.node_id}", t0, time.time())
+    return {"hears": na.node_id, "deaf": nb.node_id, "healthy_after": healthy}
+
+
+def delay_node(target: str = "follower", delay_ms: float = 100.0, jitter_ms: float = 20.0,
+               seconds: float = 6.0) -> dict[str, Any]:
+    """`tc netem delay delay_ms jitter_ms` on both ends of `target`'s veth (every packet
+    to and from it, clients included) for `seconds`, remove it, wait until healthy.
+    Fails with the reason when the kernel has no sch_netem."""
+    lab = _need_lab("delay_node")
+    node = _pick(target)
+    idx = _lab_index(node)
+    t0 = time.time()
+    try:
+        lab.delay(idx, _f(delay_ms), _f(jitter_ms))
+        time.sleep(_f(seconds))
+    finally:
+        lab.clear_qdiscs(idx)
+    healthy = _wait_healthy()
+    record_fault(f"delay-{target} {node.node_id} {_f(delay_ms):g}+-{_f(jitter_ms):g}ms", t0, time.time())
+    return {"delayed": node.node_id, "delay_ms": _f(delay_ms), "jitter_ms": _f(jitter_ms),
+            "healthy_after": healthy}
+
+
+def lose_packets(target: str = "follower", percent: float = 10.0, seconds: float = 6.0) -> dict[str, Any]:
+    """Lose `percent` % of `target`'s packets in one direction (netem loss on what it
+    sends, or an iptables `statistic` DROP on what it receives where the kernel has no
+    sch_netem) for `seconds`, remove it, wait until healthy."""
+    lab = _need_lab("lose_packets")
+    node = _pick(target)
+    idx = _lab_index(node)
+    t0 = time.time()
+    how = None
+    try:
+        how = lab.lose(idx, _f(percent))
+        time.sleep(_f(seconds))
+    finally:
+        lab.clear_qdiscs(idx)
+        lab.heal(idx)
+    healthy = _wait_healthy()
+    record_fault(f"loss-{target} {node.node_id} {_f(percent):g}%", t0, time.time())
+    return {"lossy": node.node_id, "percent": _f(percent), "mechanism": how, "healthy_after": healthy}
+
+
 def heal_all(wait: bool = True) -> dict[str, Any]:
-    """Rollback: flush every partition rule, bring isolated links up, SIGCONT paused
-    nodes, start nodes that are down, close open fault windows; wait until healthy."""
+    """Rollback: flush every partition/loss rule, remove every netem qdisc, bring
+    isolated links up, SIGCONT paused nodes, start nodes that are down, close open
+    fault windows; wait until healthy."""
     c = _STATE.get("cluster")
     lab = _STATE.get("lab")
     if lab is not None:
         lab.heal(None)
+        lab.clear_qdiscs(None)
         for nd in lab.nodes:
             lab.unisolate(nd)
     if c is None:

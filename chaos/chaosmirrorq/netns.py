@@ -7,6 +7,10 @@
         lab.heal(0)                        # flush node 0's rules
         lab.isolate(2)                     # node 2's veth down: nobody reaches it, clients neither
         lab.unisolate(2)
+        lab.partition_one_way(0, 1)        # node 0 hears node 1, node 1 does not hear node 0
+        lab.delay(1, 100, 20)              # tc netem delay 100ms 20ms on both ends of node 1's veth
+        lab.lose(1, 10)                    # 10 % of the packets node 1 sends are dropped
+        lab.clear_qdiscs()                 # remove every netem qdisc (heal() flushes the rules)
 
 Layout: a bridge `mqb<suffix>` in the root namespace carries 10.213.X.0/24 (X picked at
 random among the /24s no local route uses); the bridge holds 10.213.X.1, so clients in the
@@ -93,6 +97,35 @@ def ensure_iptables() -> str:
     if path is None:
         raise NetnsError("iptables is not installed (apt-get install -y iptables)")
     return path
+
+
+_netem_reason: list[str | None] = []
+
+
+def netem_unavailable_reason() -> str | None:
+    """Why `tc qdisc ... netem` cannot be used here (probed once in a scratch
+    namespace), or None when it can."""
+    if _netem_reason:
+        return _netem_reason[0]
+    reason = netns_unavailable_reason()
+    if reason is None and shutil.which("tc") is None:
+        reason = "`tc` (iproute2) is not installed"
+    if reason is None:
+        probe = f"mqprobe{uuid.uuid4().hex[:6]}"
+        try:
+            _run("ip", "netns", "add", probe)
+            _run("ip", "netns", "exec", probe, "ip", "link", "set", "lo", "up")
+            res = _run("ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "lo", "root",
+                       "netem", "delay", "1ms", check=False)
+            if res.returncode != 0:
+                reason = (f"the kernel has no sch_netem qdisc (kernel {os.uname().release}: "
+                          f"`tc qdisc add dev lo root netem delay 1ms` -> {res.stderr.strip()})")
+        except NetnsError as exc:
+            reason = str(exc)
+        finally:
+            _run("ip", "netns", "del", probe, check=False)
+    _netem_reason.append(reason)
+    return reason
 
 
 def _pick_subnet() -> ipaddress.IPv4Network:
@@ -254,6 +287,75 @@ class NetLab:
 
     def rules(self, ref: int | NsNode | str) -> str:
         return self.run_in(ref, "iptables", "-w", "-S").stdout
+
+    def partition_one_way(self, hears: int | NsNode | str, deaf: int | NsNode | str) -> None:
+        """`hears` keeps receiving from `deaf`; `deaf` drops (iptables INPUT, in its own
+        namespace) every packet from `hears`. Undone by heal(deaf)."""
+        iptables = ensure_iptables()
+        a, b = self.node(hears), self.node(deaf)
+        if a.index == b.index:
+            raise ValueError("a one-way partition needs two different nodes")
+        self.run_in(b, iptables, "-w", "-A", "INPUT", "-s", a.addr, "-j", "DROP")
+
+    def _netem(self, nd: NsNode, args: list[str], both_ends: bool) -> None:
+        reason = netem_unavailable_reason()
+        if reason is not None:
+            raise NetnsError(f"tc netem is unavailable: {reason}")
+        # node -> bridge: eth0 inside the namespace; bridge -> node: the veth's root end
+        self.run_in(nd, "tc", "qdisc", "replace", "dev", "eth0", "root", "netem", *args)
+        if both_ends:
+            _run("tc", "qdisc", "replace", "dev", nd.veth, "root", "netem", *args)
+
+    def delay(self, ref: int | NsNode | str, delay_ms: float, jitter_ms: float = 0.0) -> None:
+        """netem delay on both ends of the node's veth: each packet to or from the node
+        waits delay_ms (+- jitter_ms); a round trip through it gains about 2*delay_ms.
+        Raises NetnsError when the kernel has no sch_netem. Undone by clear_qdiscs()."""
+        args = ["delay", f"{float(delay_ms)}ms"]
+        if float(jitter_ms) > 0:
+            args.append(f"{float(jitter_ms)}ms")
+        self._netem(self.node(ref), args, both_ends=True)
+
+    def lose(self, ref: int | NsNode | str, percent: float) -> str:
+        """Lose `percent` % of the node's packets in one direction (peers and clients
+        alike), so a request/response round trip through it is lost with about that
+        probability: netem loss on its eth0 (what it sends) where the kernel has
+        sch_netem, else an iptables `statistic --mode random` DROP on its INPUT (what it
+        receives; a DROP in OUTPUT would hand the local sender EPERM instead of a
+        silent loss). Returns "netem" or "iptables". Undone by clear_qdiscs() + heal()."""
+        pct = float(percent)
+        if not 0 <= pct <= 100:
+            raise ValueError(f"percent must be within 0..100, not {percent}")
+        nd = self.node(ref)
+        if netem_unavailable_reason() is None:
+            self._netem(nd, ["loss", f"{pct}%"], both_ends=False)
+            return "netem"
+        iptables = ensure_iptables()
+        self.run_in(nd, iptables, "-w", "-A", "INPUT", "-m", "statistic", "--mode", "random",
+                    "--probability", f"{pct / 100:.6f}", "-j", "DROP")
+        return "iptables"
+
+    def clear_qdiscs(self, ref: int | NsNode | str | None = None) -> None:
+        """Remove the netem qdiscs of one node (every node when ref is None); a device
+        without one is fine."""
+        if shutil.which("tc") is None:
+            return
+        targets = self.nodes if ref is None else [self.node(ref)]
+        for nd in targets:
+            for argv in (self.exec_argv(nd, ["tc", "qdisc", "del", "dev", "eth0", "root"]),
+                         ["tc", "qdisc", "del", "dev", nd.veth, "root"]):
+                res = _run(*argv, check=False)
+                err = res.stderr
+                if res.returncode != 0 and not any(
+                        s in err for s in ("handle of zero", "No such file", "Cannot find device",
+                                           "Invalid handle", "not exist")):
+                    raise NetnsError(f"{' '.join(argv)} failed: {err.strip()}")
+
+    def qdiscs(self, ref: int | NsNode | str) -> str:
+        """`tc qdisc show` of the node's eth0 and of the veth's root end."""
+        nd = self.node(ref)
+        inner = self.run_in(nd, "tc", "qdisc", "show", "dev", "eth0", check=False).stdout
+        outer = _run("tc", "qdisc", "show", "dev", nd.veth, check=False).stdout
+        return inner + outer
 
     def isolate(self, ref: int | NsNode | str) -> None:
         """Take the node's veth down: it reaches nobody and nobody (clients included) reaches it."""

@@ -7,7 +7,8 @@ history check, print a table, exit non-zero on any failure.
     python -m chaosmirrorq.suite --no-skip            # a skipped experiment is a failure
 
 An experiment that needs network namespaces is skipped (SKIP) without root or netns
-support; with --subset ci or --no-skip a skip fails the run, so that CI cannot pass
+support, one tagged `netem` (network-delay) when the kernel has no sch_netem; with
+--subset ci or --no-skip a skip fails the run, so that CI cannot pass
 without its partition experiment.
 
 `chaos run` exits 0 even when the steady-state hypothesis failed before the method,
@@ -33,7 +34,8 @@ from chaosmirrorq.cluster import REPO
 
 EXPERIMENTS_DIR = REPO / "chaos" / "experiments"
 ORDER = ["leader-kill-loop", "follower-kill", "leader-pause", "minority-partition",
-         "leader-in-minority", "full-restart", "rolling-restart", "scale-out-in"]
+         "leader-in-minority", "full-restart", "rolling-restart", "scale-out-in",
+         "network-delay", "packet-loss", "one-way-partition"]
 SUBSETS = {
     "all": ORDER,
     "ci": ["leader-kill-loop", "minority-partition", "full-restart"],
@@ -55,6 +57,10 @@ def chaos_cli() -> str:
 
 def needs_netns(path: Path) -> bool:
     return "netns" in json.loads(path.read_text()).get("tags", [])
+
+
+def needs_netem(path: Path) -> bool:
+    return "netem" in json.loads(path.read_text()).get("tags", [])
 
 
 def judge_journal(journal: dict[str, Any]) -> tuple[bool, list[str]]:
@@ -205,9 +211,15 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     for name in names:
         path = EXPERIMENTS_DIR / f"{name}.json"
+        skip = None
         if no_netns and path.exists() and needs_netns(path):
-            rows.append({"experiment": name, "verdict": "SKIP", "reasons": [no_netns]})
-            print(f"[chaos] {name}: SKIP ({no_netns})"
+            skip = no_netns
+        elif path.exists() and needs_netem(path):
+            from chaosmirrorq.netns import netem_unavailable_reason
+            skip = netem_unavailable_reason()
+        if skip:
+            rows.append({"experiment": name, "verdict": "SKIP", "reasons": [skip]})
+            print(f"[chaos] {name}: SKIP ({skip})"
                   f"{' -- a failure with --subset ci / --no-skip' if no_skip else ''}", flush=True)
             continue
         print(f"[chaos] {name} ...", flush=True)
