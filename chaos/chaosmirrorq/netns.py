@@ -310,9 +310,11 @@ class NetLab:
         """netem delay on both ends of the node's veth: each packet to or from the node
         waits delay_ms (+- jitter_ms); a round trip through it gains about 2*delay_ms.
         Raises NetnsError when the kernel has no sch_netem. Undone by clear_qdiscs()."""
-        args = ["delay", f"{float(delay_ms)}ms"]
+        if float(delay_ms) < 0 or float(jitter_ms) < 0:
+            raise ValueError("delay_ms and jitter_ms must be >= 0")
+        args = ["delay", f"{float(delay_ms):g}ms"]
         if float(jitter_ms) > 0:
-            args.append(f"{float(jitter_ms)}ms")
+            args.append(f"{float(jitter_ms):g}ms")
         self._netem(self.node(ref), args, both_ends=True)
 
     def lose(self, ref: int | NsNode | str, percent: float) -> str:
@@ -327,7 +329,7 @@ class NetLab:
             raise ValueError(f"percent must be within 0..100, not {percent}")
         nd = self.node(ref)
         if netem_unavailable_reason() is None:
-            self._netem(nd, ["loss", f"{pct}%"], both_ends=False)
+            self._netem(nd, ["loss", f"{pct:g}%"], both_ends=False)
             return "netem"
         iptables = ensure_iptables()
         self.run_in(nd, iptables, "-w", "-A", "INPUT", "-m", "statistic", "--mode", "random",
