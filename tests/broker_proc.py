@@ -164,3 +164,32 @@ def node_metric(broker: Broker, name: str) -> float | None:
             if key.split("{", 1)[0] == f"mirrorq_{name}":
                 return float(value)
     raise AssertionError(f"metric mirrorq_{name} not exported")
+
+
+def start_http_node(data_dir: Path, config: str | None = None) -> NodeProcess:
+    """A started node with the management HTTP API on a free port (`.http_port`),
+    once the API answers (any status: auth is the tests' business)."""
+    import urllib.error
+    import urllib.request
+
+    http_port = free_port()
+    kw = {} if config is None else {"config": config}
+    n = NodeProcess(data_dir, extra_args=("--http-port", str(http_port)), **kw)
+    n.http_port = http_port  # type: ignore[attr-defined]
+    n.start()
+
+    def answers() -> bool:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{http_port}/api/overview", timeout=2)
+        except urllib.error.HTTPError:
+            return True  # 401 without credentials: it answers
+        except OSError:
+            return False
+        return True
+
+    try:
+        wait_for(answers, timeout=20, what="the HTTP API")
+    except BaseException:
+        n.stop()
+        raise
+    return n

@@ -16,7 +16,7 @@ import pika
 import pytest
 import requests
 
-from tests.broker_proc import NodeProcess, free_port, uniq, wait_for
+from tests.broker_proc import NodeProcess, free_port, start_http_node, uniq, wait_for
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 TOKEN = "test-token-0123456789"
@@ -43,25 +43,12 @@ class Api:
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
-    d = tmp_path_factory.mktemp("http-node")
-    http_port = free_port()
-    n = NodeProcess(d / "n1", extra_args=("--http-port", str(http_port)),
-                    config=f'[admin]\ntoken = "{TOKEN}"\n')
-    n.http_port = http_port  # type: ignore[attr-defined]
-    n.start()
+    n = start_http_node(tmp_path_factory.mktemp("http-node") / "n1",
+                        config=f'[admin]\ntoken = "{TOKEN}"\n')
     try:
-        wait_for(lambda: _answers(http_port), timeout=20, what="the HTTP API")
         yield n
     finally:
         n.stop()
-
-
-def _answers(port: int) -> bool:
-    try:
-        requests.get(f"http://127.0.0.1:{port}/api/overview", timeout=2)
-        return True
-    except requests.RequestException:
-        return False
 
 
 @pytest.fixture()

@@ -14,7 +14,7 @@ import pika
 import pytest
 import requests
 
-from tests.broker_proc import NodeProcess, free_port, uniq, wait_for
+from tests.broker_proc import NodeProcess, start_http_node, uniq, wait_for
 
 AUTH = ("guest", "guest")
 T = 15.0
@@ -23,23 +23,11 @@ T = 15.0
 @pytest.fixture()
 def node(tmp_path: Path) -> Iterator[NodeProcess]:
     """A fresh node per test (the latency window and counters start empty)."""
-    http_port = free_port()
-    n = NodeProcess(tmp_path / "n1", extra_args=("--http-port", str(http_port)))
-    n.http_port = http_port  # type: ignore[attr-defined]
-    n.start()
+    n = start_http_node(tmp_path / "n1")
     try:
-        wait_for(lambda: _answers(http_port), timeout=20, what="the HTTP API")
         yield n
     finally:
         n.stop()
-
-
-def _answers(port: int) -> bool:
-    try:
-        return requests.get(f"http://127.0.0.1:{port}/api/overview", auth=AUTH,
-                            timeout=2).status_code == 200
-    except requests.RequestException:
-        return False
 
 
 def get(n: NodeProcess, path: str) -> Any:

@@ -21,6 +21,7 @@ from kombu.simple import SimpleQueue
 
 from tests.broker_proc import Broker, uniq
 from tests.integration.conftest import Amqp, events, pump_until
+from tests.integration.test_kombu import connect as kombu_conn
 
 pytestmark = pytest.mark.rabbitmq_ok
 
@@ -35,13 +36,6 @@ def num(b: bytes) -> int:
 
 
 # -- priority queues --------------------------------------------------------------
-
-def kombu_conn(broker: Broker) -> kombu.Connection:
-    conn = kombu.Connection(broker.url.replace("amqp://", "pyamqp://"), connect_timeout=10,
-                            transport_options={"confirm_publish": True})
-    conn.ensure_connection(max_retries=1)
-    return conn
-
 
 def test_kombu_priority_publish_consume_as_kombus_suite_does(broker: Broker) -> None:
     # kombu's t/integration BasePriority.test_publish_consume, on a priority queue
