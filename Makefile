@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 RUN_STAMP := $(VENV)/.run-stamp
 AMQP_PORT ?= 5672
 
-.PHONY: run test lint unit integration bench clean chaos soak fuzz proto image spark-up spark-down spark-submit
+.PHONY: run test lint unit integration bench clean chaos chaos-long soak fuzz proto image spark-up spark-down spark-submit
 
 $(RUN_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,14 @@ test: lint k8s-build
 CHAOS_ARGS ?=
 chaos: $(STAMP)
 	$(PY) -m chaosmirrorq.suite $(CHAOS_ARGS)
+
+# chaos-long: every experiment 10 times with different seeds and faults of 5-60 s,
+# then one Spark job over all the histories (Parquet partitioned by experiment and
+# run) and a report: data/chaos-long/report.md + charts/. Knobs, e.g.
+# make chaos-long CHAOS_LONG_ARGS='--runs 3 --minutes 45 --spark standalone --docs docs/chaos-long'
+CHAOS_LONG_ARGS ?=
+chaos-long: $(STAMP)
+	$(PY) -m chaosmirrorq.long $(CHAOS_LONG_ARGS)
 
 # spark-up / spark-down: a Spark standalone cluster on loopback (a master and two
 # workers from the pyspark distribution; state and logs in data/spark) for the

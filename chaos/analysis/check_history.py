@@ -17,11 +17,13 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 from pyspark import StorageLevel
 from pyspark.errors import AnalysisException
@@ -35,7 +37,7 @@ SETTLE_ACTIONS = ("ack", "nack-requeue", "crash")
 PHASES = ("before", "during", "after", "between")
 CORRUPT = "_corrupt_record"
 EVENT_COLUMNS = ("rk", "type", "run", "msg_id", "send_ts", "outcome", "outcome_ts", "redelivered", "ts",
-          "action", "name", "start_ts", "end_ts", "corrupted")
+          "action", "name", "start_ts", "end_ts", "corrupted", "dead_lettered")
 LOST_SAMPLE = 20
 PERCENTILE_ACCURACY = 10000  # rank error <= n / 10000 (exact for small groups)
 BUCKET_PERCENTILE_ACCURACY = 1000
@@ -58,6 +60,7 @@ SCHEMA = T.StructType(
         T.StructField("ts", T.DoubleType()),
         T.StructField("phase", T.StringType()),
         T.StructField("corrupted", T.BooleanType()),  # deliver: the body failed its check
+        T.StructField("dead_lettered", T.StringType()),  # deliver: x-death's latest reason
         T.StructField("action", T.StringType()),
         T.StructField("name", T.StringType()),
         T.StructField("start_ts", T.DoubleType()),
@@ -208,7 +211,17 @@ def load_runs(spark: SparkSession, dirs: list[str]) -> tuple[DataFrame, list[Run
     runs: list[Run] = []
     frames: list[DataFrame] = []
     seen: dict[str, str] = {}
-    for i, d in enumerate(dirs):
+    for d in dirs:
+        if is_dataset(d):
+            df, ds_runs = load_dataset(spark, d, len(runs))
+            for r in ds_runs:
+                if r.run_id in seen:
+                    raise BadInput(f"{r.dir}: run id {r.run_id!r} already given by {seen[r.run_id]}")
+                seen[r.run_id] = r.dir
+            runs += ds_runs
+            frames.append(df.select(*JSON_SCHEMA.fieldNames(), "_file", "rk"))
+            continue
+        i = len(runs)
         meta = read_run_meta(spark, d)
         base = d.rstrip("/").rsplit("/", 1)[-1] or d
         run = Run(key=i, dir=d, run_id=str((meta or {}).get("run") or base), meta=meta or {})
@@ -218,11 +231,48 @@ def load_runs(spark: SparkSession, dirs: list[str]) -> tuple[DataFrame, list[Run
             raise BadInput(f"{d}: run id {run.run_id!r} already given by {seen[run.run_id]}")
         seen[run.run_id] = d
         runs.append(run)
-        frames.append(read_run_events(spark, d).withColumn("rk", F.lit(i)))
+        frames.append(read_run_events(spark, d).select(*JSON_SCHEMA.fieldNames(), "_file")
+                      .withColumn("rk", F.lit(i)))
     df = frames[0]
     for f in frames[1:]:
         df = df.unionByName(f)
     return df, runs
+
+
+PARTITION_RE = re.compile(r"/experiment=([^/]*)/run=([^/]*)/")
+
+
+def is_dataset(path: str) -> bool:
+    """A local directory holding experiment=*/ partitions (a chaos-long dataset)."""
+    return os.path.isdir(path) and any(n.startswith("experiment=") for n in os.listdir(path))
+
+
+def load_dataset(spark: SparkSession, root: str, first_key: int) -> tuple[DataFrame, list[Run]]:
+    """A Parquet dataset partitioned by experiment and run (ROOT/experiment=E/run=R/
+    part-*.parquet, as Spark's partitionBy writes it): every (experiment, run) is a
+    run, keys from first_key on. The run list comes from the file listing, not a scan."""
+    schema = T.StructType(SCHEMA.fields + [T.StructField("experiment", T.StringType())])
+    df = _read_optional(lambda: spark.read.schema(schema).option("basePath", root).parquet(root))
+    if df is None:
+        raise BadInput(f"{root}: no such dataset")
+    pairs = set()
+    for path in df.inputFiles():
+        m = PARTITION_RE.search(path)
+        if m is None:
+            raise BadInput(f"{root}: {path} is not under experiment=*/run=*/")
+        pairs.add((unquote(m.group(1)), unquote(m.group(2))))
+    if not pairs:
+        raise BadInput(f"{root}: no Parquet files under experiment=*/run=*/")
+    runs = [Run(key=first_key + i, dir=f"{root.rstrip('/')}/experiment={e}/run={r}", run_id=r,
+                meta={"run": r, "experiment": e})
+            for i, (e, r) in enumerate(sorted(pairs))]
+    keys = spark.createDataFrame([(r.meta["experiment"], r.run_id, r.key) for r in runs],
+                                 "experiment string, run string, rk int")
+    ev = (df.withColumn("_file", F.col("_metadata.file_path"))
+          .join(F.broadcast(keys), ["experiment", "run"])
+          .withColumn(CORRUPT, F.lit(None).cast("string"))
+          .drop("experiment"))
+    return ev, runs
 
 
 def _in(col: Column, values: tuple[str, ...]) -> Column:
@@ -409,7 +459,10 @@ def _analyze(
     l1 += [
         n(is_dlv & c("redelivered")).alias("redeliveries"),
         n(is_ack & c("outcome_ts").isNull()).alias("acks_without_ts"),
-        n(is_dlv & ~c("redelivered")).alias("first_dlvs"),
+        # a dead-lettered copy (x-death: expired, maxlen, ...) is the same message's first
+        # delivery from another queue, not a second enqueue by the publisher
+        n(is_dlv & ~c("redelivered") & c("dead_lettered").isNull()).alias("first_dlvs"),
+        n(is_dlv & ~c("redelivered") & c("dead_lettered").isNotNull()).alias("first_dead_dlvs"),
         n(is_bad_dlv).alias("corrupt_dlvs"),
         F.coalesce(F.max(is_ack), F.lit(False)).alias("acked"),
         F.min(F.when(is_pub, c("send_ts"))).alias("t0"),
@@ -430,6 +483,7 @@ def _analyze(
     lost_c = c("acked") & (dlvs_c - c("corrupt_dlvs") == 0)
     unexp_c = (pubs_c == 0) & (dlvs_c > 0)
     corrupt_c = c("corrupt_dlvs") > 0
+    dup_c = (c("first_dlvs") > 1) | (c("first_dead_dlvs") > 1)
     summed = ["events", "bad", "redeliveries", "acks_without_ts", "corrupt_dlvs"]
     summed += [f"t_{x}" for x in EVENT_TYPES] + [f"o_{o}" for o in OUTCOMES] + [f"s_{a}" for a in SETTLE_ACTIONS]
     l2 = [F.sum(x).alias(x) for x in summed]
@@ -441,7 +495,7 @@ def _analyze(
         n(pubs_c > 0).alias("published"),
         n(c("acked")).alias("confirmed"),
         n(lost_c).alias("lost"),
-        n(c("first_dlvs") > 1).alias("duplicates"),
+        n(dup_c).alias("duplicates"),
         n(unexp_c).alias("unexpected"),
         n(corrupt_c).alias("corrupted"),
         n((pubs_c > 0) & ~c("acked") & (dlvs_c > 0)).alias("recovered"),
@@ -450,7 +504,17 @@ def _analyze(
             F.when(c("is_fault"), F.struct(c("f_name").alias("name"), c("f_start").alias("start_ts"), c("f_end").alias("end_ts")))
         ).alias("faults"),
     ]
-    stats = {r["rk"]: r.asDict() for r in per_msg.groupBy("rk").agg(*l2).collect()}
+    # Level 2 groups by run and, for a message with a verdict (lost, duplicate,
+    # unexpected, corrupted, recovered), by the VERDICT_BUCKET of its first publish
+    # (first delivery when unpublished): one row per run for the rest, and at most
+    # one per bucket with a verdict, so the verdicts can be placed in the fault
+    # windows on the driver without another scan.
+    flagged = lost_c | unexp_c | corrupt_c | dup_c | (
+        (pubs_c > 0) & ~c("acked") & (dlvs_c > 0))
+    vb = F.when(flagged, F.floor(F.coalesce(c("t0"), c("dlv_ts")) / VERDICT_BUCKET)).cast("long")
+    rows = per_msg.groupBy("rk", vb.alias("vb")).agg(*l2).collect()
+    stats = _merge_level2(rows)
+    verdict_buckets = _verdict_buckets(rows)
     msg_stats = stats
     for r in runs:
         if r.key not in stats:
@@ -477,6 +541,9 @@ def _analyze(
         for r in runs
     }
     merged = {k: merge_windows([(f["start_ts"], f["end_ts"]) for f in fs]) for k, fs in faults.items()}
+    for r in runs:  # verdicts per fault window and per phase
+        for f in faults[r.key]:
+            f["verdicts"] = verdicts_in(verdict_buckets.get(r.key, []), [(f["start_ts"], f["end_ts"])])
 
     # diagnosis, only when something is wrong: one more pass over the same aggregation
     # (not cached: caching it costs a clean run more than this costs a failing one)
@@ -500,7 +567,7 @@ def _analyze(
     try:
         return _latency_and_report(spark, runs, st, pubs, stats, msg_stats, faults, merged, lost_ids,
                                    unexp_ids, corrupt_ids, bucket_seconds, started, input_partitions,
-                                   shuffle_partitions)
+                                   shuffle_partitions, verdict_buckets)
     finally:
         pubs.unpersist()
 
@@ -521,6 +588,7 @@ def _latency_and_report(
     started: float,
     input_partitions: int,
     shuffle_partitions: int,
+    verdict_buckets: dict[int, list[tuple[float, dict[str, int]]]],
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     c = F.col
 
@@ -572,6 +640,18 @@ def _latency_and_report(
             .collect()
         ):
             fault_rows_stats[(fr["rk"], fr["fi"])] = fr
+    # per experiment (a name in run.json, or the dataset's partition): confirm latency
+    # inside and outside the fault windows over all its runs
+    exp_names = sorted({str(r.meta.get("experiment") or "") for r in runs})
+    exp_index = [exp_names.index(str(r.meta.get("experiment") or "")) for r in sorted(runs, key=lambda r: r.key)]
+    exp_col = F.element_at(F.array(*[F.lit(i) for i in exp_index]), c("rk") + 1)
+    exp_lat: dict[tuple[int, bool], Any] = {
+        (er["e"], er["in_fault"]): er
+        for er in pubs.groupBy(exp_col.alias("e"), (c("phase") == "during").alias("in_fault"))
+        .agg(F.percentile_approx("lat_ms", [0.5, 0.99], PERCENTILE_ACCURACY).alias("pct"),
+             F.count(F.lit(1)).alias("publishes"))
+        .collect()
+    }
     st.done("phases")
 
     # ---- pass 4: 1 s buckets for the chart (publishes and latency by send_ts, confirms by outcome_ts)
@@ -619,10 +699,21 @@ def _latency_and_report(
                 continue
             phases[p] = {"from_ts": spans[p]["from"], "to_ts": spans[p]["to"]}
             phases[p].update(_phase_stats(row, spans[p]["seconds"] or 0.0))
+            phases[p]["verdicts"] = dict.fromkeys(VERDICTS, 0)
+        for ts, counts in verdict_buckets.get(r.key, []):
+            ph = phases.setdefault(phase_at(ts, merged[r.key]), {"verdicts": dict.fromkeys(VERDICTS, 0)})
+            for k in VERDICTS:
+                ph["verdicts"][k] += counts[k]
+        w = widths[r.key]
+        acks_series = [(b * w, cnt / w) for b, cnt in sorted((b["b"], b["count"]) for b in ack_b if b["rk"] == r.key)]
+        rate_before = (phases.get("before") or {}).get("acks_per_s")
         for i, f in enumerate(faults[r.key]):
             row = fault_rows_stats.get((r.key, i))
             secs = phase_spans(merge_windows([(f["start_ts"], f["end_ts"])]), s["t0"], s["t1"])["during"]["seconds"] or 0.0
             f.update(_phase_stats(row, secs))
+            f["stall_s"] = stall_seconds(
+                acks_series, w, rate_before, f["start_ts"] - (s["t0"] or 0.0),
+                None if f["end_ts"] is None else f["end_ts"] - (s["t0"] or 0.0), (s["t1"] or 0.0) - (s["t0"] or 0.0))
         if s["t_drain_done"] == 0:
             r.warnings.append("no drain_done event: the final drain may not have completed")
         if s["acks_without_ts"]:
@@ -656,7 +747,6 @@ def _latency_and_report(
             "phases": phases,
             "warnings": r.warnings,
         }
-        w = widths[r.key]
         pb = sorted((b["b"], b["publishes"], b["pct"]) for b in pub_b if b["rk"] == r.key)
         ab = sorted((b["b"], b["count"]) for b in ack_b if b["rk"] == r.key)
         chart["runs"].append(
@@ -675,8 +765,31 @@ def _latency_and_report(
                 "t_end": (s["t1"] or s["t0"]) - s["t0"],
             }
         )
+    experiments: dict[str, Any] = {}
+    for r in sorted(runs, key=lambda r: r.key):
+        rr = report_runs[r.run_id]
+        name = str(r.meta.get("experiment") or "")
+        e = experiments.setdefault(name, {"runs": 0, "ok": True, **{k: 0 for k in ("confirmed", *VERDICTS)},
+                                          "faults": 0, "stall_s_max": None})
+        e["runs"] += 1
+        e["ok"] = e["ok"] and rr["ok"]
+        for k in ("confirmed", *VERDICTS):
+            e[k] += rr[k]
+        e["faults"] += len(rr["faults"])
+        for f in rr["faults"]:
+            if f.get("stall_s") is not None:
+                e["stall_s_max"] = max(e["stall_s_max"] or 0.0, f["stall_s"])
+    for i, name in enumerate(exp_names):
+        if name not in experiments:
+            continue
+        for in_fault, label in ((True, "in_faults"), (False, "outside_faults")):
+            er = exp_lat.get((i, in_fault))
+            pct = (er["pct"] if er else None) or [None, None]
+            experiments[name][f"confirm_p50_ms_{label}"] = _r(pct[0])
+            experiments[name][f"confirm_p99_ms_{label}"] = _r(pct[1])
     report = {
         "runs": report_runs,
+        "experiments": experiments,
         "ok": all_ok,
         "checker": {
             "spark": spark.version,
@@ -707,6 +820,90 @@ def _phase_stats(row: Any, secs: float) -> dict[str, Any]:
             "max": _r(row["max_ms"]) if row else None,
         },
     }
+
+
+VERDICTS = ("lost", "duplicates", "unexpected", "corrupted", "recovered")
+VERDICT_BUCKET = 0.1  # seconds: a verdict is placed in a fault window to this resolution
+_L2_MIN = ("t0", "run_min")
+_L2_MAX = ("t1", "run_max")
+
+
+def _merge_level2(rows: list[Any]) -> dict[int, dict[str, Any]]:
+    """Per run: the level-2 rows of its buckets folded into one (sums, min, max and
+    the fault lists concatenated)."""
+    out: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        d = row.asDict()
+        d.pop("vb", None)
+        cur = out.get(d["rk"])
+        if cur is None:
+            out[d["rk"]] = d
+            continue
+        for k, v in d.items():
+            if k == "rk":
+                continue
+            if k == "faults":
+                cur[k] = list(cur[k]) + list(v)
+            elif k in _L2_MIN:
+                cur[k] = v if cur[k] is None else (cur[k] if v is None else min(cur[k], v))
+            elif k in _L2_MAX:
+                cur[k] = v if cur[k] is None else (cur[k] if v is None else max(cur[k], v))
+            else:
+                cur[k] = (cur[k] or 0) + (v or 0)
+    return out
+
+
+def _verdict_buckets(rows: list[Any]) -> dict[int, list[tuple[float, dict[str, int]]]]:
+    """Per run: (bucket midpoint ts, verdict counts) of the buckets holding verdicts."""
+    out: dict[int, list[tuple[float, dict[str, int]]]] = {}
+    for row in rows:
+        if row["vb"] is None:
+            continue
+        counts = {k: int(row[k] or 0) for k in VERDICTS}
+        if any(counts.values()):
+            out.setdefault(row["rk"], []).append(((row["vb"] + 0.5) * VERDICT_BUCKET, counts))
+    return out
+
+
+def verdicts_in(buckets: list[tuple[float, dict[str, int]]],
+                windows: list[tuple[float, float | None]]) -> dict[str, int]:
+    """The verdict counts of the messages first published inside any of `windows`
+    (an open window runs to the end)."""
+    tot = dict.fromkeys(VERDICTS, 0)
+    for ts, counts in buckets:
+        if any(s <= ts and (e is None or ts <= e) for s, e in windows):
+            for k in VERDICTS:
+                tot[k] += counts[k]
+    return tot
+
+
+def phase_at(ts: float, merged: list[tuple[float, float]]) -> str:
+    """phase_of for one timestamp on the driver."""
+    if not merged or ts < merged[0][0]:
+        return "before"
+    if any(s <= ts <= e for s, e in merged):
+        return "during"
+    if ts > merged[-1][1]:
+        return "after"
+    return "between"
+
+
+def stall_seconds(acks: list[tuple[float, float]], bucket: float, rate_before: float | None,
+                  start: float, end: float | None, t_end: float) -> float | None:
+    """The longest run of chart buckets, from a fault's start to 30 s after its end,
+    in which confirms fell below 10 % of the rate before the first fault: how long
+    the cluster stopped confirming (0 when it never did). `acks` are the chart's
+    (bucket offset, acks/s); offsets, start and end are seconds since the run's
+    first publish."""
+    if not rate_before:
+        return None
+    rate = {round(x / bucket): y for x, y in acks}
+    last = math.floor(min(t_end, (t_end if end is None else end) + 30.0) / bucket)
+    longest = cur = 0
+    for i in range(math.floor(start / bucket), last + 1):
+        cur = cur + 1 if rate.get(i, 0.0) < 0.1 * rate_before else 0
+        longest = max(longest, cur)
+    return round(longest * bucket, 3)
 
 
 def _sample_ids(
@@ -798,7 +995,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Check mirrorq chaos histories (chaos/HISTORY.md) on Spark. "
         "Exit 0: no lost, unexpected or corrupted message in any run; 1: some; 2: no verdict (bad input).",
     )
-    ap.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    ap.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                    help="a run directory, or a dataset root partitioned experiment=*/run=*/ (Parquet)")
     ap.add_argument("--out", required=True, help="JSON report path (local file on the driver)")
     ap.add_argument("--chart", help="PNG chart path (local file on the driver)")
     ap.add_argument("--master", help="Spark master (default: local[2], or spark-submit's)")

@@ -33,6 +33,8 @@ from pamqp import commands as spec
 from pamqp import frame as pframe
 from pamqp import header as pheader
 
+from chaosmirrorq.datafs import DataFs
+
 T = TypeVar("T")
 
 
@@ -161,6 +163,7 @@ class ClusterNode:
         self.log_path = data_dir.parent / f"{node_id}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.paused = False
+        self.datafs: DataFs | None = None  # own tmpfs / FUSE mount of data_dir (chaosmirrorq.datafs)
 
     # -------------------------------------------------------------- identity
     @property
@@ -202,6 +205,8 @@ class ClusterNode:
     def start(self, join: bool = False, wait: bool = True, timeout: float = 30.0) -> ClusterNode:
         assert not self.alive(), f"{self.node_id} already running"
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.datafs is not None:
+            self.datafs.mount()  # before the node opens anything in data_dir
         with open(self.log_path, "ab") as log:
             log.write(f"\n==== start {time.strftime('%H:%M:%S')} join={join}\n".encode())
             log.flush()
@@ -290,8 +295,20 @@ class Cluster:
 
     def __init__(self, base_dir: Path, n: int = 3, hosts: list[str] | None = None,
                  netns: list[str] | None = None, extra_args: Iterable[str] = (),
-                 config: str = "", loopback_users: list[str] | None = None) -> None:
+                 config: str = "", loopback_users: list[str] | None = None,
+                 data_fs_mb: int | None = None, slow_fs: bool = False,
+                 mounts_registry: Path | None = None,
+                 node_env: Callable[[str], dict[str, str]] | None = None) -> None:
+        """Opt-ins for the disk and clock faults: `data_fs_mb` (each data dir on
+        its own tmpfs of that size), `slow_fs` (each data dir a FUSE passthrough
+        mount with a switchable fsync delay), `mounts_registry` (where the mounts
+        are recorded for a clean-up after a crash), `node_env(node_id)` (extra
+        environment of that node's process: chaosmirrorq.clock's hook)."""
         self.base_dir = Path(base_dir)
+        self.data_fs_mb = data_fs_mb
+        self.slow_fs = slow_fs
+        self.mounts_registry = mounts_registry
+        self.node_env = node_env
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.config_path = self.base_dir / "cluster.toml"
         # clients reach namespaced nodes from another address: guest must be
@@ -310,8 +327,20 @@ class Cluster:
             node.peers = {o.node_id: o.raft_address for o in self.nodes if o is not node}
 
     def _new_node(self, node_id: str, host: str, netns: str | None) -> ClusterNode:
-        return ClusterNode(node_id, self.base_dir / node_id / "data", host=host, netns=netns,
+        node = ClusterNode(node_id, self.base_dir / node_id / "data", host=host, netns=netns,
                            config_path=self.config_path, extra_args=self.extra_args)
+        if self.data_fs_mb or self.slow_fs:
+            node.datafs = DataFs(node.data_dir, size_mb=self.data_fs_mb, slow=self.slow_fs,
+                                 registry=self.mounts_registry)
+        if self.node_env is not None:
+            node.env.update(self.node_env(node_id))
+        return node
+
+    def unmount_all(self) -> None:
+        """Undo every node's data filesystem (after the nodes are stopped)."""
+        for n in self.nodes + self.removed:
+            if n.datafs is not None:
+                n.datafs.unmount()
 
     # -------------------------------------------------------------- lookup
     def node(self, node_id: str) -> ClusterNode:

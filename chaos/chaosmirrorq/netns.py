@@ -8,6 +8,7 @@
         lab.isolate(2)                     # node 2's veth down: nobody reaches it, clients neither
         lab.unisolate(2)
         lab.partition_one_way(0, 1)        # node 0 hears node 1, node 1 does not hear node 0
+        lab.partition_pair(0, 2)           # 0 and 2 cannot reach each other, both reach 1 (bridge)
         lab.delay(1, 100, 20)              # tc netem delay 100ms 20ms on both ends of node 1's veth
         lab.lose(1, 10)                    # 10 % of the packets node 1 sends are dropped
         lab.clear_qdiscs()                 # remove every netem qdisc (heal() flushes the rules)
@@ -275,6 +276,17 @@ class NetLab:
             others = [o for gj, g in enumerate(groups) if gj != gi for o in g]
             for ref in group:
                 self.partition(ref, list(others))
+
+    def partition_pair(self, a: int | NsNode | str, b: int | NsNode | str) -> None:
+        """Cut the link between `a` and `b` only (DROP rules inside both namespaces);
+        each keeps reaching every other node. Two pairs cut around one node B make
+        Jepsen's bridge: A and C see B but not each other. Undone by heal() (of both,
+        or of every node)."""
+        na, nb = self.node(a), self.node(b)
+        if na.index == nb.index:
+            raise ValueError("a pairwise partition needs two different nodes")
+        self.partition(na, [nb])
+        self.partition(nb, [na])
 
     def heal(self, ref: int | NsNode | str | None = None) -> None:
         """Flush the DROP rules of one node (or of every node when ref is None)."""

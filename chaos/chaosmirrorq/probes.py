@@ -92,7 +92,9 @@ def fallback_check(run_dir: Path) -> dict[str, Any]:
     outcomes: dict[str, set[str]] = {}
     acks: list[tuple[float, float]] = []      # (send_ts, latency)
     publish_ts: list[float] = []
-    delivered_fresh: dict[str, int] = {}
+    # fresh (not redelivered) deliveries per (msg_id, dead-lettered): the copy a DLX queue
+    # delivers is a new message, counted apart (as the Spark checker does)
+    delivered_fresh: dict[tuple[str, bool], int] = {}
     delivered: set[str] = set()
     intact: set[str] = set()      # delivered at least once with a body that passed its check
     corrupted: set[str] = set()   # delivered at least once with a damaged body
@@ -128,7 +130,8 @@ def fallback_check(run_dir: Path) -> dict[str, Any]:
                     if e.get("redelivered"):
                         redeliveries += 1
                     else:
-                        delivered_fresh[e["msg_id"]] = delivered_fresh.get(e["msg_id"], 0) + 1
+                        key = (e["msg_id"], e.get("dead_lettered") is not None)
+                        delivered_fresh[key] = delivered_fresh.get(key, 0) + 1
                 elif t == "fault":
                     end = e.get("end_ts")
                     faults.append((e["start_ts"], end if end is not None else math.inf))
@@ -163,7 +166,7 @@ def fallback_check(run_dir: Path) -> dict[str, Any]:
         "lost_ids": sorted(lost)[:20],
         "corrupted": len(corrupted), "corrupted_deliveries": corrupted_deliveries,
         "corrupted_ids": sorted(corrupted)[:20],
-        "duplicates": sum(1 for c in delivered_fresh.values() if c > 1),
+        "duplicates": len({m for (m, _dead), c in delivered_fresh.items() if c > 1}),
         "unexpected": len(delivered - set(outcomes)),
         "recovered": sum(1 for m, o in outcomes.items() if "ack" not in o and m in delivered),
         "redeliveries": redeliveries,

@@ -35,13 +35,15 @@ from chaosmirrorq.cluster import REPO
 EXPERIMENTS_DIR = REPO / "chaos" / "experiments"
 ORDER = ["leader-kill-loop", "follower-kill", "leader-pause", "minority-partition",
          "leader-in-minority", "full-restart", "rolling-restart", "scale-out-in",
-         "network-delay", "packet-loss", "one-way-partition"]
+         "network-delay", "packet-loss", "one-way-partition", "bridge-partition",
+         "follower-long-pause", "kill-during-snapshot", "membership-during-partition",
+         "follower-disk-full", "follower-slow-disk", "clock-step", "mixed"]
 SUBSETS = {
     "all": ORDER,
-    "ci": ["leader-kill-loop", "minority-partition", "full-restart"],
+    "ci": ["leader-kill-loop", "minority-partition", "full-restart", "one-way-partition"],
 }
 SHORT = {  # make chaos: short faults
-    "CHAOS_RATE": "350",  # per publisher, the workload default (chaosmirrorq.workload.DEFAULT_RATE)
+    "CHAOS_RATE": "60",  # per publisher, the workload default (chaosmirrorq.workload.DEFAULT_RATE)
     "CHAOS_WARMUP_SECONDS": "3",
     "CHAOS_FAULT_SECONDS": "5",
     "CHAOS_KILLS": "2",
@@ -61,6 +63,30 @@ def needs_netns(path: Path) -> bool:
 
 def needs_netem(path: Path) -> bool:
     return "netem" in json.loads(path.read_text()).get("tags", [])
+
+
+def skip_reason(path: Path) -> str | None:
+    """Why the experiment at `path` cannot run on this machine (its tags name what it
+    needs: netns, netem), or None."""
+    if not path.exists():
+        return None
+    from chaosmirrorq.netns import netns_unavailable_reason
+    if needs_netns(path) and (why := netns_unavailable_reason()):
+        return why
+    if needs_netem(path):
+        from chaosmirrorq.netns import netem_unavailable_reason
+        return netem_unavailable_reason()
+    tags = json.loads(path.read_text()).get("tags", [])
+    if "tmpfs" in tags:  # follower-disk-full: a tmpfs per node
+        from chaosmirrorq.datafs import tmpfs_unavailable_reason
+        return tmpfs_unavailable_reason()
+    if "fuse" in tags:  # follower-slow-disk: a FUSE data dir per node
+        from chaosmirrorq.datafs import fuse_unavailable_reason
+        return fuse_unavailable_reason()
+    if "faketime" in tags:  # clock-step: libfaketime preloaded
+        from chaosmirrorq.clock import faketime_unavailable_reason
+        return faketime_unavailable_reason()
+    return None
 
 
 def judge_journal(journal: dict[str, Any]) -> tuple[bool, list[str]]:
@@ -143,7 +169,8 @@ def run_one(name: str, out: Path, env: dict[str, str], timeout: float) -> dict[s
 
 def cleanup_leftovers(base: Path) -> None:
     """After a killed `chaos run`: SIGKILL (by pid) the node processes it started (their
-    command line holds BASE), delete the namespaces and links it recorded."""
+    command line holds BASE), delete the namespaces and links it recorded, unmount
+    the data filesystems (and SIGKILL the FUSE daemons) it recorded."""
     for proc_dir in Path("/proc").iterdir():
         if not proc_dir.name.isdigit():
             continue
@@ -163,6 +190,9 @@ def cleanup_leftovers(base: Path) -> None:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         for link in reversed(lab.get("links", [])):
             subprocess.run(["ip", "link", "del", link], capture_output=True)
+    # the disk faults' data filesystems (tmpfs, FUSE daemons) recorded by start_cluster
+    from chaosmirrorq.datafs import cleanup_registry
+    cleanup_registry(base / "mounts.json", base)
 
 
 def fmt_table(rows: list[dict[str, Any]]) -> str:
@@ -210,13 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     t0 = time.monotonic()
     for name in names:
-        path = EXPERIMENTS_DIR / f"{name}.json"
-        skip = None
-        if no_netns and path.exists() and needs_netns(path):
-            skip = no_netns
-        elif path.exists() and needs_netem(path):
-            from chaosmirrorq.netns import netem_unavailable_reason
-            skip = netem_unavailable_reason()
+        skip = skip_reason(EXPERIMENTS_DIR / f"{name}.json")
         if skip:
             rows.append({"experiment": name, "verdict": "SKIP", "reasons": [skip]})
             print(f"[chaos] {name}: SKIP ({skip})"

@@ -117,13 +117,22 @@ class RaftNode:
         self._timers["watch"] = self.loop.call_later(0.25, self._watch)
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
-        """Leader known, log applied, and our NodeUp applied."""
+        """Leader known, log applied, and our NodeUp applied. Gives up after
+        `timeout` seconds without progress, not after `timeout` in all: a
+        member restarted under heavy load may need minutes to receive the
+        log or a snapshot of gigabytes, and exiting half way (as it did, chaos
+        experiment kill-during-snapshot) left the cluster a member short for
+        as long as the load lasted, however often it was restarted."""
         deadline = clock() + timeout
+        progress = self.shim.catch_up_progress()
         while not self.shim.ready():
+            now_progress = self.shim.catch_up_progress()
+            if now_progress != progress:
+                progress, deadline = now_progress, clock() + timeout
             if clock() > deadline:
-                raise TimeoutError("raft did not become ready (no leader / quorum)")
+                raise TimeoutError(f"raft did not become ready (no leader / quorum; no progress in {timeout:.0f} s)")
             await asyncio.sleep(0.02)
-        await self.commit([NodeUp(self.node_id, self.incarnation)], max(0.1, deadline - clock()))
+        await self.commit([NodeUp(self.node_id, self.incarnation)], max(timeout, 0.1))
         self._timers["tick"] = self.loop.call_later(self.config.tick_interval, self._propose_tick)
 
     def stop(self) -> None:
@@ -462,6 +471,8 @@ class RaftNode:
             "encoded_appends": shim.encoded_appends,
             "longest_raft_stall_ms": round(shim.longest_stall * 1000, 1),
             "longest_flush_ms": round(shim.longest_flush * 1000, 1),
+            "journal_write_errors": shim.journal_write_errors,
+            "journal_flush_errors": shim.journal_flush_errors,
             "longest_fork_ms": round(shim.longest_fork * 1000, 1),
             "longest_owner_tick_ms": round(shim.longest_owner_tick * 1000, 1),
             "forced_compactions": shim.forced_compactions,

@@ -25,6 +25,8 @@ the vote), and grants PreVotes, instead of waiting for the election timeout.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import io
 import logging
 import os
@@ -39,12 +41,13 @@ from typing import Any, Protocol
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 from pysyncobj.config import SERIALIZER_STATE
-from pysyncobj.journal import FIRST_RECORD_OFFSET, FileJournal, MetaStorer
+from pysyncobj.journal import FIRST_RECORD_OFFSET, FileJournal, MetaStorer, ResizableFile
 from pysyncobj.monotonic import (
     monotonic as clock,  # pysyncobj's clock (MONOTONIC_RAW): compare like with like
 )
 from pysyncobj.node import TCPNode
 from pysyncobj.pickle import dumps as _pysyncobj_dumps
+from pysyncobj.pickle import to_bytes as _to_bytes
 from pysyncobj.syncobj import _COMMAND_TYPE, _RAFT_STATE
 from pysyncobj.tcp_connection import CONNECTION_STATE
 
@@ -90,15 +93,85 @@ class FsyncMetaStorer(MetaStorer):  # type: ignore[misc]
         tmp = path + ".tmp"
         vote = (meta.get("currentTerm"), meta.get("votedForNodeId"))
         sync = vote != self._durable
-        with open(tmp, "wb") as f:
-            f.write(_pysyncobj_dumps(meta))
+        try:
+            with open(tmp, "wb") as f:
+                f.write(_pysyncobj_dumps(meta))
+                if sync:
+                    f.flush()
+                    os.fsync(f.fileno())
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
             if sync:
-                f.flush()
-                os.fsync(f.fileno())
+                raise  # a term/vote that is not durable must not be acted on
+            # only the commit index (once a second from pysyncobj's tick): on a
+            # full disk it was an exception that cut every such tick short;
+            # skipping it is safe (a stale commit index is re-learned)
+            log.warning("journal meta: commit index not stored: %s", exc)
+            return
         os.replace(tmp, path)
         if sync:
             _fsync_dir(os.path.dirname(path) or ".")
             self._durable = vote
+
+
+def _fallocate(fd: int, offset: int, length: int) -> None:
+    """fallocate(2) mode 0. Not os.posix_fallocate: where the filesystem has no
+    fallocate (FUSE, e.g. the chaos slow-disk mount) glibc emulates it by
+    writing a byte into every block of the range, a FUSE round trip each;
+    here that is EOPNOTSUPP and _PreallocFile stops preallocating."""
+    if _libc_fallocate is None:
+        os.posix_fallocate(fd, offset, length)
+        return
+    if _libc_fallocate(fd, 0, offset, length) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+try:
+    _libc_fallocate: Any = ctypes.CDLL(None, use_errno=True).fallocate64
+    _libc_fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    _libc_fallocate.restype = ctypes.c_int
+except (AttributeError, OSError):  # not glibc
+    _libc_fallocate = None
+
+
+class _PreallocFile(ResizableFile):  # type: ignore[misc]
+    """The journal's mmap'd file with its growth preallocated.
+
+    pysyncobj grows the file with ftruncate (sparse) and writes records
+    through the mmap: on a full filesystem the kernel cannot back the first
+    write into a hole with a block and the process dies of SIGBUS (a
+    follower on a full tmpfs did exactly that, chaos experiment
+    follower-disk-full). Here every write beyond the reserved end first
+    reserves blocks with fallocate (in RESERVE steps), so a full disk
+    is an OSError(ENOSPC) before anything is written, which _Journal.add
+    turns into "entry not appended" (the ack for it is never sent). A
+    filesystem without fallocate (EOPNOTSUPP) keeps the old behaviour."""
+
+    RESERVE = 1 << 20  # a fallocate per MiB of journal
+    _reserved = 0
+    _no_fallocate = False
+
+    def write(self, offset: int, values: bytes) -> None:
+        end = offset + len(values)
+        if end > self._reserved and not self._no_fallocate:
+            f = self._ResizableFile__f
+            start = self._reserved
+            upto = max(end, start + self.RESERVE)
+            try:
+                _fallocate(f.fileno(), start, upto - start)  # may extend the file
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                    raise
+                self._no_fallocate = True
+            else:
+                self._reserved = upto
+                mm = self._ResizableFile__mm
+                size = os.fstat(f.fileno()).st_size
+                if len(mm) < size:  # (mm.size() is the file's size, len(mm) the mapping's)
+                    mm.resize(size)  # map what fallocate added (same size: no truncation)
+        super().write(offset, values)
 
 
 class _Journal(FileJournal):  # type: ignore[misc]
@@ -106,7 +179,22 @@ class _Journal(FileJournal):  # type: ignore[misc]
     the entries that remain one record at a time on the raft thread (a
     struct.pack, a mmap write and a header write each): after a snapshot
     under load that was 100k+ records and seconds without heartbeats. Here
-    they are written as one block. Same file format."""
+    they are written as one block. Same file format.
+
+    add() writes the record before it appends the entry to the in-memory
+    list (pysyncobj does it the other way round): when the write fails (a
+    full disk, see _PreallocFile) the entry is in neither, and the next add
+    does not leave a hole in the file."""
+
+    def add(self, command: Any, idx: int, term: int) -> None:
+        data = struct.pack("<QQ", idx, term) + _to_bytes(command)
+        size = struct.pack("<I", len(data))
+        record = size + data + size
+        offset: int = getattr(self, "_FileJournal__currentOffset")  # noqa: B009 - set below (mypy)
+        self._FileJournal__journalFile.write(offset, record)  # OSError(ENOSPC): nothing changed
+        self._FileJournal__journal.append((command, idx, term))
+        self._FileJournal__currentOffset = offset + len(record)
+        self._FileJournal__setLastRecordOffset(self._FileJournal__currentOffset)
 
     def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802 - pysyncobj's name
         keep: list[tuple[bytes, int, int]] = getattr(self, "_FileJournal__journal")[entryTo:]  # noqa: B009
@@ -124,6 +212,24 @@ class _Journal(FileJournal):  # type: ignore[misc]
         self._FileJournal__journalFile.write(FIRST_RECORD_OFFSET, blob)
         self._FileJournal__currentOffset = FIRST_RECORD_OFFSET + len(blob)
         self._FileJournal__setLastRecordOffset(self._FileJournal__currentOffset)
+
+
+_PR_SET_PDEATHSIG = 1
+try:  # resolved here: no dlopen in a child forked from a threaded process
+    _libc_prctl: Any = ctypes.CDLL(None, use_errno=True).prctl
+except (AttributeError, OSError):  # not Linux / glibc
+    _libc_prctl = None
+
+
+def _die_with_parent(parent: int) -> None:
+    """In a forked child: be SIGKILLed when the thread that forked it (the raft
+    thread, alive as long as the node) ends; exit at once if the node is
+    already gone. Linux only, a no-op elsewhere."""
+    if _libc_prctl is None:
+        return
+    _libc_prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _fsync_dir(path: str) -> None:
@@ -237,6 +343,15 @@ class _Transport(PeerTransport):
                 message = owner._trim_append(node, message)
                 if message is None:
                     return
+            try:
+                super()._onMessageReceived(node, message)
+            except OSError as exc:
+                # the journal could not take the entries (a full disk:
+                # _PreallocFile): the ones before the failing one are in the
+                # log, no ack is sent for this append, the leader resends and
+                # its in-sync planner marks us lagging (I5) until space is back
+                owner._on_journal_error("append", exc)
+            return
         super()._onMessageReceived(node, message)
 
 
@@ -252,6 +367,7 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
         journal = self._SyncObj__raftLog
         if isinstance(journal, FileJournal):
             journal.__class__ = _Journal  # created by pysyncobj; same state, faster compaction
+            journal._FileJournal__journalFile.__class__ = _PreallocFile  # no SIGBUS on a full disk
             old = journal._FileJournal__metaStorer
             journal._FileJournal__metaStorer = FsyncMetaStorer(old.getPath())
 
@@ -517,6 +633,10 @@ class RaftShim:
         self.longest_flush = 0.0  # longest journal flush (s)
         self.longest_owner_tick = 0.0  # longest on_tick of the owner (planners, hand-over)
         self.longest_fork = 0.0  # longest snapshot fork (s), on the raft thread
+        self.journal_write_errors = 0  # appends the journal refused (OSError, e.g. ENOSPC)
+        self.journal_flush_errors = 0  # failed journal flushes (msync)
+        self.last_journal_error = ""
+        self._journal_error_logged = 0.0
 
     # ---------------------------------------------------------------- life
     def start(self) -> None:
@@ -622,6 +742,16 @@ class RaftShim:
         so = self._so
         return so is not None and so.isReady() and so._getLeader() is not None
 
+    def catch_up_progress(self) -> tuple[int, int]:
+        """What grows while this node catches up with its leader: its last log
+        index and the bytes of a snapshot being received (pysyncobj writes it
+        to raft.dump.1.tmp). Any thread: two reads, no Raft state changed."""
+        so = self._so
+        received = 0
+        with contextlib.suppress(OSError):
+            received = os.path.getsize(os.path.join(self.data_dir, "raft.dump.1.tmp"))
+        return (0 if so is None else so.last_log_index(), received)
+
     def is_leader(self) -> bool:
         so = self._so
         return so is not None and bool(so._isLeader())
@@ -716,14 +846,24 @@ class RaftShim:
         while self._tasks:  # pysyncobj calls that touch Raft state directly
             self._tasks.popleft()()
         last = so.last_log_index()
+        transport = so.transport()
+        flushed = True
         if last != self._flushed_index:
             t0 = clock()
-            so.journal_flush()  # group commit: one msync for the tick's entries
-            self.longest_flush = max(self.longest_flush, clock() - t0)
-            self._flushed_index = last
-            self.flushes += 1
-        transport = so.transport()
-        transport.release_held()  # acks only after the flush above
+            try:
+                so.journal_flush()  # group commit: one msync for the tick's entries
+            except OSError as exc:
+                # not on disk: keep the acks held (the leader does not count these
+                # entries for us and its planner marks us lagging); retried next tick
+                flushed = False
+                self.journal_flush_errors += 1
+                self._on_journal_error("flush", exc)
+            else:
+                self.longest_flush = max(self.longest_flush, clock() - t0)
+                self._flushed_index = last
+                self.flushes += 1
+        if flushed:
+            transport.release_held()  # acks only after the flush above
         if self._restore_timeouts is not None and so._getLeader() is not None:
             conf = so._getConf()
             conf.raftMinTimeout, conf.raftMaxTimeout = self._restore_timeouts
@@ -923,6 +1063,18 @@ class RaftShim:
         trimmed["entries"] = entries[same:]
         return trimmed
 
+    def _on_journal_error(self, what: str, exc: OSError) -> None:
+        """A journal write or flush failed (raft thread): count it, log at most
+        every 5 s (a full disk fails every append the leader resends)."""
+        if what != "flush":
+            self.journal_write_errors += 1
+        self.last_journal_error = f"{what}: {exc}"
+        now = clock()
+        if now - self._journal_error_logged >= 5.0:
+            self._journal_error_logged = now
+            log.error("journal %s failed (%d writes, %d flushes failed so far): %s", what,
+                      self.journal_write_errors, self.journal_flush_errors, exc)
+
     def _on_mirrored(self, index: int) -> None:
         if index > self._mirrored:
             self._mirrored = index
@@ -949,12 +1101,19 @@ class RaftShim:
             os.unlink(tmp_path)
         part = self._dump_path + ".part"
         self._snap_started = clock()
+        parent = os.getpid()
         pid = os.fork()
         if pid != 0:
             self.longest_fork = max(self.longest_fork, clock() - self._snap_started)
         if pid == 0:  # child: no threads, no loop; write, sync, leave
             code = 1
             try:
+                # die with the node: an orphan would keep the node's listening
+                # sockets (inherited) while it writes, and the restarted node
+                # could not bind its ports ("Address already in use": a SIGKILLed
+                # node under load, its child writing a 1.3 GB snapshot, chaos
+                # kill_during_snapshot / issue 16)
+                _die_with_parent(parent)
                 # every member compacts at about the same entry count: at full
                 # priority three children starve the raft threads on a small
                 # machine into missed heartbeats and an election
@@ -978,6 +1137,10 @@ class RaftShim:
         self._snap_pid = None
         if status != 0:
             log.error("snapshot child failed with status %d", status)
+            # e.g. ENOSPC: that snapshot fails (pysyncobj keeps the journal and
+            # tries again later); its partial file must not keep the disk full
+            with contextlib.suppress(OSError):
+                os.unlink(self._dump_path + ".part")
             return SERIALIZER_STATE.FAILED
         os.replace(self._dump_path + ".part", self._dump_path)
         _fsync_dir(self.data_dir)

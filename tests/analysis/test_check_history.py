@@ -446,3 +446,121 @@ def test_script_entry_point(spark: Any, tmp_path: Path, capsys: pytest.CaptureFi
     rep = json.loads(capsys.readouterr().out)
     assert rep["runs"]["sub"]["lost_ids"] == ["m2"] and rep["ok"] is False
     assert (tmp_path / "c.png").read_bytes()[:8] == PNG_MAGIC
+
+
+# --------------------------------------------------------------------------- verdicts per window, datasets
+
+
+def window_events(run: str) -> list[dict]:
+    """Faults [10, 20] and [30, 40]; one verdict of each kind placed in a known phase."""
+    evs: list[dict] = [fault(run, "kill-leader n1", T + 10, T + 20), fault(run, "partition n3", T + 30, T + 40)]
+    for i in range(50):  # steady background, all delivered
+        evs += [pub(run, f"ok{i}", T + i), dlv(run, f"ok{i}", T + i + 0.5)]
+    evs += [
+        pub(run, "lost1", T + 12.3),                                          # during window 1: lost
+        dlv(run, "ghost", T + 15.05),                                         # window 1: unexpected
+        pub(run, "dup1", T + 35.2), dlv(run, "dup1", T + 36), dlv(run, "dup1", T + 37),  # window 2: duplicate
+        pub(run, "rec1", T + 5.4, "nack"), dlv(run, "rec1", T + 6),           # before: recovered
+        pub(run, "bad1", T + 45.1), dlv(run, "bad1", T + 46, corrupted=True),  # after: corrupted ...
+        dlv(run, "bad1", T + 47, True, corrupted=False),                      # ... then intact: not lost
+        drain(run, T + 60),
+    ]
+    return evs
+
+
+def test_verdicts_per_fault_window_and_per_phase(spark: Any, tmp_path: Path) -> None:
+    d = write_run(tmp_path, "w", {"a.jsonl": window_events("w")})
+    rep, _ = ch.analyze(spark, [d])
+    r = rep["runs"]["w"]
+    zero = dict.fromkeys(ch.VERDICTS, 0)
+    assert (r["lost"], r["unexpected"], r["duplicates"], r["recovered"], r["corrupted"]) == (1, 1, 1, 1, 1)
+    assert [f["verdicts"] for f in r["faults"]] == [zero | {"lost": 1, "unexpected": 1}, zero | {"duplicates": 1}]
+    ph = r["phases"]
+    assert ph["before"]["verdicts"] == zero | {"recovered": 1}
+    assert ph["during"]["verdicts"] == zero | {"lost": 1, "unexpected": 1, "duplicates": 1}
+    assert ph["after"]["verdicts"] == zero | {"corrupted": 1}
+    assert ph["between"]["verdicts"] == zero
+    e = rep["experiments"]["unit"]
+    assert (e["runs"], e["lost"], e["corrupted"], e["ok"]) == (1, 1, 1, False)
+    assert e["confirm_p99_ms_in_faults"] is not None and e["confirm_p99_ms_outside_faults"] is not None
+
+
+def test_stall_seconds_counts_buckets_below_a_tenth_of_the_rate_before() -> None:
+    acks = [(float(i), 100.0) for i in range(10)] + [(10.0, 5.0), (11.0, 0.0), (13.0, 50.0), (14.0, 100.0)]
+    # 10, 11 and the missing 12 are below 10 acks/s: a 3 s stall; nothing before the start counts
+    assert ch.stall_seconds(acks, 1.0, 100.0, 9.5, 12.0, 14.0) == 3.0
+    assert ch.stall_seconds(acks, 1.0, 100.0, 0.0, 5.0, 9.0) == 0.0
+    assert ch.stall_seconds(acks, 1.0, None, 0.0, 5.0, 9.0) is None
+
+
+lr = _load("long_report")
+
+
+def test_long_report_one_dataset_partitioned_by_experiment_and_run(spark: Any, tmp_path: Path) -> None:
+    """RAW/<experiment>/<run>/ -> Parquet partitioned by experiment and run, a run split
+    over several Parquet files, one check: per-run figures equal the JSONL check's,
+    per-experiment sums, the Markdown table and one chart per experiment."""
+    raw = tmp_path / "raw"
+    p, c = metrics_events("m")
+    write_run(raw / "alpha", "a1", {"w1.jsonl": clean_events("a1")[:3], "w2.jsonl": clean_events("a1")[3:]})
+    write_run(raw / "alpha", "w", {"x.jsonl": window_events("w")[:60], "y.jsonl": window_events("w")[60:]})
+    write_run(raw / "beta", "m", {"p.jsonl": p, "c.jsonl": c})
+    conf = spark.sparkContext.getConf()
+    old = {k: spark.conf.get(k) for k in ("spark.sql.files.maxPartitionBytes", "spark.sql.files.openCostInBytes")}
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "512")  # one input split per file at least
+    spark.conf.set("spark.sql.files.openCostInBytes", "512")
+    try:
+        ds, out, md, charts = tmp_path / "ds", tmp_path / "r.json", tmp_path / "r.md", tmp_path / "charts"
+        rc = lr.main([str(raw), "--dataset", str(ds), "--out", str(out), "--md", str(md), "--charts", str(charts)])
+    finally:
+        for k, v in old.items():
+            spark.conf.set(k, v)
+    assert conf is not None
+    assert rc == 1  # beta/m lost one, alpha/w too
+    parts = sorted(x.relative_to(ds).parts[:2] for x in ds.rglob("*.parquet"))
+    assert set(parts) == {("experiment=alpha", "run=a1"), ("experiment=alpha", "run=w"), ("experiment=beta", "run=m")}
+    assert parts.count(("experiment=alpha", "run=w")) > 1  # a run in several files
+    rep = json.loads(out.read_text())
+    ref, _ = ch.analyze(spark, [str(raw / "beta" / "m"), str(raw / "alpha" / "w")])
+    for run in ("m", "w"):
+        for k in ("confirmed", "lost", "duplicates", "unexpected", "recovered", "redeliveries", "corrupted",
+                  "lost_ids", "events"):
+            assert rep["runs"][run][k] == ref["runs"][run][k], (run, k)
+    assert rep["runs"]["a1"]["ok"] and rep["runs"]["a1"]["experiment"] == "alpha"
+    assert [f["verdicts"]["lost"] for f in rep["runs"]["w"]["faults"]] == [1, 0]
+    a, b = rep["experiments"]["alpha"], rep["experiments"]["beta"]
+    assert (a["runs"], a["confirmed"], a["lost"], a["corrupted"], a["ok"]) == (2, 3 + 53, 1, 1, False)
+    assert (b["runs"], b["lost"], b["unexpected"], b["duplicates"]) == (1, 1, 1, 1)
+    text = md.read_text()
+    assert "| alpha | 2 | 56 | 1 |" in text and "| beta | 1 |" in text and "kill-leader" in text
+    for exp in ("alpha", "beta"):
+        assert (charts / f"{exp}.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_long_report_bad_line_is_exit_2(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    raw = tmp_path / "raw"
+    write_run(raw / "alpha", "b", {"a.jsonl": clean_events("b") + ["{not json"]})
+    rc = lr.main([str(raw), "--dataset", str(tmp_path / "ds"), "--out", str(tmp_path / "r.json")])
+    assert rc == 2
+    assert "malformed" in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_dead_lettered_copy_is_not_a_duplicate_but_two_plain_first_deliveries_are(spark: Any, tmp_path: Path) -> None:
+    """An expired message is delivered again from the DLX queue with the same msg_id
+    (`dead_lettered: "expired"`): delivered, not duplicated. Two first deliveries from
+    the same kind of queue still are."""
+    run = "dl"
+    evs = clean_events(run) + [
+        pub(run, "t1", T + 1), dlv(run, "t1", T + 1.5), settle(run, "t1", T + 1.6, "nack-requeue"),
+        dlv(run, "t1", T + 5, phase="drain") | {"dead_lettered": "expired", "queue": "chaos-dlq"},  # expired
+        pub(run, "t2", T + 2), dlv(run, "t2", T + 6) | {"dead_lettered": "expired"},  # only the DLX copy
+        pub(run, "d1", T + 3), dlv(run, "d1", T + 3.1), dlv(run, "d1", T + 3.2),      # a real duplicate
+        pub(run, "d2", T + 4), dlv(run, "d2", T + 7) | {"dead_lettered": "expired"},
+        dlv(run, "d2", T + 8) | {"dead_lettered": "expired"},                         # two DLX copies
+    ]
+    d = write_run(tmp_path, run, {"a.jsonl": evs})
+    rep, _ = ch.analyze(spark, [d])
+    r = rep["runs"][run]
+    assert (r["lost"], r["duplicates"], r["unexpected"]) == (0, 2, 0)
+    assert r["ok"]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from chaosmirrorq import suite
 from chaosmirrorq.cluster import REPO
+from chaosmirrorq.netns import require_netns
 
 from tests.chaos.conftest import KILL_UNDER_BACKLOG, short_env
 
@@ -36,3 +37,22 @@ def test_unsafe_early_confirm_makes_the_suite_fail(tmp_path: Path,
     assert row["verdict"] == "FAIL", row
     assert code != 0
     assert any("steady state after" in r for r in row["reasons"]), row["reasons"]
+
+
+def test_unsafe_early_confirm_is_caught_by_the_mixed_experiment(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue-16 faults catch it too: in `mixed` (loss, a paused follower, the leader
+    SIGKILLed, a one-way partition, overlapping) with the publishers on the leader, what
+    the broken build confirmed before replicating dies with the leader. The same
+    experiment passes on the correct build (make chaos; chaos-long)."""
+    require_netns()
+    assert _node_has_unsafe_flag()
+    env = short_env(MIRRORQ_UNSAFE_EARLY_CONFIRM="1", CHAOS_PIN_PUBLISHERS="leader", CHAOS_RATE="100",
+                    CHAOS_WINDOW="300", CHAOS_FAULT_SECONDS="6")
+    for k in list(env):
+        monkeypatch.setenv(k, env[k])
+    code = suite.main(["--only", "mixed", "--out", str(tmp_path), "--long"])
+    row = json.loads((tmp_path / "summary.json").read_text())["rows"][0]
+    print(f"\n{suite.fmt_table([row])}\n{row['reasons']}")
+    assert row["lost"] is not None and row["lost"] > 0, row
+    assert row["verdict"] == "FAIL" and code != 0, row

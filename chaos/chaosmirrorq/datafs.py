@@ -1,0 +1,163 @@
+"""Per-node data filesystems for the disk faults (chaosmirrorq.disk), opt-in in
+Cluster / start_cluster:
+
+- `data_fs_mb=N`: each node's data dir is its own tmpfs of N MiB, mounted before
+  the node first starts (kept across restarts), so that a ballast file can fill
+  exactly that node's disk (`fill_disk`);
+- `slow_fs=True`: each node's data dir is a FUSE passthrough mount
+  (chaosmirrorq.slowfs, over DATA_DIR.backing) whose fsync sleeps while the
+  node's delay file says so (`slow_disk`).
+
+Both can be combined: the FUSE backing dir then lives on the tmpfs. Every mount
+is listed in `registry` (a JSON file, BASE/mounts.json for start_cluster) so that
+the suite's clean-up can undo them after a killed `chaos run`; `unmount_all`
+undoes them in order (FUSE first, then the tmpfs under it).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def mounted(path: Path) -> bool:
+    target = str(Path(path).resolve())
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == target for line in f)
+
+
+def mounts_under(base: Path) -> list[str]:
+    """Mount points at or below `base`, deepest first."""
+    root = str(Path(base).resolve())
+    out = []
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            mp = line.split()[1].replace("\\040", " ")
+            if mp == root or mp.startswith(root + "/"):
+                out.append(mp)
+    return sorted(out, key=len, reverse=True)
+
+
+def umount(path: str | Path) -> None:
+    """Unmount (lazily if busy); no error when not mounted."""
+    p = str(path)
+    if subprocess.run(["umount", p], capture_output=True).returncode != 0:
+        subprocess.run(["umount", "-l", p], capture_output=True)
+
+
+def fuse_unavailable_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "not root (mounting a FUSE filesystem)"
+    if not os.path.exists("/dev/fuse"):
+        return "no /dev/fuse"
+    try:
+        import fuse  # noqa: F401 - fusepy
+    except (ImportError, OSError) as exc:
+        return f"fusepy/libfuse2 unavailable: {exc} (pip install fusepy; apt-get install libfuse2)"
+    return None
+
+
+def tmpfs_unavailable_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "not root (mounting a tmpfs per node)"
+    return None
+
+
+class DataFs:
+    """The mounts of one node's data dir."""
+
+    def __init__(self, data_dir: Path, size_mb: int | None = None, slow: bool = False,
+                 registry: Path | None = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.size_mb = size_mb
+        self.slow = slow
+        self.registry = registry
+        # with FUSE the node sees data_dir; the bytes live in `backing` (on the tmpfs if any)
+        self.disk_dir = self.data_dir.with_name(self.data_dir.name + ".backing") if slow else self.data_dir
+        self.delay_file = self.data_dir.with_name(self.data_dir.name + ".fsync-delay-ms")
+        self.fuse_proc: subprocess.Popen[bytes] | None = None
+        self.fuse_log = self.data_dir.with_name(self.data_dir.name + ".slowfs.log")
+
+    def _record(self) -> None:
+        if self.registry is None:
+            return
+        rec: dict[str, Any] = {"mounts": [], "pids": []}
+        if self.registry.exists():
+            with contextlib.suppress(ValueError):
+                rec = json.loads(self.registry.read_text())
+        for mp in ([str(self.disk_dir)] if self.size_mb else []) + ([str(self.data_dir)] if self.slow else []):
+            if mp not in rec["mounts"]:
+                rec["mounts"].append(mp)
+        if self.fuse_proc is not None and self.fuse_proc.pid not in rec["pids"]:
+            rec["pids"].append(self.fuse_proc.pid)
+        self.registry.write_text(json.dumps(rec))
+
+    def mount(self) -> None:
+        """Mount what is not mounted yet (idempotent; before every node start)."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.disk_dir.mkdir(parents=True, exist_ok=True)
+        if self.size_mb and not mounted(self.disk_dir):
+            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(self.size_mb)}m,mode=0755",
+                            "tmpfs", str(self.disk_dir)], check=True, capture_output=True)
+        if self.slow and (self.fuse_proc is None or self.fuse_proc.poll() is not None
+                          or not mounted(self.data_dir)):
+            if not self.delay_file.exists():
+                self.delay_file.write_text("0\n")
+            with open(self.fuse_log, "ab") as log:
+                self.fuse_proc = subprocess.Popen(
+                    [sys.executable, "-m", "chaosmirrorq.slowfs", str(self.disk_dir), str(self.data_dir),
+                     "--delay-file", str(self.delay_file)],
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            deadline = time.monotonic() + 15
+            while not mounted(self.data_dir):
+                if self.fuse_proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"slowfs did not mount {self.data_dir}: "
+                                       f"{self.fuse_log.read_text(errors='replace')[-800:]}")
+                time.sleep(0.05)
+        self._record()
+
+    def set_delay_ms(self, ms: float) -> None:
+        tmp = self.delay_file.with_suffix(".tmp")
+        tmp.write_text(f"{float(ms):g}\n")
+        os.replace(tmp, self.delay_file)
+
+    def unmount(self) -> None:
+        if self.slow:
+            umount(self.data_dir)
+            if self.fuse_proc is not None:
+                if self.fuse_proc.poll() is None:
+                    self.fuse_proc.send_signal(signal.SIGTERM)
+                    try:
+                        self.fuse_proc.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        self.fuse_proc.kill()
+                        self.fuse_proc.wait()
+                self.fuse_proc = None
+        if self.size_mb:
+            umount(self.disk_dir)
+
+
+def cleanup_registry(registry: Path, base: Path | None = None) -> None:
+    """After a killed run: SIGKILL the recorded FUSE daemons, unmount the recorded
+    mounts and anything else mounted under `base`."""
+    mps: list[str] = []
+    if registry.exists():
+        with contextlib.suppress(ValueError):
+            rec = json.loads(registry.read_text())
+            for pid in rec.get("pids", []):
+                with contextlib.suppress(OSError):
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                    if b"chaosmirrorq.slowfs" in cmd:
+                        os.kill(pid, signal.SIGKILL)
+            mps = list(rec.get("mounts", []))
+    if base is not None:
+        mps += mounts_under(base)
+    for mp in sorted(set(mps), key=len, reverse=True):
+        if mounted(Path(mp)):
+            umount(mp)
