@@ -10,7 +10,8 @@ A round runs each experiment once (`chaos run`, judged like the suite), so a
 time budget (--minutes) that ends early still covers every experiment evenly.
 Run k of an experiment uses seed SEED+k: the body sizes and bytes
 (CHAOS_SEED) and the fault's length, drawn log-uniformly from
---fault-seconds (5..60 s by default; kills stay down min(that, 20) s). Each
+--fault-seconds (5..60 s by default; kills stay down min(that, 20) s, a long
+pause and a full disk last at least 8 s, beyond the 5 s in-sync bound). Each
 run is first judged alone with the pure-Python checker (a JVM start per run
 would cost more than the run); then its history is kept as
 OUT/raw/<experiment>/<run id>/ and, once every run is done, one Spark job
@@ -41,17 +42,18 @@ from chaosmirrorq.cluster import REPO
 ANALYSIS = REPO / "chaos" / "analysis"
 
 
-def fault_seconds(seed: int, lo: float, hi: float) -> float:
-    """Log-uniform in [lo, hi]: short faults often, a minute-long one now and then."""
-    rng = random.Random(seed)
+def fault_seconds(seed: int, lo: float, hi: float, experiment: str = "") -> float:
+    """Log-uniform in [lo, hi]: short faults often, a minute-long one now and then;
+    a different draw for each experiment of a round."""
+    rng = random.Random(f"{seed}/{experiment}")
     return round(math.exp(rng.uniform(math.log(lo), math.log(hi))), 1)
 
 
-def run_env(base: dict[str, str], seed: int, lo: float, hi: float) -> dict[str, str]:
-    secs = fault_seconds(seed, lo, hi)
+def run_env(base: dict[str, str], seed: int, lo: float, hi: float, experiment: str = "") -> dict[str, str]:
+    secs = fault_seconds(seed, lo, hi, experiment)
     env = dict(base)
     env.update(CHAOS_SEED=str(seed), CHAOS_FAULT_SECONDS=str(secs),
-               CHAOS_LONG_PAUSE_SECONDS=str(max(secs, 8.0)),
+               CHAOS_LONG_PAUSE_SECONDS=str(max(secs, 8.0)), CHAOS_DISK_FULL_SECONDS=str(max(secs, 8.0)),
                CHAOS_DOWN_SECONDS=str(min(secs, 20.0)), CHAOS_CHECKER="fallback")
     return env
 
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                 stopped_early = True
                 break
             seed = args.seed + k
-            renv = run_env(env, seed, *args.fault_seconds)
+            renv = run_env(env, seed, args.fault_seconds[0], args.fault_seconds[1], name)
             round_dir = out / "runs" / f"r{k:02d}"
             print(f"[chaos-long] round {k + 1}/{args.runs} {name} seed={seed} "
                   f"fault={renv['CHAOS_FAULT_SECONDS']}s ...", flush=True)

@@ -20,10 +20,13 @@ def test_fault_seconds_deterministic_within_range_and_spread() -> None:
 
 
 def test_run_env_sets_seed_fault_and_fallback_checker() -> None:
-    env = long.run_env({"PATH": "/bin", "CHAOS_RATE": "100"}, 1003, 5.0, 60.0)
+    env = long.run_env({"PATH": "/bin", "CHAOS_RATE": "100"}, 1003, 5.0, 60.0, "packet-loss")
     secs = float(env["CHAOS_FAULT_SECONDS"])
-    assert env["CHAOS_SEED"] == "1003" and secs == long.fault_seconds(1003, 5.0, 60.0)
+    assert env["CHAOS_SEED"] == "1003" and secs == long.fault_seconds(1003, 5.0, 60.0, "packet-loss")
+    # each experiment of a round draws its own length
+    assert len({long.fault_seconds(1003, 5.0, 60.0, n) for n in suite.ORDER}) > len(suite.ORDER) // 2
     assert float(env["CHAOS_DOWN_SECONDS"]) == min(secs, 20.0)
+    assert float(env["CHAOS_LONG_PAUSE_SECONDS"]) == float(env["CHAOS_DISK_FULL_SECONDS"]) == max(secs, 8.0)
     assert env["CHAOS_CHECKER"] == "fallback" and env["CHAOS_RATE"] == "100" and env["PATH"] == "/bin"
 
 
