@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -112,12 +113,21 @@ def render_experiment_charts(report: dict[str, Any], chart: dict[str, Any], out_
                 end = cr["t_end"] if e is None else e
                 for ax in (ax_rate, ax_lat):
                     ax.axvspan(s, end, color="tab:red", alpha=min(0.3, 0.6 / len(crs)), lw=0)
-            if cr["confirm"]:
-                x, y = zip(*cr["confirm"], strict=True)
-                ax_rate.step(x, y, where="post", lw=0.8, alpha=0.8)
-            if cr["p99_ms"]:
-                x, y = zip(*cr["p99_ms"], strict=True)
-                ax_lat.step(x, [max(v, 0.1) for v in y], where="post", lw=0.8, alpha=0.8)
+            w = cr["bucket_s"]
+            n = int(cr["t_end"] // w) + 1
+            # every bucket: no confirm in a second is a 0 (a stall), not the last rate
+            # held; a second without publishes has no latency (a gap)
+            rate = [0.0] * n
+            for x, y in cr["confirm"]:
+                if 0 <= round(x / w) < n:
+                    rate[round(x / w)] = y
+            p99 = [math.nan] * n
+            for x, y in cr["p99_ms"]:
+                if 0 <= round(x / w) < n:
+                    p99[round(x / w)] = max(y, 0.1)
+            xs = [i * w for i in range(n)]
+            ax_rate.step(xs, rate, where="post", lw=0.8, alpha=0.8)
+            ax_lat.step(xs, p99, where="post", lw=0.8, alpha=0.8)
         e = report["experiments"].get(exp, {})
         ax_rate.set_title(f"{exp}: {len(crs)} runs, {e.get('confirmed')} confirmed, {e.get('lost')} lost "
                           f"(fault windows shaded)")

@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         if stopped_early:
             break
     chaos_seconds = time.monotonic() - t0
+    rounds = max((r["round"] for r in rows), default=-1) + 1
     failed = [r for r in rows if r["verdict"] != "PASS"]
     kept = [r for r in rows if r.get("run")]
     rc_spark, spark_seconds = (2, 0.0)
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     md = out / "report.md"
     if md.exists():
         header = (f"`make chaos-long`: {len(rows)} runs of {len(todo)} experiments in "
-                  f"{chaos_seconds / 60:.0f} min (seeds {args.seed}..{args.seed + args.runs - 1}, faults "
+                  f"{chaos_seconds / 60:.0f} min (seeds {args.seed}..{args.seed + rounds - 1}, faults "
                   f"{args.fault_seconds[0]:g}-{args.fault_seconds[1]:g} s), then one Spark check "
                   f"({args.spark}) in {spark_seconds:.0f} s. Failed runs: {len(failed)}.\n\n")
         md.write_text(header + md.read_text())
