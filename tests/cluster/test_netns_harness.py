@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from tests.cluster_proc import wait_for
 from tests.netns import NetLab, require_netns
 
 PORT = 7450
@@ -127,6 +128,12 @@ def test_teardown_removes_everything_even_after_an_error() -> None:
             links = [n.veth for n in lab.nodes] + [lab.bridge]
             # a process left running inside a namespace is killed by the teardown
             procs.append(subprocess.Popen(lab.exec_argv(0, ["sleep", "300"])))
+            # raise only once it is inside the namespace: before its setns the
+            # teardown cannot see it, deletes the namespace, and `ip netns exec`
+            # then fails by itself (exit 1/255, not -9): a race, not the harness
+            pid = str(procs[0].pid)
+            wait_for(lambda: pid in subprocess.run(["ip", "netns", "pids", names[0]], capture_output=True,
+                                                   text=True).stdout.split(), timeout=10)
             raise RuntimeError("boom")
     assert procs[0].wait(timeout=10) == -9
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
