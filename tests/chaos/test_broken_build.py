@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from chaosmirrorq import suite
@@ -23,16 +24,23 @@ def _node_has_unsafe_flag() -> bool:
                for p in (REPO / "node").rglob("*.py"))
 
 
+def _run_broken(experiment: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                **extra: str) -> tuple[int, dict[str, Any]]:
+    """The suite on `experiment` against the broken build: (exit code, its row)."""
+    env = short_env(MIRRORQ_UNSAFE_EARLY_CONFIRM="1", **extra)
+    for k in list(env):
+        monkeypatch.setenv(k, env[k])
+    code = suite.main(["--only", experiment, "--out", str(tmp_path), "--long"])
+    row = json.loads((tmp_path / "summary.json").read_text())["rows"][0]
+    print(f"\n{suite.fmt_table([row])}\n{row['reasons']}")
+    return code, row
+
+
 def test_unsafe_early_confirm_makes_the_suite_fail(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     # a failure, not a skip: without the flag the proof that the suite catches loss is gone
     assert _node_has_unsafe_flag(), "no MIRRORQ_UNSAFE_EARLY_CONFIRM flag under node/: the broken build is gone"
-    env = short_env(MIRRORQ_UNSAFE_EARLY_CONFIRM="1", **KILL_UNDER_BACKLOG)
-    for k in list(env):
-        monkeypatch.setenv(k, env[k])
-    code = suite.main(["--only", "leader-kill-loop", "--out", str(tmp_path), "--long"])
-    row = json.loads((tmp_path / "summary.json").read_text())["rows"][0]
-    print(f"\n{suite.fmt_table([row])}\n{row['reasons']}")
+    code, row = _run_broken("leader-kill-loop", tmp_path, monkeypatch, **KILL_UNDER_BACKLOG)
     assert row["lost"] is not None and row["lost"] > 0, row
     assert row["verdict"] == "FAIL", row
     assert code != 0
@@ -47,12 +55,7 @@ def test_unsafe_early_confirm_is_caught_by_the_mixed_experiment(tmp_path: Path,
     experiment passes on the correct build (make chaos; chaos-long)."""
     require_netns()
     assert _node_has_unsafe_flag()
-    env = short_env(MIRRORQ_UNSAFE_EARLY_CONFIRM="1", CHAOS_PIN_PUBLISHERS="leader", CHAOS_RATE="100",
-                    CHAOS_WINDOW="300", CHAOS_FAULT_SECONDS="6")
-    for k in list(env):
-        monkeypatch.setenv(k, env[k])
-    code = suite.main(["--only", "mixed", "--out", str(tmp_path), "--long"])
-    row = json.loads((tmp_path / "summary.json").read_text())["rows"][0]
-    print(f"\n{suite.fmt_table([row])}\n{row['reasons']}")
+    code, row = _run_broken("mixed", tmp_path, monkeypatch, CHAOS_PIN_PUBLISHERS="leader", CHAOS_RATE="100",
+                            CHAOS_WINDOW="300", CHAOS_FAULT_SECONDS="6")
     assert row["lost"] is not None and row["lost"] > 0, row
     assert row["verdict"] == "FAIL" and code != 0, row

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,8 @@ import pytest
 from chaosmirrorq import actions, probes
 from chaosmirrorq.cluster import ClusterNode
 from chaosmirrorq.netns import NetLab, require_netns
+
+from tests.chaos.test_network_faults import _in_thread
 
 SNAPSHOT_OFTEN = "compaction_min_entries = 200\ncompaction_min_time = 1.0\n"
 
@@ -65,19 +66,6 @@ def _reach(src: ClusterNode, dst: ClusterNode, timeout: float = 1.0) -> bool:
     res = _lab().run_in(actions._lab_index(src), sys.executable, "-c", CONNECT, dst.host,
                         str(dst.raft_port), str(timeout), check=False, timeout=20)
     return res.returncode == 0
-
-
-def _in_thread(fn: Any, **kw: Any) -> tuple[threading.Thread, dict[str, Any]]:
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["result"] = fn(**kw)
-        except BaseException as exc:  # surfaced by the test
-            out["error"] = exc
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, out
 
 
 def _small_workload(queue: str) -> None:
