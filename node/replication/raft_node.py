@@ -48,7 +48,13 @@ from node.replication.metric import Histogram
 from node.replication.pipeline import Flush, Limits, Pipeline
 from node.replication.port import EffectSink
 from node.replication.read_model import Management, ModelPublisher, ReadModel, management_rows
-from node.replication.state_machine import BrokerState, apply_batch, batch_verdict, default_state
+from node.replication.state_machine import (
+    BrokerState,
+    apply_batch,
+    batch_verdict,
+    default_state,
+    skipped_effects,
+)
 from node.replication.syncobj import RaftShim, clock
 from node.replication.view import RaftView
 
@@ -108,6 +114,7 @@ class RaftNode:
         self.published = self.acked = self.confirmed = self.nacked = 0
         self.delivered = self.redelivered = 0
         self.leader_changes = 0
+        self.skipped_closes = 0  # connections closed after a snapshot skipped their effects
         self.confirm_latency = Histogram()
 
     # ---------------------------------------------------------------- life
@@ -188,8 +195,17 @@ class RaftNode:
     def snapshot_state(self) -> Any:
         return self.state
 
-    def restore_state(self, state: Any) -> None:
-        self.state = state
+    def restore_state(self, state: Any, index: int) -> None:
+        old, self.state = self.state, state
+        if not old.members:
+            return  # our own dump at start: no client has seen anything yet
+        owed = skipped_effects(old, state, self.node_id, self.incarnation)
+        if owed:
+            log.warning("snapshot at %d skipped changes of %d local connection(s): closing them",
+                        index, len(owed))
+            self.skipped_closes += len(owed)
+            # in log order with the held effects; no batch of ours is behind it
+            self._held.append((index, (NodeId(""), 0, 0), owed))
 
     def _bootstrap(self) -> list[Command]:
         """A new cluster: every configured member in sync, and the first
@@ -473,6 +489,9 @@ class RaftNode:
             "longest_flush_ms": round(shim.longest_flush * 1000, 1),
             "journal_write_errors": shim.journal_write_errors,
             "journal_flush_errors": shim.journal_flush_errors,
+            "installed_snapshots": shim.installed_snapshots,
+            "refused_snapshots": shim.refused_snapshots,
+            "skipped_closes": self.skipped_closes,
             "longest_fork_ms": round(shim.longest_fork * 1000, 1),
             "longest_owner_tick_ms": round(shim.longest_owner_tick * 1000, 1),
             "forced_compactions": shim.forced_compactions,

@@ -371,6 +371,39 @@ def apply_batch(state: BrokerState, batch: Batch) -> list[Effect]:
     return ap.fx
 
 
+SKIPPED_TEXT = ("CONNECTION_FORCED - this node installed a snapshot past changes it had not applied "
+                "yet; replies, confirms or deliveries for this connection may be among them: reconnect")
+
+
+def skipped_effects(old: BrokerState, new: BrokerState, node: str, incarnation: int) -> list[Effect]:
+    """What `node` owes its clients after a snapshot from the leader replaced
+    `old` with `new`: the entries between them were never applied here, so
+    their effects (replies, confirms, deliveries, cancels) never left. Each
+    connection of this node whose effects may be among them is closed with
+    320, as a node that loses its state would: the client reconnects,
+    republishes what was not confirmed, and what it had unacked is requeued
+    when the close applies. Untouched connections stay open. Pure."""
+    ours = (node, incarnation)
+    all_mine = new.dedup.get(ours, 1) != old.dedup.get(ours, 1)  # our commands applied: replies lost
+    conns = dict.fromkeys(c for st in (old, new) for c in st.conns if c.node == node)
+    return [ConnectionError(c, 320, SKIPPED_TEXT, 0, 0) for c in conns
+            if all_mine or _connection_view(old, c) != _connection_view(new, c)]
+
+
+def _connection_view(st: BrokerState, conn: ConnId) -> tuple[Any, ...] | None:
+    """What a connection's clients have seen happen: its channels, each one's
+    next delivery tag and consumers. None: the connection is not open."""
+    chans = st.conns.get(conn)
+    if chans is None:
+        return None
+    out = []
+    for c in chans:
+        ch = st.channels.get(c)
+        if ch is not None:
+            out.append((c, ch.next_tag, tuple(ch.consumers)))
+    return tuple(out)
+
+
 _ECHO_IDS = {"Confirm.SelectOk": (85, 10), "Tx.SelectOk": (90, 10), "Tx.RollbackOk": (90, 30),
              "Basic.QosOk": BASIC_QOS, "Basic.RecoverOk": BASIC_RECOVER,
              "Channel.FlowOk": (20, 20), "Channel.CloseOk": (20, 40)}

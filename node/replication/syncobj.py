@@ -339,6 +339,8 @@ class _Transport(PeerTransport):
                 return  # pysyncobj's pickled chunking: never sent by us, never unpickled
             if not owner._on_append_term(node, message):
                 return
+            if "serialized" in message and not owner._snapshot_moves_forward(node, message):
+                return
             if message.get("entries") and "prevLogIdx" in message:
                 message = owner._trim_append(node, message)
                 if message is None:
@@ -428,9 +430,14 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
             nxt = next_index[node]
             flow.settle(match.get(node, 0), nxt)
             if nxt <= first:  # behind the snapshot: send it, in bounded chunks
-                self._send_snapshot(node, transport, term, commit, window, journal)
+                self._send_snapshot(node, flow, transport, term, commit, window, journal)
                 flow.last_sent = now
                 continue
+            if flow.snapshot_index is not None:
+                # the follower refused it (it has applied past it) or nextIndex moved on:
+                # the next snapshot for it must start from its first chunk
+                self._SyncObj__serializer.cancelTransmisstion(node)
+                flow.snapshot_index = None
             sent = False
             while nxt <= last and flow.inflight < window:
                 budget = min(chunk, window - flow.inflight)
@@ -473,17 +480,24 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
             self._owner.encoded_appends += 1
         return blob
 
-    def _send_snapshot(self, node: Any, transport: _Transport, term: int, commit: int, window: int,
-                       journal: Any) -> None:
+    def _send_snapshot(self, node: Any, flow: _Flow, transport: _Transport, term: int, commit: int,
+                       window: int, journal: Any) -> None:
         serializer = self._SyncObj__serializer
         while transport.unsent_bytes(node) < window:
             data = serializer.getTransmissionData(node)
+            if data and data[1]:  # first chunk: the dump it reads is the one the journal starts at
+                flow.snapshot_index = int(journal[1][1] if len(journal) > 1 else journal[0][1])
+            # every chunk names the index, so that a follower that has applied past
+            # it drops it instead of rewinding its state (_snapshot_moves_forward)
             transport.send(node, {"type": "append_entries", "term": term, "commit_index": commit,
-                                  "serialized": None if not data else list(data)})
+                                  "serialized": None if not data else list(data),
+                                  "snapshot_index": flow.snapshot_index})
             if not data:
                 return
             if data[2]:  # last chunk
-                self._SyncObj__raftNextIndex[node] = (journal[1][1] if len(journal) > 1 else journal[0][1]) + 1
+                if flow.snapshot_index is not None:
+                    self._SyncObj__raftNextIndex[node] = flow.snapshot_index + 1
+                flow.snapshot_index = None
                 return
 
     # pysyncobj keeps these private; we read them, never write them.
@@ -522,13 +536,14 @@ _NO_ENTRIES = encode([])
 class _Flow:
     """Entry bytes sent to one follower and not yet acknowledged."""
 
-    __slots__ = ("chunks", "inflight", "last_sent", "commit_sent")
+    __slots__ = ("chunks", "inflight", "last_sent", "commit_sent", "snapshot_index")
 
     def __init__(self) -> None:
         self.chunks: deque[tuple[int, int]] = deque()  # (last index of a chunk, its bytes)
         self.inflight = 0
         self.last_sent = 0.0
         self.commit_sent = 0  # the commit index the follower was last told
+        self.snapshot_index: int | None = None  # a snapshot transmission under way: its index
 
     def sent(self, last_index: int, size: int) -> None:
         self.chunks.append((last_index, size))
@@ -581,7 +596,7 @@ class Owner(Protocol):
     def on_result(self, seq: int, ok: bool, why: str) -> None: ...
     def membership(self) -> tuple[tuple[tuple[NodeId, str], ...], tuple[NodeId, ...], tuple[NodeId, ...]]: ...
     def snapshot_state(self) -> Any: ...
-    def restore_state(self, state: Any) -> None: ...
+    def restore_state(self, state: Any, index: int) -> None: ...
 
 
 Done = Callable[[bool, str], None]  # (succeeded, reason), on the raft thread
@@ -634,6 +649,8 @@ class RaftShim:
         self.longest_owner_tick = 0.0  # longest on_tick of the owner (planners, hand-over)
         self.longest_fork = 0.0  # longest snapshot fork (s), on the raft thread
         self.journal_write_errors = 0  # appends the journal refused (OSError, e.g. ENOSPC)
+        self.installed_snapshots = 0  # snapshots installed from the leader
+        self.refused_snapshots = 0  # snapshot chunks dropped: we had applied past them
         self.journal_flush_errors = 0  # failed journal flushes (msync)
         self.last_journal_error = ""
         self._journal_error_logged = 0.0
@@ -982,6 +999,29 @@ class RaftShim:
             self._prevote_won = True
             so._SyncObj__raftElectionDeadline = 0  # type: ignore[attr-defined]
 
+    def _snapshot_moves_forward(self, node: Any, msg: dict[str, Any]) -> bool:
+        """False: a snapshot chunk at or below what we have applied (drop it
+        and send the leader on from our commit index). Raft installs a
+        snapshot only past the follower's state; pysyncobj installs whatever
+        arrives, and a leader whose nextIndex a late reply had sent back
+        resent the snapshot we had just installed: we rewound and applied the
+        entries after it again, delivering their messages a second time
+        (duplicates with redelivered=false, chaos follower-slow-disk and
+        packet-loss, issue 16)."""
+        index = msg.get("snapshot_index")
+        so = self._so
+        assert so is not None
+        if index is None or int(index) > so.raftLastApplied:
+            return True
+        self.refused_snapshots += 1
+        if self.refused_snapshots == 1 or self.refused_snapshots % 100 == 0:
+            log.warning("dropping snapshot chunks at index %d: applied here up to %d (%d dropped)",
+                        index, so.raftLastApplied, self.refused_snapshots)
+        # everything up to our commit index is in the leader's log (Raft)
+        so.transport().send(node, {"type": "next_node_idx", "next_node_idx": so.raftCommitIndex + 1,
+                                   "reset": True, "success": False})
+        return False
+
     def _on_append_term(self, node: Any, msg: dict[str, Any]) -> bool:
         """False: an AppendEntries from a stale term; tell its sender (at most
         once a second) so that a leader that missed an election steps down."""
@@ -1152,7 +1192,13 @@ class RaftShim:
     def _deserialize(self, filename: str) -> Any:
         with open(filename, "rb") as f:
             state, raft_data = load_snapshot(f.read())
-        self.owner.restore_state(state)
+        so = self._so
+        index = int(raft_data[1][1])
+        applied = int(so.raftLastApplied) if so is not None else 0
+        if applied:  # from the leader, not our own dump at start
+            self.installed_snapshots += 1
+            log.warning("installing the leader's snapshot at index %d (applied here: %d)", index, applied)
+        self.owner.restore_state(state, index)
         return raft_data
 
     def _has_quorum(self, so: _BrokerLog) -> bool:

@@ -1,0 +1,195 @@
+"""A follower that installs the leader's snapshot (issue 16, found by chaos
+follower-slow-disk and packet-loss: messages delivered twice with
+redelivered=false).
+
+- A snapshot at or below what the follower has applied is dropped: installing
+  it rewound the state and applied the entries after it again, emitting their
+  deliveries a second time (`RaftShim._snapshot_moves_forward`; the leader
+  names the index in every chunk, `_BrokerLog._send_snapshot`).
+- A snapshot past it skips entries whose effects never left the node:
+  `skipped_effects` closes (320) each local connection that may be owed one,
+  and only those (pure, folded here through apply_batch as the other state
+  machine suites do); RaftNode.restore_state holds them in log order.
+"""
+from __future__ import annotations
+
+import asyncio
+import copy
+import pickle
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from node.broker.ids import ConnId
+from node.replication.config import RaftConfig
+from node.replication.effect import ConnectionError
+from node.replication.raft_node import RaftNode
+from node.replication.state_machine import SKIPPED_TEXT, BrokerState, skipped_effects
+from node.replication.syncobj import RaftShim, _BrokerLog, _Flow
+from tests.unit.test_state_machine import Harness, ack, chan, consume, delivers, pub, qdecl
+
+
+def _setup() -> tuple[Harness, Any, Any, Any]:
+    """n2 has two connections: conn 1 consumes q, conn 2 publishes to p.
+    n1 publishes to q."""
+    h = Harness()
+    n1 = h.open(chan(1, 1, "n1"))
+    c_cons = h.open(chan(1, 1, "n2"))
+    c_pub = h.open(chan(1, 2, "n2"))
+    h.run(qdecl(n1, "q"), qdecl(n1, "p"))
+    h.run(consume(c_cons, "q", "ct", credit=100), node="n2", incarnation=7)
+    return h, n1, c_cons, c_pub
+
+
+def _copy(st: BrokerState) -> BrokerState:
+    return pickle.loads(pickle.dumps(st))  # what a snapshot is: the state pickled
+
+
+def test_skipped_delivery_closes_only_the_consuming_connection() -> None:
+    h, n1, c_cons, _c_pub = _setup()
+    old = _copy(h.state)
+    fx = h.run(pub(n1, "q", b"x"))  # delivered to n2's consumer: an effect n2 never emits
+    assert [d.chan for d in delivers(fx)] == [c_cons]
+    owed = skipped_effects(old, _copy(h.state), "n2", 7)
+    assert owed == [ConnectionError(ConnId("n2", 1), 320, SKIPPED_TEXT, 0, 0)]
+    # the publishing node's own batch was skipped too: its connection may be owed a reply
+    assert [e.conn for e in skipped_effects(old, _copy(h.state), "n1", 1)] == [ConnId("n1", 1)]
+    assert skipped_effects(old, _copy(h.state), "n3", 1) == []  # no connection there
+
+
+def test_own_commands_in_the_skipped_entries_close_every_local_connection() -> None:
+    h, _n1, _c_cons, c_pub = _setup()
+    old = _copy(h.state)
+    h.run(pub(c_pub, "p", b"y", seq=1), node="n2", incarnation=7)  # its confirm was skipped
+    owed = skipped_effects(old, _copy(h.state), "n2", 7)
+    assert sorted(e.conn for e in owed) == [ConnId("n2", 1), ConnId("n2", 2)]
+    assert all(isinstance(e, ConnectionError) and e.reply_code == 320 for e in owed)
+
+
+def test_entries_for_other_nodes_only_close_nothing() -> None:
+    h, n1, _c_cons, _c_pub = _setup()
+    old = _copy(h.state)
+    h.run(pub(n1, "p", b"z"), qdecl(n1, "r"))  # no consumer on p; nothing for n2
+    assert skipped_effects(old, _copy(h.state), "n2", 7) == []
+
+
+def test_an_ack_by_another_incarnation_does_not_count_as_ours() -> None:
+    h, n1, c_cons, _c_pub = _setup()
+    h.run(pub(n1, "q", b"x"))
+    old = _copy(h.state)
+    h.run(ack(c_cons, 1), node="n2", incarnation=6)  # a batch of an older process of n2
+    assert skipped_effects(old, _copy(h.state), "n2", 7) == []
+
+
+# ------------------------------------------------------ RaftNode.restore_state
+
+
+def test_restore_state_holds_the_closes_at_the_snapshot_index(tmp_path: Path) -> None:
+    asyncio.run(_restore(tmp_path))
+
+
+async def _restore(tmp_path: Path) -> None:
+    h, n1, _c_cons, _c_pub = _setup()
+    node = RaftNode("n2", str(tmp_path), asyncio.get_running_loop(), sink=None,  # type: ignore[arg-type]
+                    config=RaftConfig())
+    node.incarnation = 7
+    node.state = copy.deepcopy(h.state)
+    node.state.members.update(n1="127.0.0.1:1", n2="127.0.0.1:2")  # a live member, not a start
+    node._held.append((40, ("n1", 1, 3), []))
+    h.run(pub(n1, "q", b"x"))
+    node.restore_state(_copy(h.state), 57)
+    assert node.skipped_closes == 1
+    assert [i for i, _k, _fx in node._held] == [40, 57]  # after what was held: log order
+    index, _key, owed = node._held[-1]
+    assert owed == [ConnectionError(ConnId("n2", 1), 320, SKIPPED_TEXT, 0, 0)]
+    node.restore_state(_copy(h.state), 60)  # nothing changed since: nothing more owed
+    assert node.skipped_closes == 1 and len(node._held) == 2
+
+
+def test_restore_state_at_start_owes_nothing(tmp_path: Path) -> None:
+    asyncio.run(_restore_at_start(tmp_path))
+
+
+async def _restore_at_start(tmp_path: Path) -> None:
+    # our own dump, loaded before any client: its connections are a former process's
+    h, n1, _c_cons, _c_pub = _setup()
+    h.run(pub(n1, "q", b"x"))
+    node = RaftNode("n2", str(tmp_path), asyncio.get_running_loop(), sink=None,  # type: ignore[arg-type]
+                    config=RaftConfig())
+    assert not node.state.members
+    node.restore_state(_copy(h.state), 57)
+    assert node.skipped_closes == 0 and not node._held
+    assert node.state.queues.keys() == {"q", "p"}
+
+
+# ------------------------------------------------- the snapshot chunks themselves
+
+
+class _SentLog:
+    def __init__(self) -> None:
+        self.sent: list[tuple[Any, dict[str, Any]]] = []
+
+    def send(self, node: Any, msg: dict[str, Any]) -> bool:
+        self.sent.append((node, msg))
+        return True
+
+
+def _shim(applied: int, commit: int) -> tuple[RaftShim, _SentLog]:
+    shim = RaftShim.__new__(RaftShim)
+    sent = _SentLog()
+    shim._so = SimpleNamespace(raftLastApplied=applied, raftCommitIndex=commit,  # type: ignore[assignment]
+                               transport=lambda: sent)
+    shim.refused_snapshots = 0
+    return shim, sent
+
+
+def test_a_snapshot_at_or_below_the_applied_index_is_dropped_and_the_leader_sent_on() -> None:
+    for index in (4997, 5175):
+        shim, sent = _shim(applied=5175, commit=5180)
+        ok = shim._snapshot_moves_forward("n1", {"type": "append_entries", "term": 3,
+                                                 "serialized": [b"..", True, False], "snapshot_index": index})
+        assert ok is False
+        assert sent.sent == [("n1", {"type": "next_node_idx", "next_node_idx": 5181,
+                                     "reset": True, "success": False})]
+        assert shim.refused_snapshots == 1
+
+
+def test_a_snapshot_past_the_applied_index_or_unnamed_is_installed() -> None:
+    for msg in ({"serialized": [b"..", True, False], "snapshot_index": 5176},
+                {"serialized": [b"..", True, False]}):  # a leader of an older version
+        shim, sent = _shim(applied=5175, commit=5180)
+        assert shim._snapshot_moves_forward("n1", {"type": "append_entries", "term": 3, **msg}) is True
+        assert sent.sent == [] and shim.refused_snapshots == 0
+
+
+class _Serializer:
+    """pysyncobj's transmission protocol: (data, is_first, is_last) chunks."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = list(chunks)
+        self.pos = 0
+        self.cancelled: list[Any] = []
+
+    def getTransmissionData(self, node: Any) -> tuple[bytes, bool, bool]:  # noqa: N802
+        if self.pos < len(self.chunks):
+            data = self.chunks[self.pos]
+            self.pos += 1
+            return data, self.pos == 1, False
+        self.pos = 0
+        return b"", False, True
+
+
+class _Window(_SentLog):
+    def unsent_bytes(self, node: Any) -> int:
+        return 0
+
+
+def test_the_leader_names_the_transmitted_index_in_every_chunk_and_resumes_after_it() -> None:
+    leader = SimpleNamespace(_SyncObj__serializer=_Serializer([b"a", b"b"]), _SyncObj__raftNextIndex={"n3": 10})
+    flow, transport = _Flow(), _Window()
+    journal = [(b"", 4996, 2), (b"", 4997, 2), (b"", 4998, 3)]
+    _BrokerLog._send_snapshot(leader, "n3", flow, transport, 3, 5000, 1 << 20, journal)  # type: ignore[arg-type]
+    assert [m["snapshot_index"] for _n, m in transport.sent] == [4997, 4997, 4997]
+    assert [m["serialized"][1:] for _n, m in transport.sent] == [[True, False], [False, False], [False, True]]
+    assert leader._SyncObj__raftNextIndex["n3"] == 4998
+    assert flow.snapshot_index is None  # the transmission is over
