@@ -21,6 +21,12 @@ OUT/report.md (per experiment: runs, confirmed, lost, duplicates, unexpected,
 corrupted, recovered, confirm p99 in and out of fault windows, longest stall;
 per fault kind: the verdicts inside its windows) and OUT/charts/<experiment>.png.
 Any run that fails, or any loss in the Spark check, makes the exit status 1.
+
+A full run (10 rounds of 18 experiments with 5-60 s faults) takes about three
+hours here. `--resume` keeps OUT and runs only the (round, experiment) pairs
+not yet in OUT/runs.json, so it can be done in sittings with --minutes; each
+row records the commit it ran (the report lists them), and every sitting
+ends with the one Spark check over all the histories kept so far.
 """
 from __future__ import annotations
 
@@ -56,6 +62,14 @@ def run_env(base: dict[str, str], seed: int, lo: float, hi: float, experiment: s
                CHAOS_LONG_PAUSE_SECONDS=str(max(secs, 8.0)), CHAOS_DISK_FULL_SECONDS=str(max(secs, 8.0)),
                CHAOS_DOWN_SECONDS=str(min(secs, 20.0)), CHAOS_CHECKER="fallback")
     return env
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "?"
+    except (OSError, subprocess.SubprocessError):
+        return "?"
 
 
 def parse_range(text: str) -> tuple[float, float]:
@@ -120,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spark", choices=("local", "standalone"), default="local",
                     help="where the one Spark check runs (default local[2])")
     ap.add_argument("--docs", default="", help="copy report.md and the charts here (e.g. docs/chaos-long)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep OUT and run only what OUT/runs.json does not hold yet")
     args = ap.parse_args(argv)
     if args.runs < 1:
         ap.error("--runs must be >= 1")
@@ -131,9 +147,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"no such experiment: {', '.join(unknown)}")
 
     out = Path(args.out).resolve()
-    if out.exists():
+    rows: list[dict[str, Any]] = []
+    if args.resume and (out / "runs.json").exists():
+        rows = json.loads((out / "runs.json").read_text())
+    elif out.exists():
         shutil.rmtree(out)
-    (out / "raw").mkdir(parents=True)
+    (out / "raw").mkdir(parents=True, exist_ok=True)
+    done = {(r["round"], r["experiment"]) for r in rows}
+    commit = git_commit()
     env = dict(os.environ)
     for var, val in suite.SHORT.items():
         env.setdefault(var, val)
@@ -145,11 +166,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[chaos-long] {n}: SKIP ({why})", flush=True)
     todo = [n for n in names if n not in skips]
     deadline = time.monotonic() + args.minutes * 60 if args.minutes else math.inf
-    rows: list[dict[str, Any]] = []
     t0 = time.monotonic()
     stopped_early = False
     for k in range(args.runs):
         for name in todo:
+            if (k, name) in done:
+                continue
             if time.monotonic() >= deadline:
                 stopped_early = True
                 break
@@ -158,11 +180,13 @@ def main(argv: list[str] | None = None) -> int:
             round_dir = out / "runs" / f"r{k:02d}"
             print(f"[chaos-long] round {k + 1}/{args.runs} {name} seed={seed} "
                   f"fault={renv['CHAOS_FAULT_SECONDS']}s ...", flush=True)
+            started = time.monotonic()
             row = suite.run_one(name, round_dir, renv, args.timeout)
-            row.update(round=k, seed=seed, fault_seconds=float(renv["CHAOS_FAULT_SECONDS"]))
+            row.update(round=k, seed=seed, fault_seconds=float(renv["CHAOS_FAULT_SECONDS"]), commit=commit)
             row["run"] = keep_history(round_dir / name, out / "raw", name)
             if row["verdict"] == "PASS":  # a passing run's node data is not needed (GBs over an hour)
                 shutil.rmtree(round_dir / name / "cluster", ignore_errors=True)
+            row["wall_s"] = round(time.monotonic() - started, 1)
             rows.append(row)
             print(f"[chaos-long] {name} r{k}: {row['verdict']} in {row.get('seconds')}s "
                   f"confirmed={row.get('confirmed')} lost={row.get('lost')} {'; '.join(row['reasons'])}",
@@ -170,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             (out / "runs.json").write_text(json.dumps(rows, indent=2, default=str))
         if stopped_early:
             break
-    chaos_seconds = time.monotonic() - t0
+    chaos_seconds = sum(float(r.get("wall_s") or r.get("seconds") or 0) for r in rows)
+    commits = sorted({str(r.get("commit") or "?") for r in rows})
     rounds = max((r["round"] for r in rows), default=-1) + 1
     failed = [r for r in rows if r["verdict"] != "PASS"]
     kept = [r for r in rows if r.get("run")]
@@ -181,14 +206,15 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"runs": len(rows), "failed": len(failed), "skipped": skips, "stopped_early": stopped_early,
                "chaos_seconds": round(chaos_seconds, 1), "spark": args.spark, "spark_exit": rc_spark,
                "spark_seconds": round(spark_seconds, 1), "fault_seconds": list(args.fault_seconds),
-               "seed": args.seed}
+               "seed": args.seed, "commits": commits, "sitting_seconds": round(time.monotonic() - t0, 1)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     md = out / "report.md"
     if md.exists():
         header = (f"`make chaos-long`: {len(rows)} runs of {len(todo)} experiments in "
                   f"{chaos_seconds / 60:.0f} min (seeds {args.seed}..{args.seed + rounds - 1}, faults "
                   f"{args.fault_seconds[0]:g}-{args.fault_seconds[1]:g} s), then one Spark check "
-                  f"({args.spark}) in {spark_seconds:.0f} s. Failed runs: {len(failed)}.\n\n")
+                  f"({args.spark}) in {spark_seconds:.0f} s. Failed runs: {len(failed)}. "
+                  f"Build: {', '.join(commits)}.\n\n")
         md.write_text(header + md.read_text())
         print(md.read_text())
         if args.docs:

@@ -162,7 +162,8 @@ def run_one(name: str, out: Path, env: dict[str, str], timeout: float) -> dict[s
         if not report_passed(report):
             ok = False
             row["reasons"].append(f"history check: lost={report.get('lost')} "
-                                  f"corrupted={report.get('corrupted')} complete={report.get('complete')}")
+                                  f"corrupted={report.get('corrupted')} duplicates={report.get('duplicates')} "
+                                  f"complete={report.get('complete')}")
     row["verdict"] = "PASS" if ok else "FAIL"
     return row
 

@@ -71,3 +71,40 @@ def test_every_experiment_in_order_exists_and_skip_reasons_name_the_tag(tmp_path
     plain.write_text(json.dumps({"tags": ["mirrorq"]}))
     assert suite.skip_reason(plain) is None
     assert suite.skip_reason(tmp_path / "missing.json") is None
+
+
+def test_resume_runs_only_the_missing_rounds_and_keeps_the_earlier_rows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full run takes hours: --resume picks up where OUT/runs.json ends, and every
+    sitting checks all the histories kept so far."""
+    ran: list[tuple[str, str]] = []
+    checked: list[int] = []
+
+    def fake_run(name: str, round_dir: Path, env: dict[str, str], timeout: float) -> dict[str, object]:
+        ran.append((name, env["CHAOS_SEED"]))
+        hist = round_dir / name / "history"
+        hist.mkdir(parents=True)
+        (hist / "run.json").write_text(json.dumps({"run": f"{name}-{env['CHAOS_SEED']}"}))
+        return {"experiment": name, "verdict": "PASS", "reasons": [], "seconds": 1.0}
+
+    def fake_check(out: Path, spark: str, timeout: float) -> tuple[int, float]:
+        checked.append(len(list((out / "raw").glob("*/*"))))
+        return 0, 0.1
+
+    monkeypatch.setattr(suite, "run_one", fake_run)
+    monkeypatch.setattr(suite, "skip_reason", lambda path: None)
+    monkeypatch.setattr(long, "spark_check", fake_check)
+    out = tmp_path / "long"
+    base = ["--only", "follower-kill,leader-kill-loop", "--out", str(out)]
+    assert long.main([*base, "--runs", "1"]) == 0
+    assert long.main([*base, "--runs", "2", "--resume"]) == 0
+    assert ran == [("follower-kill", "1000"), ("leader-kill-loop", "1000"),
+                   ("follower-kill", "1001"), ("leader-kill-loop", "1001")]
+    rows = json.loads((out / "runs.json").read_text())
+    assert [(r["round"], r["experiment"]) for r in rows] == [
+        (0, "follower-kill"), (0, "leader-kill-loop"), (1, "follower-kill"), (1, "leader-kill-loop")]
+    assert all(r["commit"] and r["wall_s"] >= 0 for r in rows)
+    assert checked == [2, 4]  # the second sitting checks all four histories
+    # without --resume OUT starts over
+    assert long.main([*base, "--runs", "1"]) == 0
+    assert len(json.loads((out / "runs.json").read_text())) == 1 * 2

@@ -188,3 +188,20 @@ def test_fallback_checker_dead_lettered_copy_is_not_a_duplicate(tmp_path: Path) 
     _write(tmp_path / "d", events)
     rep = fallback_check(tmp_path / "d")
     assert rep["duplicates"] == 1 and rep["lost"] == 0
+
+
+def test_a_message_delivered_twice_as_new_fails_the_run(tmp_path: Path) -> None:
+    """Our publishers never republish: two deliveries with redelivered=false are the
+    broker's doing (S07) and fail the run, as the long run's stale-snapshot
+    re-apply should have (issue 16); a redelivery (redelivered=true) does not."""
+    from chaosmirrorq.probes import _normalize, report_passed
+    twice = [_pub("p1-1", "ack", "chaos-a"), _dlv("p1-1", "chaos-a"), _dlv("p1-1", "chaos-a"),
+             {"type": "drain_done", "ts": 3.0}]
+    _write(tmp_path / "twice", twice)
+    rep = _normalize(fallback_check(tmp_path / "twice"))
+    assert rep["duplicates"] == 1 and rep["lost"] == 0 and not report_passed(rep)
+    again = [_pub("p1-1", "ack", "chaos-a"), _dlv("p1-1", "chaos-a"),
+             dict(_dlv("p1-1", "chaos-a"), redelivered=True), {"type": "drain_done", "ts": 3.0}]
+    _write(tmp_path / "again", again)
+    rep = _normalize(fallback_check(tmp_path / "again"))
+    assert rep["duplicates"] == 0 and rep["redeliveries"] == 1 and report_passed(rep)
