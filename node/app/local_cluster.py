@@ -140,6 +140,21 @@ def save_state(d: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def exit_status(pid: int) -> str:
+    """How our dead child ended (" (killed by SIGKILL)", " (exit 1)"), or "" when
+    it is no longer ours to reap: an empty log alone does not say (a CI run
+    once saw a node leave with nothing logged)."""
+    try:
+        rpid, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return ""
+    if rpid == 0:
+        return " (still running, but not as our node)"
+    if os.WIFSIGNALED(status):
+        return f" (killed by {signal.Signals(os.WTERMSIG(status)).name})"
+    return f" (exit {os.WEXITSTATUS(status)})"
+
+
 def pid_alive(pid: int | None, node_id: str | None = None) -> bool:
     """The pid runs, is not a zombie, and (when readable) is our node."""
     if not pid:
@@ -307,9 +322,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     while time.monotonic() < deadline:
         dead = [n["id"] for n in nodes if not pid_alive(n["pid"], n["id"])]
         if dead:
+            node = next(n for n in nodes if n["id"] == dead[0])
+            how = exit_status(node["pid"])
             tail = _tail(d / f"{dead[0]}.log")
             _stop(d, state)
-            raise ClusterError(f"node {dead[0]} exited during start-up: {tail}")
+            raise ClusterError(f"node {dead[0]} exited during start-up{how}: {tail}")
         ok, why = healthy(nodes)
         if ok:
             break
