@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from node.amqp import frame
 from node.broker.ids import ChanId
 from node.broker.permission import CONFIGURE, READ, WRITE
+from node.broker.reply import REPLY_NAMES
 from node.replication.command import (
     BasicAck,
     BasicCancel,
@@ -36,15 +37,6 @@ from node.replication.command import (
 
 if TYPE_CHECKING:
     from node.amqp.connection import Connection
-
-REPLY_NAMES = {
-    200: "OK", 311: "CONTENT_TOO_LARGE", 312: "NO_ROUTE", 313: "NO_CONSUMERS",
-    320: "CONNECTION_FORCED", 402: "INVALID_PATH", 403: "ACCESS_REFUSED", 404: "NOT_FOUND",
-    405: "RESOURCE_LOCKED", 406: "PRECONDITION_FAILED", 501: "FRAME_ERROR",
-    502: "SYNTAX_ERROR", 503: "COMMAND_INVALID", 504: "CHANNEL_ERROR",
-    505: "UNEXPECTED_FRAME", 506: "RESOURCE_ERROR", 530: "NOT_ALLOWED",
-    540: "NOT_IMPLEMENTED", 541: "INTERNAL_ERROR",
-}
 
 
 class AmqpError(Exception):

@@ -34,7 +34,7 @@ from node.replication.command import BasicCredit, ChannelClose, ChannelOpen, Con
 from node.replication.effect import (
     ChannelError,
     Confirm,
-    ConnectionError,
+    ConnectionFailure,
     ConsumerCancelled,
     Deliver,
     Effect,
@@ -552,7 +552,7 @@ class Connection:
     # ------------------------------------------------------------ effects
 
     def apply_effect(self, e: Effect) -> None:
-        if isinstance(e, ConnectionError):
+        if isinstance(e, ConnectionFailure):
             # The state closed the connection when it applied the failing command,
             # but commands proposed after it (same or later batches in flight, e.g.
             # a ChannelOpen or BasicConsume) applied after that close and left

@@ -16,7 +16,7 @@ from node.amqp.connection import CLOSED, Connection, next_serial
 from node.amqp.throttle import LoginThrottle
 from node.amqp.tls import peer_common_name
 from node.broker.ids import ConnId
-from node.replication.effect import ConnectionError, Effect
+from node.replication.effect import ConnectionFailure, Effect
 from node.replication.port import Proposer
 
 log = logging.getLogger(__name__)
@@ -213,7 +213,7 @@ class AmqpServer:
         touched: dict[int, _Protocol] = {}
         conns = self.conns
         for e in effects:
-            serial = e.conn.serial if isinstance(e, ConnectionError) else e.chan.conn
+            serial = e.conn.serial if isinstance(e, ConnectionFailure) else e.chan.conn
             proto = conns.get(serial)
             if proto is None or proto.conn is None:
                 continue

@@ -259,7 +259,7 @@ class NodeDown(NamedTuple):
     """The leader gave up on a member (unreachable or lagging past the bound):
     drop that node's connections, channels and consumers; their unacked
     deliveries return to their queues (redelivered=true, S25). The node itself,
-    when it applies this, gets ConnectionError 320 for each of its connections
+    when it applies this, gets ConnectionFailure 320 for each of its connections
     so that its clients reconnect elsewhere."""
 
     node: str
@@ -370,3 +370,7 @@ class Batch(NamedTuple):
     seq: int
     now: float
     commands: list[Command]
+
+
+# How apply_batch judges a batch against the (node, incarnation) sequence it has applied
+APPLIED, DUPLICATE, GAP = "applied", "dup", "gap"

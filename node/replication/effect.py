@@ -77,7 +77,7 @@ class ChannelError(NamedTuple):
     method_id: int
 
 
-class ConnectionError(NamedTuple):
+class ConnectionFailure(NamedTuple):
     """A connection exception decided in apply (e.g. 530 NOT_ALLOWED). The
     state machine has already closed the connection's channels."""
 
@@ -96,11 +96,11 @@ class ConsumerCancelled(NamedTuple):
     consumer_tag: str
 
 
-Effect = (Reply | Deliver | GetOk | Return | Confirm | ChannelError | ConnectionError | ConsumerCancelled)
+Effect = (Reply | Deliver | GetOk | Return | Confirm | ChannelError | ConnectionFailure | ConsumerCancelled)
 
 
 def effect_node(effect: Effect) -> str:
     """The node that must carry the effect out."""
-    if isinstance(effect, ConnectionError):
+    if isinstance(effect, ConnectionFailure):
         return effect.conn.node
     return effect.chan.node

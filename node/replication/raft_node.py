@@ -32,6 +32,8 @@ from node.broker.ids import NodeId
 from node.broker.vhost import DEFAULT_VHOST
 from node.replication import in_sync, mirror
 from node.replication.command import (
+    APPLIED,
+    DUPLICATE,
     BasicAck,
     BasicPublish,
     Batch,
@@ -60,7 +62,6 @@ from node.replication.view import RaftView
 
 log = logging.getLogger(__name__)
 
-APPLIED, DUPLICATE, GAP = "applied", "dup", "gap"
 BatchKey = tuple[str, int, int]  # (node, incarnation, seq)
 
 

@@ -17,8 +17,37 @@ from node.broker.channel import Channel, Consumer
 from node.broker.exchange import EXCHANGE_TYPES, Binding, BindKey, Exchange, freeze, route
 from node.broker.ids import ChanId, ConnId
 from node.broker.queue import MAX_PRIORITY, Message, Queue
+from node.broker.reply import (
+    BASIC_ACK,
+    BASIC_CANCEL,
+    BASIC_CONSUME,
+    BASIC_GET,
+    BASIC_NACK,
+    BASIC_PUBLISH,
+    BASIC_QOS,
+    BASIC_RECOVER,
+    BASIC_REJECT,
+    CHANNEL_CLOSE,
+    CHANNEL_FLOW,
+    CONFIRM_SELECT,
+    EXCHANGE_BIND,
+    EXCHANGE_DECLARE,
+    EXCHANGE_DELETE,
+    EXCHANGE_UNBIND,
+    QUEUE_BIND,
+    QUEUE_DECLARE,
+    QUEUE_DELETE,
+    QUEUE_PURGE,
+    QUEUE_UNBIND,
+    TX_COMMIT,
+    TX_ROLLBACK,
+    TX_SELECT,
+)
 from node.broker.vhost import DEFAULT_VHOST, SEP, ResourceKey, resource_key, split_key
 from node.replication.command import (
+    APPLIED,
+    DUPLICATE,
+    GAP,
     BasicAck,
     BasicCancel,
     BasicConsume,
@@ -63,7 +92,7 @@ from node.replication.command import (
 from node.replication.effect import (
     ChannelError,
     Confirm,
-    ConnectionError,
+    ConnectionFailure,
     ConsumerCancelled,
     Deliver,
     Effect,
@@ -71,27 +100,6 @@ from node.replication.effect import (
     Reply,
     Return,
 )
-
-# class/method ids reported in channel errors
-EXCHANGE_DECLARE = (40, 10)
-EXCHANGE_DELETE = (40, 20)
-EXCHANGE_BIND = (40, 30)
-EXCHANGE_UNBIND = (40, 40)
-QUEUE_DECLARE = (50, 10)
-QUEUE_BIND = (50, 20)
-QUEUE_PURGE = (50, 30)
-QUEUE_DELETE = (50, 40)
-QUEUE_UNBIND = (50, 50)
-BASIC_QOS = (60, 10)
-BASIC_CONSUME = (60, 20)
-BASIC_CANCEL = (60, 30)
-BASIC_PUBLISH = (60, 40)
-BASIC_GET = (60, 70)
-BASIC_ACK = (60, 80)
-BASIC_REJECT = (60, 90)
-BASIC_RECOVER = (60, 110)
-BASIC_NACK = (60, 120)
-TX_COMMIT = (90, 20)
 
 DEFAULT_EXCHANGES = (("", "direct"), ("amq.direct", "direct"), ("amq.fanout", "fanout"),
                      ("amq.topic", "topic"), ("amq.headers", "headers"),
@@ -343,7 +351,6 @@ def default_state() -> BrokerState:
     return s
 
 
-APPLIED, DUPLICATE, GAP = "applied", "dup", "gap"
 
 
 def batch_verdict(state: BrokerState, batch: Batch) -> str:
@@ -386,7 +393,7 @@ def skipped_effects(old: BrokerState, new: BrokerState, node: str, incarnation: 
     ours = (node, incarnation)
     all_mine = new.dedup.get(ours, 1) != old.dedup.get(ours, 1)  # our commands applied: replies lost
     conns = dict.fromkeys(c for st in (old, new) for c in st.conns if c.node == node)
-    return [ConnectionError(c, 320, SKIPPED_TEXT, 0, 0) for c in conns
+    return [ConnectionFailure(c, 320, SKIPPED_TEXT, 0, 0) for c in conns
             if all_mine or _connection_view(old, c) != _connection_view(new, c)]
 
 
@@ -404,12 +411,12 @@ def _connection_view(st: BrokerState, conn: ConnId) -> tuple[Any, ...] | None:
     return tuple(out)
 
 
-_ECHO_IDS = {"Confirm.SelectOk": (85, 10), "Tx.SelectOk": (90, 10), "Tx.RollbackOk": (90, 30),
+_ECHO_IDS = {"Confirm.SelectOk": CONFIRM_SELECT, "Tx.SelectOk": TX_SELECT, "Tx.RollbackOk": TX_ROLLBACK,
              "Basic.QosOk": BASIC_QOS, "Basic.RecoverOk": BASIC_RECOVER,
-             "Channel.FlowOk": (20, 20), "Channel.CloseOk": (20, 40)}
+             "Channel.FlowOk": CHANNEL_FLOW, "Channel.CloseOk": CHANNEL_CLOSE}
 _REPLY_IDS: dict[type, Callable[[Any], tuple[int, int] | None]] = {
-    ChannelClose: lambda c: (20, 40) if c.reply else None,
-    ChannelFlow: lambda c: (20, 20),
+    ChannelClose: lambda c: CHANNEL_CLOSE if c.reply else None,
+    ChannelFlow: lambda c: CHANNEL_FLOW,
     ExchangeDeclare: lambda c: None if c.nowait else EXCHANGE_DECLARE,
     ExchangeDelete: lambda c: None if c.nowait else EXCHANGE_DELETE,
     ExchangeBind: lambda c: None if c.nowait else EXCHANGE_BIND,
@@ -473,7 +480,7 @@ class _Applier:
         except _ConnErr as e:
             conn = cmd.chan.conn_id  # type: ignore[union-attr]
             self.close_connection(conn)
-            self.fx.append(ConnectionError(conn, e.code, e.text, *e.ids))
+            self.fx.append(ConnectionFailure(conn, e.code, e.text, *e.ids))
         except _ChanErr as e:
             chan: ChanId = cmd.chan  # type: ignore[union-attr]
             ch = self.s.channels.get(chan)
@@ -509,7 +516,7 @@ class _Applier:
         if cmd.vhost not in s.vhosts:  # deleted between connection.open and now
             conn = cmd.chan.conn_id
             self.close_connection(conn)
-            self.fx.append(ConnectionError(conn, 530, f"NOT_ALLOWED - vhost {cmd.vhost} not "
+            self.fx.append(ConnectionFailure(conn, 530, f"NOT_ALLOWED - vhost {cmd.vhost} not "
                                                       f"found", 20, 10))
             return
         s.channels[cmd.chan] = Channel(cmd.chan, cmd.vhost)
@@ -608,7 +615,7 @@ class _Applier:
                 conns[c] = None
         for conn in conns:
             self.close_connection(conn)
-            self.fx.append(ConnectionError(conn, 320, text, 0, 0))
+            self.fx.append(ConnectionFailure(conn, 320, text, 0, 0))
 
     # -- membership (the raft thread alone touches these: mutated in place) -----
 
@@ -669,7 +676,7 @@ class _Applier:
         conns = dict.fromkeys(ch.id.conn_id for ch in s.channels.values() if ch.vhost == vhost)
         for conn in conns:
             self.close_connection(conn)
-            self.fx.append(ConnectionError(conn, 320, f"CONNECTION_FORCED - vhost '{vhost}' is "
+            self.fx.append(ConnectionFailure(conn, 320, f"CONNECTION_FORCED - vhost '{vhost}' is "
                                                       f"deleted", 0, 0))
         for q in [q for k, q in s.queues.items() if split_key(k)[0] == vhost]:
             self.delete_queue(q)

@@ -65,7 +65,6 @@ MIRRORED = "mq_mirrored"  # our transport message: leader -> followers
 PREVOTE, PREVOTE_REPLY = "mq_prevote", "mq_prevote_reply"  # Raft thesis §9.6
 LOST_REASONS = ("eof", "error", "refused")  # PeerLink.close_reason: the peer's end is gone
 TERM_NOTICE = "mq_term"  # "your term is behind mine": a stale leader steps down
-APPLIED, DUPLICATE, GAP = "applied", "dup", "gap"
 STARTUP_GRACE = 2.0  # seconds a restarted member listens before it may campaign
 
 

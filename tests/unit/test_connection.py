@@ -489,7 +489,7 @@ def test_connection_error_effect() -> None:
     c = Client()
     c.handshake()
     c.open(1)
-    c.effects(E.ConnectionError(c.conn.id, 530, "NOT_ALLOWED - x", 50, 10))
+    c.effects(E.ConnectionFailure(c.conn.id, 530, "NOT_ALLOWED - x", 50, 10))
     close = c.close_frame()
     assert isinstance(close, pc.Connection.Close) and close.reply_code == 530
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from node.broker.ids import ConnId
 from node.replication.config import RaftConfig
-from node.replication.effect import ConnectionError
+from node.replication.effect import ConnectionFailure
 from node.replication.raft_node import RaftNode
 from node.replication.state_machine import SKIPPED_TEXT, BrokerState, skipped_effects
 from node.replication.syncobj import RaftShim, _BrokerLog, _Flow
@@ -51,7 +51,7 @@ def test_skipped_delivery_closes_only_the_consuming_connection() -> None:
     fx = h.run(pub(n1, "q", b"x"))  # delivered to n2's consumer: an effect n2 never emits
     assert [d.chan for d in delivers(fx)] == [c_cons]
     owed = skipped_effects(old, _copy(h.state), "n2", 7)
-    assert owed == [ConnectionError(ConnId("n2", 1), 320, SKIPPED_TEXT, 0, 0)]
+    assert owed == [ConnectionFailure(ConnId("n2", 1), 320, SKIPPED_TEXT, 0, 0)]
     # the publishing node's own batch was skipped too: its connection may be owed a reply
     assert [e.conn for e in skipped_effects(old, _copy(h.state), "n1", 1)] == [ConnId("n1", 1)]
     assert skipped_effects(old, _copy(h.state), "n3", 1) == []  # no connection there
@@ -63,7 +63,7 @@ def test_own_commands_in_the_skipped_entries_close_every_local_connection() -> N
     h.run(pub(c_pub, "p", b"y", seq=1), node="n2", incarnation=7)  # its confirm was skipped
     owed = skipped_effects(old, _copy(h.state), "n2", 7)
     assert sorted(e.conn for e in owed) == [ConnId("n2", 1), ConnId("n2", 2)]
-    assert all(isinstance(e, ConnectionError) and e.reply_code == 320 for e in owed)
+    assert all(isinstance(e, ConnectionFailure) and e.reply_code == 320 for e in owed)
 
 
 def test_entries_for_other_nodes_only_close_nothing() -> None:
@@ -101,7 +101,7 @@ async def _restore(tmp_path: Path) -> None:
     assert node.skipped_closes == 1
     assert [i for i, _k, _fx in node._held] == [40, 57]  # after what was held: log order
     index, _key, owed = node._held[-1]
-    assert owed == [ConnectionError(ConnId("n2", 1), 320, SKIPPED_TEXT, 0, 0)]
+    assert owed == [ConnectionFailure(ConnId("n2", 1), 320, SKIPPED_TEXT, 0, 0)]
     node.restore_state(_copy(h.state), 60)  # nothing changed since: nothing more owed
     assert node.skipped_closes == 1 and len(node._held) == 2
 

@@ -24,7 +24,7 @@ from node.replication.command import (
 from node.replication.effect import (
     ChannelError,
     Confirm,
-    ConnectionError,
+    ConnectionFailure,
     Deliver,
     Effect,
     GetOk,
@@ -121,8 +121,8 @@ def replies(fx: list[Effect]) -> list[Reply]:
     return [e for e in fx if isinstance(e, Reply)]
 
 
-def errors(fx: list[Effect]) -> list[ChannelError | ConnectionError]:
-    return [e for e in fx if isinstance(e, ChannelError | ConnectionError)]
+def errors(fx: list[Effect]) -> list[ChannelError | ConnectionFailure]:
+    return [e for e in fx if isinstance(e, ChannelError | ConnectionFailure)]
 
 
 def confirms(fx: list[Effect]) -> list[Confirm]:
@@ -311,7 +311,7 @@ def test_error_invalid_queue_args_406() -> None:
 def test_error_unknown_exchange_type_is_connection_error_503() -> None:
     h = setup()
     fx = h.run(xdecl(C1, "x", "foo"))
-    assert fx == [ConnectionError(C1.conn_id, 503, "COMMAND_INVALID - invalid exchange type "
+    assert fx == [ConnectionFailure(C1.conn_id, 503, "COMMAND_INVALID - invalid exchange type "
                                                    "'foo'", 40, 10)]
     assert C1 not in h.state.channels and C2 not in h.state.channels
 
@@ -455,7 +455,7 @@ def test_error_reuse_consumer_tag_530() -> None:
     h = setup("q")
     h.run(consume(C1, "q", "t"))
     fx = h.run(consume(C1, "q", "t"))
-    assert fx == [ConnectionError(C1.conn_id, 530,
+    assert fx == [ConnectionFailure(C1.conn_id, 530,
                                   "NOT_ALLOWED - attempt to reuse consumer tag 't'", 60, 20)]
     assert not h.state.channels
 

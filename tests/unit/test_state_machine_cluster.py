@@ -21,7 +21,7 @@ from node.replication.command import (
     UserDelete,
     UserPut,
 )
-from node.replication.effect import ConnectionError, ConsumerCancelled, Effect
+from node.replication.effect import ConnectionFailure, ConsumerCancelled, Effect
 from node.replication.state_machine import (
     APPLIED,
     DUPLICATE,
@@ -151,7 +151,7 @@ def test_drop_member_drops_the_removed_nodes_clients_and_requeues() -> None:
     h.run(qdecl(C1, "q"), pub(C1, "q", b"m"))
     assert bodies(h.run(consume(R1, "q", "on-n2"))) == [b"m"]
     fx = h.run(DropMember("n2"))
-    closed = [e for e in fx if isinstance(e, ConnectionError)]
+    closed = [e for e in fx if isinstance(e, ConnectionFailure)]
     assert [(e.conn, e.reply_code) for e in closed] == [(R1.conn_id, 320)]
     assert "removed from the cluster" in closed[0].reply_text
     assert not h.state.queues["q"].consumers
@@ -194,9 +194,9 @@ def test_s25_draining_member_leaves_in_sync_and_its_clients_are_redelivered() ->
     fx = h.run(SetDraining("n2", True))
     assert list(h.state.draining) == ["n2"]
     assert list(h.state.in_sync) == ["n1", "n3"]
-    assert [e for e in fx if isinstance(e, ConnectionError)] == [
-        ConnectionError(R1.conn_id, 320, drained("n2"), 0, 0),
-        ConnectionError(R3.conn_id, 320, drained("n2"), 0, 0)]
+    assert [e for e in fx if isinstance(e, ConnectionFailure)] == [
+        ConnectionFailure(R1.conn_id, 320, drained("n2"), 0, 0),
+        ConnectionFailure(R3.conn_id, 320, drained("n2"), 0, 0)]
     assert [(d.chan, d.body, d.redelivered) for d in delivers(fx)] == [(C1, b"a", True), (C1, b"b", True)]
     # the leader's catch-up rule cannot put it back while it drains
     h.run(MarkInSync("n2"))
@@ -255,9 +255,9 @@ def test_s25_node_down_redelivers_to_consumer_on_another_node_in_order() -> None
     ds = delivers(fx)
     assert [(d.chan, d.body, d.redelivered, d.delivery_tag) for d in ds] == [
         (C1, b"\x00", True, 1)]
-    assert [e for e in fx if isinstance(e, ConnectionError)] == [
-        ConnectionError(R1.conn_id, 320, forced("n2"), 0, 0),
-        ConnectionError(R3.conn_id, 320, forced("n2"), 0, 0)]
+    assert [e for e in fx if isinstance(e, ConnectionFailure)] == [
+        ConnectionFailure(R1.conn_id, 320, forced("n2"), 0, 0),
+        ConnectionFailure(R3.conn_id, 320, forced("n2"), 0, 0)]
     # every n2 channel, consumer and connection is gone
     assert all(c.node == "n1" for c in h.state.channels)
     assert all(c.node == "n1" for c in h.state.conns)
@@ -276,7 +276,7 @@ def test_s25_node_down_errors_only_that_nodes_connections() -> None:
     h = _two_node_setup()
     h.open(chan(1, conn=9, node="n3"))
     fx = h.run(NodeDown("n3"))
-    assert fx == [ConnectionError(chan(1, conn=9, node="n3").conn_id, 320, forced("n3"), 0, 0)]
+    assert fx == [ConnectionFailure(chan(1, conn=9, node="n3").conn_id, 320, forced("n3"), 0, 0)]
     assert R1 in h.state.channels and C1 in h.state.channels
     # a node without connections: nothing to do
     assert h.run(NodeDown("n3")) == []
@@ -319,7 +319,7 @@ def test_s25_node_down_connection_with_only_exclusive_queue() -> None:
     h.run(qdecl(r, "ex", exclusive=True))
     h.run(ChannelClose(r, False))  # no channel left; the connection still owns the queue
     fx = h.run(NodeDown("n2"))
-    assert fx == [ConnectionError(r.conn_id, 320, forced("n2"), 0, 0)]
+    assert fx == [ConnectionFailure(r.conn_id, 320, forced("n2"), 0, 0)]
     assert "ex" not in h.state.queues
 
 
@@ -423,7 +423,7 @@ def test_determinism_two_states_same_batches_pickle_equal() -> None:
     assert pickle.dumps(s3) == pickle.dumps(s1)
     # the scenario did what it says
     assert list(s1.members) == ["n1", "n2"] and list(s1.in_sync) == ["n1", "n2"]
-    assert any(isinstance(e, ConnectionError) for fx in fx1 for e in fx)
+    assert any(isinstance(e, ConnectionFailure) for fx in fx1 for e in fx)
     assert [(d.chan, d.body, d.redelivered) for d in delivers(fx1[7])] == [
         (C1, b"\x00", True), (C1, b"\x01", True)]
     assert not delivers(fx1[9])

@@ -32,7 +32,7 @@ from node.replication.command import (
     Command,
     NodeDown,
 )
-from node.replication.effect import ChannelError, ConnectionError, Deliver, Effect, GetOk
+from node.replication.effect import ChannelError, ConnectionFailure, Deliver, Effect, GetOk
 from node.replication.state_machine import (
     APPLIED,
     DUPLICATE,
@@ -172,8 +172,8 @@ class Model:
         (returned, redelivered) and reconnects with a new connection."""
         c = self.slots[2]
         fx = self.apply(NodeDown("n2"))
-        assert [e for e in fx if isinstance(e, ConnectionError)] == [
-            ConnectionError(c.conn_id, 320,
+        assert [e for e in fx if isinstance(e, ConnectionFailure)] == [
+            ConnectionFailure(c.conn_id, 320,
                             "CONNECTION_FORCED - node n2 was declared down by the cluster",
                             0, 0)]
         assert not any(e.chan.node == "n2" for e in fx if isinstance(e, Deliver))

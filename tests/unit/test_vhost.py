@@ -15,7 +15,7 @@ from node.replication.command import (
     VhostDelete,
     VhostPut,
 )
-from node.replication.effect import ChannelError, ConnectionError, Reply
+from node.replication.effect import ChannelError, ConnectionFailure, Reply
 from tests.unit.test_state_machine import (
     Harness,
     bodies,
@@ -33,7 +33,7 @@ from tests.unit.test_state_machine import (
 def _open(h: Harness, serial: int, vhost: str, conn: int = 1) -> object:
     c = chan(serial, conn=conn)
     fx = h.run(ChannelOpen(c, vhost))
-    assert not [e for e in fx if isinstance(e, ConnectionError)], fx
+    assert not [e for e in fx if isinstance(e, ConnectionFailure)], fx
     return c
 
 
@@ -96,7 +96,7 @@ def test_nul_in_a_name_is_refused() -> None:
 def test_channel_open_on_a_missing_vhost_closes_the_connection() -> None:
     h = Harness()
     fx = h.run(ChannelOpen(chan(1), "gone"))
-    err = [e for e in fx if isinstance(e, ConnectionError)]
+    err = [e for e in fx if isinstance(e, ConnectionFailure)]
     assert err and err[0].reply_code == 530
     assert chan(1) not in h.state.channels
 
@@ -108,7 +108,7 @@ def test_vhost_delete_takes_queues_exchanges_permissions_and_connections() -> No
     root, v1 = _open(h, 1, "/", conn=1), _open(h, 2, "v1", conn=2)
     h.run(qdecl(root, "q"), qdecl(v1, "q"), xdecl(v1, "x"))
     fx = h.run(VhostDelete("v1"))
-    closed = [e for e in fx if isinstance(e, ConnectionError)]
+    closed = [e for e in fx if isinstance(e, ConnectionFailure)]
     assert [(e.conn.serial, e.reply_code) for e in closed] == [(2, 320)]
     assert "v1" not in h.state.vhosts
     assert [k for k in h.state.queues] == ["q"]
