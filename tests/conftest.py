@@ -3,10 +3,21 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.broker_proc import Broker, NodeProcess, RemoteBroker
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
+    """item.rep_call: fixtures that print diagnostics (cluster logs, the operator's and the
+    node agent's output) do it only when the test itself failed."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.when == "call":
+        item.rep_call = rep  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")

@@ -50,10 +50,3 @@ def cluster(cluster_factory: Callable[..., Cluster]) -> Cluster:
     """A started 3-node cluster (leader elected, every member in sync)."""
     return cluster_factory(3).start()
 
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
-    outcome = yield
-    rep = outcome.get_result()
-    if rep.when == "call":
-        item.rep_call = rep  # type: ignore[attr-defined]

@@ -20,7 +20,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from node.admin.server import call_add_member, call_status, call_user_list
 from tests.broker_proc import REPO, NodeProcess
-from tests.integration.test_cli import assert_usage_error, serve_args
+from tests.support.cli import assert_usage_error, serve_args
 
 pytestmark = pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")), reason="mirrorq's own admin API")
 

@@ -16,7 +16,7 @@ import pytest
 
 from tests.broker_proc import REPO, NodeProcess, wait_for
 from tests.cluster_proc import Cluster
-from tests.integration.test_cli import assert_usage_error
+from tests.support.cli import assert_usage_error
 
 pytestmark = pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")), reason="mirrorq's own CLI")
 

@@ -14,8 +14,8 @@ import pytest
 
 from node.amqp.config import ipv6_available
 from tests.broker_proc import NodeProcess, free_port, uniq
-from tests.integration.test_cli import assert_usage_error, run_cli, serve_args
-from tests.integration.test_tls import Pki, client_context, make_pki, tls_config
+from tests.support.cli import assert_usage_error, run_cli, serve_args
+from tests.support.pki import Pki, client_context, make_pki, tls_config
 
 pytestmark = [
     pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")),

@@ -5,15 +5,9 @@ import kombu
 import pytest
 
 from tests.broker_proc import Broker, uniq
+from tests.support.kombu_client import connect
 
 pytestmark = pytest.mark.rabbitmq_ok
-
-
-def connect(broker: Broker) -> kombu.Connection:
-    conn = kombu.Connection(broker.url.replace("amqp://", "pyamqp://"), connect_timeout=10,
-                            transport_options={"confirm_publish": True})
-    conn.ensure_connection(max_retries=1)
-    return conn
 
 
 def test_kombu_confirm_consume_ack_round_trip(broker: Broker) -> None:

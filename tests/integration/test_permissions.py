@@ -19,7 +19,7 @@ from pamqp import header as pheader
 
 from tests.broker_proc import NodeProcess, uniq
 from tests.integration.conftest import RawClient
-from tests.integration.test_cli import run_cli
+from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")), reason="mirrorq's own admin API")
 

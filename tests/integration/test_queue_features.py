@@ -21,7 +21,7 @@ from kombu.simple import SimpleQueue
 
 from tests.broker_proc import Broker, uniq
 from tests.integration.conftest import Amqp, events, pump_until
-from tests.integration.test_kombu import connect as kombu_conn
+from tests.support.kombu_client import connect as kombu_conn
 
 pytestmark = pytest.mark.rabbitmq_ok
 

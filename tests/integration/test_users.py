@@ -15,7 +15,7 @@ import pika.exceptions
 import pytest
 
 from tests.broker_proc import NodeProcess, wait_for
-from tests.integration.test_cli import assert_usage_error, run_cli
+from tests.support.cli import assert_usage_error, run_cli
 
 pytestmark = pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")), reason="mirrorq's own admin API")
 

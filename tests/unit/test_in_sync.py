@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from node.replication import in_sync
 from node.replication.command import Command, SetMember
 from node.replication.view import RaftView
-from tests.unit.views import view
+from tests.support.view import view
 
 BOUND = 5.0
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from node.replication import in_sync, mirror
 from node.replication.command import MarkInSync, MarkOutOfSync, NodeDown
 from node.replication.view import RaftView
-from tests.unit.views import view
+from tests.support.view import view
 
 
 def fold(views: Iterable[RaftView], held: list[int], gate: mirror.Gate | None = None
