@@ -77,7 +77,7 @@ bench: $(STAMP)
 	$(PY) bench/suite.py $(BENCH_ARGS)
 
 # proto: regenerate node/admin/admin_pb2*.py from admin.proto (checked in; the
-# drift test tests/unit/test_admin_proto.py compares them with a fresh run)
+# drift test tests/unit/admin/test_admin_proto.py compares them with a fresh run)
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. node/admin/admin.proto
 

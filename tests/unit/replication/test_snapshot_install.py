@@ -26,7 +26,15 @@ from node.replication.effect import ConnectionFailure
 from node.replication.raft_node import RaftNode
 from node.replication.state_machine import SKIPPED_TEXT, BrokerState, skipped_effects
 from node.replication.syncobj import RaftShim, _BrokerLog, _Flow
-from tests.unit.test_state_machine import Harness, ack, chan, consume, delivers, pub, qdecl
+from tests.unit.replication.machine.test_state_machine import (
+    Harness,
+    ack,
+    chan,
+    consume,
+    delivers,
+    pub,
+    qdecl,
+)
 
 
 def _setup() -> tuple[Harness, Any, Any, Any]:

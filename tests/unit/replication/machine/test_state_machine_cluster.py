@@ -31,7 +31,7 @@ from node.replication.state_machine import (
     batch_verdict,
     default_state,
 )
-from tests.unit.test_state_machine import (
+from tests.unit.replication.machine.test_state_machine import (
     Harness,
     ack,
     bodies,

@@ -21,7 +21,7 @@ from node.replication.command import (
 )
 from node.replication.effect import ChannelError, Effect
 from node.replication.state_machine import apply_batch, default_state
-from tests.unit.test_state_machine import (
+from tests.unit.replication.machine.test_state_machine import (
     Harness,
     ack,
     chan,

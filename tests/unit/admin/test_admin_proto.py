@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 GENERATED = ("admin_pb2.py", "admin_pb2.pyi", "admin_pb2_grpc.py")
 
 

@@ -33,7 +33,14 @@ from node.replication.read_model import (
     queue_rows,
 )
 from node.replication.state_machine import BrokerState, default_state
-from tests.unit.test_state_machine import Harness, ack, chan, consume, pub, qdecl
+from tests.unit.replication.machine.test_state_machine import (
+    Harness,
+    ack,
+    chan,
+    consume,
+    pub,
+    qdecl,
+)
 
 C1, C2 = chan(1), chan(2)
 
