@@ -132,8 +132,9 @@ def _handler_name(method_name: str) -> str:
     return f"on_{cls.lower()}_{snake}"
 
 
-class Channel:
-    """State of one open channel number on a connection."""
+class WireChannel:
+    """State of one open channel number on a connection: the wire's side of a channel
+    (node.broker.channel.Channel is the replicated model's)."""
 
     def __init__(self, conn: Connection, number: int, chan_id: ChanId) -> None:
         self.conn = conn

@@ -21,9 +21,9 @@ from node.amqp.channel import (
     CLOSING_LOCAL,
     OPEN,
     AmqpError,
-    Channel,
     ChannelException,
     ConnectionException,
+    WireChannel,
 )
 from node.amqp.config import WireConfig
 from node.broker.ids import ChanId, ConnId
@@ -106,8 +106,8 @@ class Connection:
         self.reader = frame.FrameReader(frame.FRAME_MIN_SIZE)
         self.out: list[bytes] = []
         self.close_transport = False
-        self.channels: dict[int, Channel] = {}
-        self.by_id: dict[ChanId, Channel] = {}
+        self.channels: dict[int, WireChannel] = {}
+        self.by_id: dict[ChanId, WireChannel] = {}
         self.channel_max = config.channel_max or 65535
         self.frame_max = config.frame_max or 131072
         self.heartbeat = 0
@@ -127,7 +127,7 @@ class Connection:
         self.blocked_sent = False
         self.writing_paused = False
         self.opened_in_log = False  # ChannelOpen proposed: ConnectionClose owed at the end
-        self.dirty: set[Channel] = set()  # channels with confirms/credit to flush
+        self.dirty: set[WireChannel] = set()  # channels with confirms/credit to flush
         now = clock()
         self.created = now
         self.last_recv = now
@@ -239,7 +239,7 @@ class Connection:
             raise ConnectionException(502, str(err), err.class_id, err.method_id) from err
 
     def _frame_other_channel(self, ftype: int, chan: int, payload: bytes,
-                             ch: Channel | None) -> None:
+                             ch: WireChannel | None) -> None:
         if ch is None:
             if ftype == frame.FRAME_METHOD:
                 method = self._decode(payload)
@@ -271,7 +271,7 @@ class Connection:
             raise ConnectionException(530, f"NOT_ALLOWED - number of channels opened "
                                       f"({len(self.channels)}) has reached the negotiated "
                                       f"channel_max ({self.channel_max})", 20, 10)
-        ch = Channel(self, number, ChanId(self.id.node, self.id.serial, next_serial()))
+        ch = WireChannel(self, number, ChanId(self.id.node, self.id.serial, next_serial()))
         self.channels[number] = ch
         self.by_id[ch.id] = ch
         self.opened_in_log = True
@@ -279,7 +279,7 @@ class Connection:
         # later commands of the channel are ordered after ChannelOpen (FIFO)
         self.write(frame.encode_method(number, "Channel.OpenOk"))
 
-    def _drop_channel(self, ch: Channel) -> None:
+    def _drop_channel(self, ch: WireChannel) -> None:
         if self.channels.get(ch.number) is ch:
             del self.channels[ch.number]
         self.by_id.pop(ch.id, None)
@@ -430,7 +430,7 @@ class Connection:
 
     # ------------------------------------------------------------ errors / close
 
-    def channel_error(self, ch: Channel, err: AmqpError, propose: bool = True) -> None:
+    def channel_error(self, ch: WireChannel, err: AmqpError, propose: bool = True) -> None:
         """Channel-level exception: Channel.Close, then drop the channel's
         frames until Channel.CloseOk."""
         if ch.state != OPEN:
@@ -602,7 +602,7 @@ class Connection:
                 self.write(frame.encode_method(ch.number, "Basic.Cancel", {
                     "consumer_tag": e.consumer_tag, "nowait": True}))
 
-    def _reply(self, ch: Channel, e: Reply) -> None:
+    def _reply(self, ch: WireChannel, e: Reply) -> None:
         method = e.method
         if method == "Channel.CloseOk":
             if ch.state == CLOSING_CLIENT:

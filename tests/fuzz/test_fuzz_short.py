@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from node.amqp import frame
-from node.amqp.channel import Channel, ConnectionException
+from node.amqp.channel import ConnectionException, WireChannel
 from node.replication import state_machine
 from node.replication.command import QueueDeclare
 from tests.fuzz import fuzz_amqp as fz
@@ -139,10 +139,10 @@ def _kinds(result: fz.Stats) -> set[str]:
 
 def test_self_check_injected_crash_in_a_channel_handler_is_found(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    def boom(self: Channel, m: frame.Method) -> None:
+    def boom(self: WireChannel, m: frame.Method) -> None:
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(Channel, "on_basic_qos", boom)
+    monkeypatch.setattr(WireChannel, "on_basic_qos", boom)
     result = fz.fuzz("conn", 3, 0, 400, TIME_LIMIT)
     assert result.crashes > 0 and "RuntimeError" in _kinds(result)
 
@@ -158,10 +158,10 @@ def test_self_check_injected_crash_in_apply_batch_is_found(
 
 
 def test_self_check_internal_error_reply_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    def internal(self: Channel, m: frame.Method) -> None:
+    def internal(self: WireChannel, m: frame.Method) -> None:
         raise ConnectionException(541, "INTERNAL_ERROR - injected")
 
-    monkeypatch.setattr(Channel, "on_basic_qos", internal)
+    monkeypatch.setattr(WireChannel, "on_basic_qos", internal)
     result = fz.fuzz("conn", 3, 0, 400, TIME_LIMIT)
     assert any("541" in f.detail for f in result.findings.values()), _report(result)
 
