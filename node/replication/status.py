@@ -1,0 +1,109 @@
+"""NodeStatus: one immutable, typed snapshot of a node's Raft and broker figures.
+
+RaftNode.status() builds it on the caller's thread from the read model and
+counters; the app adds what only it knows (connections, AMQP ports) and the
+management API the members' addresses, each with `dataclasses.replace`. Typed
+readers use the attributes; the generic ones (the gRPC Status message, the
+Prometheus text, JSON) take `to_dict()`, whose keys and order are the wire
+contract (docs/operations.md, node/admin/admin.proto).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class PeerStatus:
+    """Another Raft member as this node's last tick saw it (match indexes and
+    reply ages mean something on the leader only)."""
+
+    member: str | None
+    address: str
+    match_index: int
+    connected: bool
+    lost: bool
+    reply_age: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"member": self.member, "address": self.address, "match_index": self.match_index,
+                "connected": self.connected, "lost": self.lost, "reply_age": self.reply_age}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    node_id: str
+    role: str  # follower, candidate, leader
+    leader: str | None
+    term: int | None
+    commit_index: int | None
+    last_applied: int | None
+    log_len: int | None
+    members: list[str]
+    in_sync: list[str]
+    draining: list[str]
+    has_quorum: bool
+    mirrored_index: int
+    blocked: bool
+    pending_batches: int
+    resends: int
+    nacked_publishes: int
+    failed_batches: dict[str, int]
+    queues: int
+    journal_flushes: int
+    snapshots: int
+    last_snapshot_seconds: float
+    last_snapshot_bytes: int
+    applied_batches: int
+    message_bytes: int
+    published: int
+    confirmed: int
+    nacked: int
+    delivered: int
+    redelivered: int
+    acked: int
+    leader_changes: int
+    deferred_elections: int
+    prevote_rounds: int
+    ignored_votes: int
+    fast_elections: int
+    peer_rejects: int
+    peer_tls: bool
+    encoded_appends: int
+    longest_raft_stall_ms: float
+    longest_flush_ms: float
+    journal_write_errors: int
+    journal_flush_errors: int
+    installed_snapshots: int
+    refused_snapshots: int
+    skipped_closes: int
+    longest_fork_ms: float
+    longest_owner_tick_ms: float
+    forced_compactions: int
+    longest_leader_gap_ms: float
+    in_sync_size: int
+    confirm_latency: dict[str, object]  # metric.Histogram.snapshot()
+    peers: tuple[PeerStatus, ...]
+    # filled by the app (node/app/node.py): absent from to_dict() until it has
+    connections: int | None = None
+    amqp_port: int | None = None
+    amqps_port: int | None = None
+    # filled by the management API's backend: absent from to_dict() until set
+    member_addresses: dict[str, str] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The status as the generic consumers have always seen it: every Raft and
+        broker figure, then the app's fields once the app has filled them."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            name = f.name
+            if name in _APP_FIELDS and self.amqp_port is None:
+                continue
+            if name == "member_addresses" and self.member_addresses is None:
+                continue
+            value = getattr(self, name)
+            out[name] = [p.to_dict() for p in value] if name == "peers" else value
+        return out
+
+
+_APP_FIELDS = frozenset({"connections", "amqp_port", "amqps_port"})
