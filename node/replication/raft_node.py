@@ -49,6 +49,7 @@ from node.replication.effect import Confirm, Deliver, Effect, GetOk, Return, eff
 from node.replication.metric import Histogram
 from node.replication.pipeline import Flush, Limits, Pipeline
 from node.replication.port import EffectSink
+from node.replication.raft import RaftShim, clock
 from node.replication.read_model import Management, ModelPublisher, ReadModel, management_rows
 from node.replication.state_machine import (
     BrokerState,
@@ -57,7 +58,6 @@ from node.replication.state_machine import (
     default_state,
     skipped_effects,
 )
-from node.replication.syncobj import RaftShim, clock
 from node.replication.view import RaftView
 
 log = logging.getLogger(__name__)

@@ -80,8 +80,7 @@ def _run(fn: Any, **kw: Any) -> tuple[threading.Thread, dict[str, Any]]:
 
 JOURNAL_ON_FULL_DISK = r"""
 import errno, os, sys
-from pysyncobj.journal import FileJournal
-from node.replication.syncobj import FsyncMetaStorer, _Journal, _PreallocFile
+from node.replication.raft.journal import FileJournal, FsyncMetaStorer, _Journal, _PreallocFile
 d = sys.argv[1]
 j = FileJournal(os.path.join(d, "raft.journal"))
 j.__class__ = _Journal
