@@ -279,7 +279,7 @@ def check_cluster_password(cfg: NodeConfig) -> None:
     if any(tls) and not all(tls):
         raise ConfigError("raft TLS needs tls_cert, tls_key and tls_ca together")
     if all(tls):
-        from node.replication.transport import tls_contexts
+        from node.replication.raft import tls_contexts
         try:
             tls_contexts(*tls)  # type: ignore[arg-type]
         except (OSError, ValueError) as e:

@@ -32,7 +32,7 @@ class RaftConfig:
     batch_linger_after: int = 2  # ... once this many batches are in flight
     tick_interval: float = 1.0  # Tick command (TTL / x-expires)
     # silence-based elections only (a crashed leader's links break and the
-    # survivors campaign at once, syncobj.py): long enough for the raft
+    # survivors campaign at once, raft/election.py): long enough for the raft
     # thread's starvation under flat-out load on 2 shared cores (measured
     # leader stalls of 0.3-0.8 s) not to depose a healthy leader; the chart's
     # values since issue 9

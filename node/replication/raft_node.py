@@ -1,7 +1,7 @@
 """The raft node: the broker's state machine on a Raft log, and the confirm rule.
 
 Two threads. The asyncio loop proposes commands (batched by pipeline.py) and
-carries out effects. The raft thread (owned by the shim, syncobj.py) ticks
+carries out effects. The raft thread (owned by the shim, raft/shim.py) ticks
 pysyncobj, applies committed batches to the pure state machine here
 (`apply`), and once per tick hands an immutable RaftView to `on_tick`, which
 folds it through the pure planners:
@@ -49,6 +49,7 @@ from node.replication.effect import Confirm, Deliver, Effect, GetOk, Return, eff
 from node.replication.metric import Histogram
 from node.replication.pipeline import Flush, Limits, Pipeline
 from node.replication.port import EffectSink
+from node.replication.raft import RaftShim, clock
 from node.replication.read_model import Management, ModelPublisher, ReadModel, management_rows
 from node.replication.state_machine import (
     BrokerState,
@@ -57,7 +58,6 @@ from node.replication.state_machine import (
     default_state,
     skipped_effects,
 )
-from node.replication.syncobj import RaftShim, clock
 from node.replication.view import RaftView
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """What the pure planners see of Raft: one immutable view per tick.
 
-The shim (syncobj.py) fills a RaftView once per Raft tick from pysyncobj's
+The shim (raft/shim.py) fills a RaftView once per Raft tick from pysyncobj's
 state and the transport's links, and hands it to mirror.py and in_sync.py.
 Time is in the view (pysyncobj's clock), so the planners never read one.
 """

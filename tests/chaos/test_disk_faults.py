@@ -6,7 +6,7 @@
   a disk left full by an interrupted action; stop_cluster / the suite's clean-up
   unmount everything;
 - the journal on a full filesystem: an append is an OSError(ENOSPC), not a SIGBUS,
-  and the file stays consistent (node/replication/syncobj.py _PreallocFile/_Journal);
+  and the file stays consistent (node/replication/raft/journal.py _PreallocFile/_Journal);
 - slow disk (slow_disk on the FUSE mount chaosmirrorq.slowfs, start_cluster(slow_fs=True)):
   an fsync in the follower's data dir takes at least the delay while the fault is on,
   and is fast again after it and after heal_disks.
@@ -80,8 +80,7 @@ def _run(fn: Any, **kw: Any) -> tuple[threading.Thread, dict[str, Any]]:
 
 JOURNAL_ON_FULL_DISK = r"""
 import errno, os, sys
-from pysyncobj.journal import FileJournal
-from node.replication.syncobj import FsyncMetaStorer, _Journal, _PreallocFile
+from node.replication.raft.journal import FileJournal, FsyncMetaStorer, _Journal, _PreallocFile
 d = sys.argv[1]
 j = FileJournal(os.path.join(d, "raft.journal"))
 j.__class__ = _Journal

@@ -22,7 +22,7 @@ from typing import Any
 
 from node.app.pki import make_ca, make_member
 from node.replication.codec import encode
-from node.replication.transport import K_HELLO, K_PROOF, PROTOCOL, _proof
+from node.replication.raft.transport import K_HELLO, K_PROOF, PROTOCOL, _proof
 from tests.cluster_proc import (
     Cluster,
     ClusterNode,

@@ -170,7 +170,7 @@ def test_old_snapshot_without_config_version_loads() -> None:
 
 def _load_snapshot() -> Callable[[bytes], Any]:
     """The allowlist unpickler snapshots are loaded with (a leader's too)."""
-    from node.replication.syncobj import load_snapshot
+    from node.replication.raft.snapshot import load_snapshot
     return load_snapshot
 
 

@@ -7,9 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-from pysyncobj.journal import FileJournal
 
-from node.replication.syncobj import FsyncMetaStorer, _Journal
+from node.replication.raft.journal import FileJournal, FsyncMetaStorer, _Journal
 
 
 def test_compaction_keeps_the_tail_readable_by_pysyncobj(tmp_path: Path) -> None:

@@ -12,14 +12,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pysyncobj.poller import createPoller
-from pysyncobj.tcp_connection import CONNECTION_STATE
 
 from node.app.pki import make_ca, make_member
 from node.replication.codec import encode
+from node.replication.raft.shim import _Flow
+from node.replication.raft.snapshot import load_snapshot
+from node.replication.raft.transport import (
+    CONNECTION_STATE,
+    PeerLink,
+    PeerSecurity,
+    createPoller,
+    tls_contexts,
+)
 from node.replication.state_machine import default_state
-from node.replication.syncobj import _Flow, load_snapshot
-from node.replication.transport import PeerLink, PeerSecurity, tls_contexts
 
 
 class _Pair:

@@ -16,7 +16,7 @@ arrives. Here instead:
   its tick), and a link that has been silent for connectionTimeout is
   closed (each side sends a ping after a second of its own silence).
 
-This module and syncobj.py (the shim) are the only ones that import pysyncobj.
+This package (node/replication/raft/) is the only one that imports pysyncobj.
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ from typing import Any
 
 from pysyncobj.monotonic import monotonic as clock
 from pysyncobj.poller import POLL_EVENT_TYPE
+from pysyncobj.poller import createPoller as createPoller  # re-export: tests' own poller
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
@@ -52,6 +53,7 @@ MAX_UNSENT = 256 * 1024 * 1024  # a peer this far behind on reading is dropped
 READ_CHUNK = 256 * 1024
 READ_PER_EVENT = 4 * 1024 * 1024  # then back to the tick: heartbeats never starve
 PING_AFTER = 1.0
+LOST_REASONS = ("eof", "error", "refused")  # PeerLink.close_reason: the peer's end is gone
 _LEN = struct.Struct("<I")
 _HDR = struct.Struct("<IB")
 

@@ -1,6 +1,10 @@
-"""The pysyncobj shim: the only code that touches SyncObj and its private state.
+"""The pysyncobj shim: RaftShim, the SyncObj subclass (_BrokerLog) and its tick.
 
-(transport.py is its network half: pysyncobj's TCPTransport over our links.)
+With its halves in this package it is the only code that touches SyncObj and
+its private state: election.py (PreVote, fast election, term notice, startup
+grace) and snapshot.py (the forked snapshot and its loading) are mixins of
+RaftShim; journal.py is the journal on disk; transport.py is the network half
+(pysyncobj's TCPTransport over our links); messages.py names our messages.
 The shim runs the raft thread: it ticks SyncObj, flushes the journal once per
 tick (group commit), releases the held AppendEntries acks after that flush,
 gates elections (PreVote), and then fills one immutable RaftView that it
@@ -25,14 +29,9 @@ the vote), and grants PreVotes, instead of waiting for the election timeout.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import errno
-import io
 import logging
 import os
-import pickle
 import random
-import struct
 import threading
 import time
 from collections import deque
@@ -40,32 +39,26 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
-from pysyncobj.config import SERIALIZER_STATE
-from pysyncobj.journal import FIRST_RECORD_OFFSET, FileJournal, MetaStorer, ResizableFile
+from pysyncobj.journal import FileJournal
 from pysyncobj.monotonic import (
     monotonic as clock,  # pysyncobj's clock (MONOTONIC_RAW): compare like with like
 )
 from pysyncobj.node import TCPNode
-from pysyncobj.pickle import dumps as _pysyncobj_dumps
-from pysyncobj.pickle import to_bytes as _to_bytes
-from pysyncobj.syncobj import _COMMAND_TYPE, _RAFT_STATE
+from pysyncobj.syncobj import _COMMAND_TYPE
 from pysyncobj.tcp_connection import CONNECTION_STATE
 
 from node.broker.ids import NodeId
 from node.replication.codec import CodecError, decode, decode_batch, encode, encode_batch
 from node.replication.command import Batch
 from node.replication.config import RaftConfig
-from node.replication.transport import PeerSecurity, PeerTransport, tls_contexts
+from node.replication.raft.election import ElectionMixin, quiet_timeouts
+from node.replication.raft.journal import FsyncMetaStorer, _Journal, _PreallocFile
+from node.replication.raft.messages import MIRRORED, PREVOTE, PREVOTE_REPLY, TERM_NOTICE
+from node.replication.raft.snapshot import SnapshotMixin
+from node.replication.raft.transport import LOST_REASONS, PeerSecurity, PeerTransport, tls_contexts
 from node.replication.view import PeerView, RaftView
 
 log = logging.getLogger(__name__)
-
-SNAPSHOT_PROTOCOL = pickle.HIGHEST_PROTOCOL  # protocol 5: bodies as raw bytes
-MIRRORED = "mq_mirrored"  # our transport message: leader -> followers
-PREVOTE, PREVOTE_REPLY = "mq_prevote", "mq_prevote_reply"  # Raft thesis §9.6
-LOST_REASONS = ("eof", "error", "refused")  # PeerLink.close_reason: the peer's end is gone
-TERM_NOTICE = "mq_term"  # "your term is behind mine": a stale leader steps down
-STARTUP_GRACE = 2.0  # seconds a restarted member listens before it may campaign
 
 
 def _security(config: RaftConfig) -> PeerSecurity:
@@ -76,167 +69,6 @@ def _security(config: RaftConfig) -> PeerSecurity:
         client, server = tls_contexts(config.tls_cert, config.tls_key, config.tls_ca)
     password = config.password.encode() if config.password else None
     return PeerSecurity(password=password, client_tls=client, server_tls=server)
-
-
-class FsyncMetaStorer(MetaStorer):  # type: ignore[misc]
-    """Term and vote must be durable before a vote is granted (Raft §5.2):
-    a change of either is fsync'd (file and directory). pysyncobj also
-    stores the commit index once a second; that needs no sync (a stale one
-    is re-learned from the leader), and two fsyncs a second on the raft
-    thread stalled it for hundreds of ms under write load."""
-
-    _durable: tuple[Any, Any] | None = None
-
-    def storeMeta(self, meta: dict[str, Any]) -> None:  # noqa: N802 - pysyncobj's name
-        path = self.getPath()
-        tmp = path + ".tmp"
-        vote = (meta.get("currentTerm"), meta.get("votedForNodeId"))
-        sync = vote != self._durable
-        try:
-            with open(tmp, "wb") as f:
-                f.write(_pysyncobj_dumps(meta))
-                if sync:
-                    f.flush()
-                    os.fsync(f.fileno())
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            if sync:
-                raise  # a term/vote that is not durable must not be acted on
-            # only the commit index (once a second from pysyncobj's tick): on a
-            # full disk it was an exception that cut every such tick short;
-            # skipping it is safe (a stale commit index is re-learned)
-            log.warning("journal meta: commit index not stored: %s", exc)
-            return
-        os.replace(tmp, path)
-        if sync:
-            _fsync_dir(os.path.dirname(path) or ".")
-            self._durable = vote
-
-
-def _fallocate(fd: int, offset: int, length: int) -> None:
-    """fallocate(2) mode 0. Not os.posix_fallocate: where the filesystem has no
-    fallocate (FUSE, e.g. the chaos slow-disk mount) glibc emulates it by
-    writing a byte into every block of the range, a FUSE round trip each;
-    here that is EOPNOTSUPP and _PreallocFile stops preallocating."""
-    if _libc_fallocate is None:
-        os.posix_fallocate(fd, offset, length)
-        return
-    if _libc_fallocate(fd, 0, offset, length) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
-try:
-    _libc_fallocate: Any = ctypes.CDLL(None, use_errno=True).fallocate64
-    _libc_fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
-    _libc_fallocate.restype = ctypes.c_int
-except (AttributeError, OSError):  # not glibc
-    _libc_fallocate = None
-
-
-class _PreallocFile(ResizableFile):  # type: ignore[misc]
-    """The journal's mmap'd file with its growth preallocated.
-
-    pysyncobj grows the file with ftruncate (sparse) and writes records
-    through the mmap: on a full filesystem the kernel cannot back the first
-    write into a hole with a block and the process dies of SIGBUS (a
-    follower on a full tmpfs did exactly that, chaos experiment
-    follower-disk-full). Here every write beyond the reserved end first
-    reserves blocks with fallocate (in RESERVE steps), so a full disk
-    is an OSError(ENOSPC) before anything is written, which _Journal.add
-    turns into "entry not appended" (the ack for it is never sent). A
-    filesystem without fallocate (EOPNOTSUPP) keeps the old behaviour."""
-
-    RESERVE = 1 << 20  # a fallocate per MiB of journal
-    _reserved = 0
-    _no_fallocate = False
-
-    def write(self, offset: int, values: bytes) -> None:
-        end = offset + len(values)
-        if end > self._reserved and not self._no_fallocate:
-            f = self._ResizableFile__f
-            start = self._reserved
-            upto = max(end, start + self.RESERVE)
-            try:
-                _fallocate(f.fileno(), start, upto - start)  # may extend the file
-            except OSError as exc:
-                if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                    raise
-                self._no_fallocate = True
-            else:
-                self._reserved = upto
-                mm = self._ResizableFile__mm
-                size = os.fstat(f.fileno()).st_size
-                if len(mm) < size:  # (mm.size() is the file's size, len(mm) the mapping's)
-                    mm.resize(size)  # map what fallocate added (same size: no truncation)
-        super().write(offset, values)
-
-
-class _Journal(FileJournal):  # type: ignore[misc]
-    """pysyncobj's FileJournal, whose compaction (deleteEntriesTo) rewrites
-    the entries that remain one record at a time on the raft thread (a
-    struct.pack, a mmap write and a header write each): after a snapshot
-    under load that was 100k+ records and seconds without heartbeats. Here
-    they are written as one block. Same file format.
-
-    add() writes the record before it appends the entry to the in-memory
-    list (pysyncobj does it the other way round): when the write fails (a
-    full disk, see _PreallocFile) the entry is in neither, and the next add
-    does not leave a hole in the file."""
-
-    def add(self, command: Any, idx: int, term: int) -> None:
-        data = struct.pack("<QQ", idx, term) + _to_bytes(command)
-        size = struct.pack("<I", len(data))
-        record = size + data + size
-        offset: int = getattr(self, "_FileJournal__currentOffset")  # noqa: B009 - set below (mypy)
-        self._FileJournal__journalFile.write(offset, record)  # OSError(ENOSPC): nothing changed
-        self._FileJournal__journal.append((command, idx, term))
-        self._FileJournal__currentOffset = offset + len(record)
-        self._FileJournal__setLastRecordOffset(self._FileJournal__currentOffset)
-
-    def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802 - pysyncobj's name
-        keep: list[tuple[bytes, int, int]] = getattr(self, "_FileJournal__journal")[entryTo:]  # noqa: B009
-        pack = struct.Struct("<IQQ").pack
-        parts = []
-        for command, idx, term in keep:
-            data = command if isinstance(command, bytes) else bytes(command)
-            size = 16 + len(data)
-            tail = size.to_bytes(4, "little")
-            parts.append(pack(size, idx, term))
-            parts.append(data)
-            parts.append(tail)
-        blob = b"".join(parts)
-        self._FileJournal__journal = keep
-        self._FileJournal__journalFile.write(FIRST_RECORD_OFFSET, blob)
-        self._FileJournal__currentOffset = FIRST_RECORD_OFFSET + len(blob)
-        self._FileJournal__setLastRecordOffset(self._FileJournal__currentOffset)
-
-
-_PR_SET_PDEATHSIG = 1
-try:  # resolved here: no dlopen in a child forked from a threaded process
-    _libc_prctl: Any = ctypes.CDLL(None, use_errno=True).prctl
-except (AttributeError, OSError):  # not Linux / glibc
-    _libc_prctl = None
-
-
-def _die_with_parent(parent: int) -> None:
-    """In a forked child: be SIGKILLed when the thread that forked it (the raft
-    thread, alive as long as the node) ends; exit at once if the node is
-    already gone. Linux only, a no-op elsewhere."""
-    if _libc_prctl is None:
-        return
-    _libc_prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL
-    if os.getppid() != parent:
-        os._exit(1)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class _Conf(SyncObjConf):  # type: ignore[misc]
@@ -557,36 +389,6 @@ class _Flow:
             self.inflight = 0
 
 
-class _SnapshotUnpickler(pickle.Unpickler):
-    """A snapshot may arrive from the leader: build only the broker's own
-    types and plain containers, never an arbitrary callable."""
-
-    _ALLOWED = {
-        ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "bytearray"),
-        ("collections", "deque"), ("collections", "OrderedDict"), ("collections", "defaultdict"),
-        ("datetime", "datetime"), ("datetime", "date"), ("datetime", "timedelta"),
-        ("datetime", "timezone"), ("decimal", "Decimal"),
-        ("pysyncobj.node", "TCPNode"), ("pysyncobj.node", "Node"),
-    }
-
-    # the state's own modules: the pure model and the replicated state (no I/O in any of them)
-    _MODULES = ("node.broker.", "node.replication.state_machine", "node.broker.ids",
-                "node.replication.command", "node.replication.effect")
-
-    def find_class(self, module: str, name: str) -> Any:
-        ours = module.startswith(self._MODULES) and not name.startswith("_")
-        if (module, name) in self._ALLOWED or ours:
-            obj = super().find_class(module, name)
-            if ours and not isinstance(obj, type):
-                raise pickle.UnpicklingError(f"snapshot refers to {module}.{name}, not a type")
-            return obj
-        raise pickle.UnpicklingError(f"snapshot refers to {module}.{name}: not allowed")
-
-
-def load_snapshot(data: bytes) -> Any:
-    return _SnapshotUnpickler(io.BytesIO(data)).load()
-
-
 class Owner(Protocol):
     """What the shim calls back, on the raft thread."""
 
@@ -601,7 +403,7 @@ class Owner(Protocol):
 Done = Callable[[bool, str], None]  # (succeeded, reason), on the raft thread
 
 
-class RaftShim:
+class RaftShim(ElectionMixin, SnapshotMixin):
     def __init__(self, owner: Owner, node_id: NodeId, data_dir: str, config: RaftConfig) -> None:
         self.owner = owner
         self.node_id = node_id
@@ -658,15 +460,7 @@ class RaftShim:
     def start(self) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
         c = self.config
-        # a node that campaigns before it has heard the leader deposes a healthy
-        # one: a joining node stays quiet until a leader contacts it; a
-        # (re)starting member waits a grace period first (a full-cluster
-        # restart elects after it)
-        quiet: tuple[float, float] | None = None
-        if c.join:
-            quiet = (3600.0, 3601.0)
-        elif c.peers:
-            quiet = (c.election_min + STARTUP_GRACE, c.election_max + STARTUP_GRACE)
+        quiet = quiet_timeouts(c)
         if quiet is not None:
             self._restore_timeouts = (c.election_min, c.election_max)
         conf = _Conf(
@@ -912,154 +706,6 @@ class RaftShim:
                         told_mirrored=self._mirrored, members=members, in_sync=in_sync,
                         draining=draining, peers=peers)
 
-    def _on_link_lost(self, node: Any) -> None:
-        """A peer's link broke (raft thread). If it was our leader, campaign
-        soon instead of after the election timeout: the survivors rank
-        themselves by address (the first goes after ~20 ms, the next 150 ms
-        later) so that they do not split the vote; PreVote still decides."""
-        so = self._so
-        if so is None or so._SyncObj__raftState != _RAFT_STATE.FOLLOWER or so._getLeader() != node:  # type: ignore[attr-defined]
-            return
-        self.leader_contact = 0.0
-        self._contact_node = None
-        self._leader_lost = True
-        survivors = sorted([n.address for n in list(so.otherNodes) if n != node] + [self.address])
-        rank = survivors.index(self.address)
-        deadline = clock() + 0.02 + 0.15 * rank + random.uniform(0.0, 0.03)
-        if so._SyncObj__raftElectionDeadline > deadline:  # type: ignore[attr-defined]
-            so._SyncObj__raftElectionDeadline = deadline  # type: ignore[attr-defined]
-            self.fast_elections += 1
-
-    # ---------------------------------------------- elections (raft thread)
-    def _gate_election(self, so: _BrokerLog, now: float) -> None:
-        """PreVote (Raft thesis §9.6): before pysyncobj may start an election
-        (bump its term and ask for votes), ask the others whether they would
-        vote: only with a majority's yes does the election go ahead. A member
-        that is behind, slow or cut off thus never raises its term and
-        never disrupts a healthy leader."""
-        if so._SyncObj__raftState == _RAFT_STATE.LEADER or not so.otherNodes:  # type: ignore[attr-defined]
-            return
-        if so._SyncObj__transferInProgress:  # type: ignore[attr-defined]
-            self._campaign_transfer = True  # the leader asked: no pre-vote
-            return
-        if so._SyncObj__raftElectionDeadline > now + 2 * self.config.idle_tick:  # type: ignore[attr-defined]
-            return
-        if self._prevote_won:
-            self._prevote_won = False
-            so._SyncObj__raftElectionDeadline = 0  # type: ignore[attr-defined]
-            return
-        c = self.config
-        # the next round: soon while the leader's link is known broken
-        lo, hi = (0.15, 0.3) if self._leader_lost else (c.election_min, c.election_max)
-        so._SyncObj__raftElectionDeadline = now + random.uniform(lo, hi)  # type: ignore[attr-defined]
-        self._prevote_term = so.raftCurrentTerm + 1
-        self._prevote_grants = set()
-        self.prevote_rounds += 1
-        last_index, last_term = self._log_tail(so)
-        transport = so.transport()
-        for node in list(so.otherNodes):
-            transport.send_raw(node, {"type": PREVOTE, "term": self._prevote_term,
-                                      "last_log_index": last_index, "last_log_term": last_term})
-
-    @staticmethod
-    def _log_tail(so: _BrokerLog) -> tuple[int, int]:
-        journal = so._SyncObj__raftLog
-        return (int(journal[-1][1]), int(journal[-1][2])) if len(journal) else (0, 0)
-
-    def _leader_alive(self) -> bool:
-        """A live leader is known: we lead and a majority answered within the
-        minimum election timeout, or we follow one heard from within it."""
-        so = self._so
-        assert so is not None
-        now = clock()
-        bound = self.config.election_min
-        if so._isLeader():
-            fresh = sum(1 for t in list(so.last_response().values()) if now - t < bound)
-            return fresh + 1 > (len(so.otherNodes) + 1) / 2
-        return so._getLeader() is not None and now - self.leader_contact < bound
-
-    def _on_prevote(self, node: Any, msg: dict[str, Any]) -> None:
-        so = self._so
-        assert so is not None
-        term = int(msg.get("term", 0))
-        theirs = (int(msg.get("last_log_term", 0)), int(msg.get("last_log_index", 0)))
-        mine_index, mine_term = self._log_tail(so)
-        granted = term > so.raftCurrentTerm and theirs >= (mine_term, mine_index) and not self._leader_alive()
-        so.transport().send_raw(node, {"type": PREVOTE_REPLY, "term": term, "granted": granted})
-
-    def _on_prevote_reply(self, node: Any, msg: dict[str, Any]) -> None:
-        so = self._so
-        assert so is not None
-        if not msg.get("granted") or msg.get("term") != self._prevote_term \
-                or so._SyncObj__raftState == _RAFT_STATE.LEADER:  # type: ignore[attr-defined]
-            return
-        self._prevote_grants.add(node)
-        if len(self._prevote_grants) + 1 > (len(so.otherNodes) + 1) / 2:
-            self._prevote_won = True
-            so._SyncObj__raftElectionDeadline = 0  # type: ignore[attr-defined]
-
-    def _snapshot_moves_forward(self, node: Any, msg: dict[str, Any]) -> bool:
-        """False: a snapshot chunk at or below what we have applied (drop it
-        and send the leader on from our commit index). Raft installs a
-        snapshot only past the follower's state; pysyncobj installs whatever
-        arrives, and a leader whose nextIndex a late reply had sent back
-        resent the snapshot we had just installed: we rewound and applied the
-        entries after it again, delivering their messages a second time
-        (duplicates with redelivered=false, chaos follower-slow-disk and
-        packet-loss, issue 16)."""
-        index = msg.get("snapshot_index")
-        so = self._so
-        assert so is not None
-        if index is None or int(index) > so.raftLastApplied:
-            return True
-        self.refused_snapshots += 1
-        if self.refused_snapshots == 1 or self.refused_snapshots % 100 == 0:
-            log.warning("dropping snapshot chunks at index %d: applied here up to %d (%d dropped)",
-                        index, so.raftLastApplied, self.refused_snapshots)
-        # everything up to our commit index is in the leader's log (Raft)
-        so.transport().send(node, {"type": "next_node_idx", "next_node_idx": so.raftCommitIndex + 1,
-                                   "reset": True, "success": False})
-        return False
-
-    def _on_append_term(self, node: Any, msg: dict[str, Any]) -> bool:
-        """False: an AppendEntries from a stale term; tell its sender (at most
-        once a second) so that a leader that missed an election steps down."""
-        so = self._so
-        assert so is not None
-        term = int(msg.get("term", 0))
-        now = clock()
-        if term >= so.raftCurrentTerm:
-            if node is self._contact_node and now - self.leader_contact > self.longest_leader_gap:
-                self.longest_leader_gap = now - self.leader_contact  # heartbeats late or starved
-            self._contact_node = node
-            self.leader_contact = now
-            self._leader_lost = False
-            return True
-        if now - self._term_noticed.get(node, 0.0) > 1.0:
-            self._term_noticed[node] = now
-            so.transport().send_raw(node, {"type": TERM_NOTICE, "term": so.raftCurrentTerm})
-        return False
-
-    def _on_term_notice(self, node: Any, msg: dict[str, Any]) -> None:
-        so = self._so
-        assert so is not None
-        term = int(msg.get("term", 0))
-        if term > so.raftCurrentTerm and so._isLeader():
-            log.warning("stepping down: a member is at term %d, above ours (%d)", term, so.raftCurrentTerm)
-            so._SyncObj__setCurrentTerm(term, None)  # type: ignore[attr-defined]
-            so._SyncObj__setState(_RAFT_STATE.FOLLOWER)  # type: ignore[attr-defined]
-            so._SyncObj__raftLeader = None  # type: ignore[attr-defined]
-            c = self.config
-            so._SyncObj__raftElectionDeadline = clock() + random.uniform(c.election_min, c.election_max)  # type: ignore[attr-defined]
-
-    def _defer_election(self, so: _BrokerLog, now: float) -> None:
-        if so._SyncObj__raftState != _RAFT_STATE.FOLLOWER:  # type: ignore[attr-defined]
-            return
-        deadline = now + self.config.election_min
-        if so._SyncObj__raftElectionDeadline < deadline:  # type: ignore[attr-defined]
-            so._SyncObj__raftElectionDeadline = deadline  # type: ignore[attr-defined]
-            self.deferred_elections += 1
-
     def _trim_append(self, node: Any, message: dict[str, Any]) -> dict[str, Any] | None:
         """Raft: append the entries not already in the log; truncate only on a
         conflict (same index, other term). pysyncobj truncates after
@@ -1128,77 +774,6 @@ class RaftShim:
             self._last_forced_compaction = now
             self.forced_compactions += 1
             so.forceLogCompaction()
-
-    def _serialize(self, tmp_path: str, raft_data: Any) -> None:
-        """Start a snapshot in a forked child (copy-on-write view of the state
-        between two applies), so the raft thread never stalls on a large
-        state. pysyncobj renames `tmp_path` as soon as we return; we leave
-        nothing there (its rename fails harmlessly) and install the child's
-        file ourselves in _check_snapshot, which pysyncobj polls; only then
-        does it drop the journal entries the snapshot covers."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_path)
-        part = self._dump_path + ".part"
-        self._snap_started = clock()
-        parent = os.getpid()
-        pid = os.fork()
-        if pid != 0:
-            self.longest_fork = max(self.longest_fork, clock() - self._snap_started)
-        if pid == 0:  # child: no threads, no loop; write, sync, leave
-            code = 1
-            try:
-                # die with the node: an orphan would keep the node's listening
-                # sockets (inherited) while it writes, and the restarted node
-                # could not bind its ports ("Address already in use": a SIGKILLed
-                # node under load, its child writing a 1.3 GB snapshot, chaos
-                # kill_during_snapshot / issue 16)
-                _die_with_parent(parent)
-                # every member compacts at about the same entry count: at full
-                # priority three children starve the raft threads on a small
-                # machine into missed heartbeats and an election
-                os.nice(19)
-                with open(part, "wb") as f:
-                    pickle.dump((self.owner.snapshot_state(), raft_data), f, protocol=SNAPSHOT_PROTOCOL)
-                    f.flush()
-                    os.fsync(f.fileno())
-                code = 0
-            finally:
-                os._exit(code)
-        self._snap_pid = pid
-
-    def _check_snapshot(self) -> int:
-        pid = self._snap_pid
-        if pid is None:
-            return SERIALIZER_STATE.NOT_SERIALIZING
-        rpid, status = os.waitpid(pid, os.WNOHANG)
-        if rpid == 0:
-            return SERIALIZER_STATE.SERIALIZING
-        self._snap_pid = None
-        if status != 0:
-            log.error("snapshot child failed with status %d", status)
-            # e.g. ENOSPC: that snapshot fails (pysyncobj keeps the journal and
-            # tries again later); its partial file must not keep the disk full
-            with contextlib.suppress(OSError):
-                os.unlink(self._dump_path + ".part")
-            return SERIALIZER_STATE.FAILED
-        os.replace(self._dump_path + ".part", self._dump_path)
-        _fsync_dir(self.data_dir)
-        self.snapshots += 1
-        self.last_snapshot_seconds = clock() - self._snap_started
-        self.last_snapshot_bytes = os.path.getsize(self._dump_path)
-        return SERIALIZER_STATE.SUCCESS
-
-    def _deserialize(self, filename: str) -> Any:
-        with open(filename, "rb") as f:
-            state, raft_data = load_snapshot(f.read())
-        so = self._so
-        index = int(raft_data[1][1])
-        applied = int(so.raftLastApplied) if so is not None else 0
-        if applied:  # from the leader, not our own dump at start
-            self.installed_snapshots += 1
-            log.warning("installing the leader's snapshot at index %d (applied here: %d)", index, applied)
-        self.owner.restore_state(state, index)
-        return raft_data
 
     def _has_quorum(self, so: _BrokerLog) -> bool:
         """Raft's view, not TCP's (a link cut by a firewall stays 'connected'

@@ -1,0 +1,15 @@
+"""Raft for the broker over pysyncobj: the only package that imports pysyncobj.
+
+shim.py       RaftShim (what raft_node.RaftNode drives), the SyncObj subclass, the tick
+election.py   PreVote, fast election, term notice, startup grace (a mixin of RaftShim)
+journal.py    the journal on disk: fsync'd term/vote, preallocation, block compaction
+snapshot.py   the forked snapshot and its allowlisted loading (a mixin of RaftShim)
+messages.py   our own Raft messages (mirrored index, PreVote, term notice)
+transport.py  authenticated peer links under pysyncobj's TCPTransport
+"""
+from __future__ import annotations
+
+from node.replication.raft.shim import RaftShim, clock
+from node.replication.raft.transport import PeerSecurity, tls_contexts
+
+__all__ = ["PeerSecurity", "RaftShim", "clock", "tls_contexts"]

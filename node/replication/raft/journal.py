@@ -1,0 +1,169 @@
+"""The Raft journal on disk: pysyncobj's FileJournal made durable and safe on a full disk.
+
+- FsyncMetaStorer: term and vote fsync'd before they are acted on (Raft §5.2);
+- _PreallocFile: journal growth reserved with fallocate, so a full disk is an
+  OSError (ENOSPC) before a write, not a SIGBUS inside the mmap;
+- _Journal: add() that leaves no hole when a write fails, and compaction in
+  one block write.
+
+The shim (shim.py) swaps these into the journal pysyncobj creates, and
+flushes it once per tick (group commit).
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import logging
+import os
+import struct
+from typing import Any
+
+from pysyncobj.journal import FIRST_RECORD_OFFSET, FileJournal, MetaStorer, ResizableFile
+from pysyncobj.pickle import dumps as _pysyncobj_dumps
+from pysyncobj.pickle import to_bytes as _to_bytes
+
+log = logging.getLogger(__name__)
+
+
+class FsyncMetaStorer(MetaStorer):  # type: ignore[misc]
+    """Term and vote must be durable before a vote is granted (Raft §5.2):
+    a change of either is fsync'd (file and directory). pysyncobj also
+    stores the commit index once a second; that needs no sync (a stale one
+    is re-learned from the leader), and two fsyncs a second on the raft
+    thread stalled it for hundreds of ms under write load."""
+
+    _durable: tuple[Any, Any] | None = None
+
+    def storeMeta(self, meta: dict[str, Any]) -> None:  # noqa: N802 - pysyncobj's name
+        path = self.getPath()
+        tmp = path + ".tmp"
+        vote = (meta.get("currentTerm"), meta.get("votedForNodeId"))
+        sync = vote != self._durable
+        try:
+            with open(tmp, "wb") as f:
+                f.write(_pysyncobj_dumps(meta))
+                if sync:
+                    f.flush()
+                    os.fsync(f.fileno())
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            if sync:
+                raise  # a term/vote that is not durable must not be acted on
+            # only the commit index (once a second from pysyncobj's tick): on a
+            # full disk it was an exception that cut every such tick short;
+            # skipping it is safe (a stale commit index is re-learned)
+            log.warning("journal meta: commit index not stored: %s", exc)
+            return
+        os.replace(tmp, path)
+        if sync:
+            _fsync_dir(os.path.dirname(path) or ".")
+            self._durable = vote
+
+
+def _fallocate(fd: int, offset: int, length: int) -> None:
+    """fallocate(2) mode 0. Not os.posix_fallocate: where the filesystem has no
+    fallocate (FUSE, e.g. the chaos slow-disk mount) glibc emulates it by
+    writing a byte into every block of the range, a FUSE round trip each;
+    here that is EOPNOTSUPP and _PreallocFile stops preallocating."""
+    if _libc_fallocate is None:
+        os.posix_fallocate(fd, offset, length)
+        return
+    if _libc_fallocate(fd, 0, offset, length) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+try:
+    _libc_fallocate: Any = ctypes.CDLL(None, use_errno=True).fallocate64
+    _libc_fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    _libc_fallocate.restype = ctypes.c_int
+except (AttributeError, OSError):  # not glibc
+    _libc_fallocate = None
+
+
+class _PreallocFile(ResizableFile):  # type: ignore[misc]
+    """The journal's mmap'd file with its growth preallocated.
+
+    pysyncobj grows the file with ftruncate (sparse) and writes records
+    through the mmap: on a full filesystem the kernel cannot back the first
+    write into a hole with a block and the process dies of SIGBUS (a
+    follower on a full tmpfs did exactly that, chaos experiment
+    follower-disk-full). Here every write beyond the reserved end first
+    reserves blocks with fallocate (in RESERVE steps), so a full disk
+    is an OSError(ENOSPC) before anything is written, which _Journal.add
+    turns into "entry not appended" (the ack for it is never sent). A
+    filesystem without fallocate (EOPNOTSUPP) keeps the old behaviour."""
+
+    RESERVE = 1 << 20  # a fallocate per MiB of journal
+    _reserved = 0
+    _no_fallocate = False
+
+    def write(self, offset: int, values: bytes) -> None:
+        end = offset + len(values)
+        if end > self._reserved and not self._no_fallocate:
+            f = self._ResizableFile__f
+            start = self._reserved
+            upto = max(end, start + self.RESERVE)
+            try:
+                _fallocate(f.fileno(), start, upto - start)  # may extend the file
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                    raise
+                self._no_fallocate = True
+            else:
+                self._reserved = upto
+                mm = self._ResizableFile__mm
+                size = os.fstat(f.fileno()).st_size
+                if len(mm) < size:  # (mm.size() is the file's size, len(mm) the mapping's)
+                    mm.resize(size)  # map what fallocate added (same size: no truncation)
+        super().write(offset, values)
+
+
+class _Journal(FileJournal):  # type: ignore[misc]
+    """pysyncobj's FileJournal, whose compaction (deleteEntriesTo) rewrites
+    the entries that remain one record at a time on the raft thread (a
+    struct.pack, a mmap write and a header write each): after a snapshot
+    under load that was 100k+ records and seconds without heartbeats. Here
+    they are written as one block. Same file format.
+
+    add() writes the record before it appends the entry to the in-memory
+    list (pysyncobj does it the other way round): when the write fails (a
+    full disk, see _PreallocFile) the entry is in neither, and the next add
+    does not leave a hole in the file."""
+
+    def add(self, command: Any, idx: int, term: int) -> None:
+        data = struct.pack("<QQ", idx, term) + _to_bytes(command)
+        size = struct.pack("<I", len(data))
+        record = size + data + size
+        offset: int = getattr(self, "_FileJournal__currentOffset")  # noqa: B009 - set below (mypy)
+        self._FileJournal__journalFile.write(offset, record)  # OSError(ENOSPC): nothing changed
+        self._FileJournal__journal.append((command, idx, term))
+        self._FileJournal__currentOffset = offset + len(record)
+        self._FileJournal__setLastRecordOffset(self._FileJournal__currentOffset)
+
+    def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802 - pysyncobj's name
+        keep: list[tuple[bytes, int, int]] = getattr(self, "_FileJournal__journal")[entryTo:]  # noqa: B009
+        pack = struct.Struct("<IQQ").pack
+        parts = []
+        for command, idx, term in keep:
+            data = command if isinstance(command, bytes) else bytes(command)
+            size = 16 + len(data)
+            tail = size.to_bytes(4, "little")
+            parts.append(pack(size, idx, term))
+            parts.append(data)
+            parts.append(tail)
+        blob = b"".join(parts)
+        self._FileJournal__journal = keep
+        self._FileJournal__journalFile.write(FIRST_RECORD_OFFSET, blob)
+        self._FileJournal__currentOffset = FIRST_RECORD_OFFSET + len(blob)
+        self._FileJournal__setLastRecordOffset(self._FileJournal__currentOffset)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
