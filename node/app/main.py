@@ -222,7 +222,7 @@ async def serve(cfg: NodeConfig) -> None:
     http = None
     if cfg.http.port:
         from node.app.management import NodeBackend
-        from node.http.api import ManagementApi
+        from node.http.app import ManagementApi
         from node.http.server import HttpServer
         listeners = [{"protocol": "amqp", "ip_address": a, "port": cfg.amqp_port}
                      for a in (cfg.amqp_listen or default_listen()) if cfg.amqp_port]

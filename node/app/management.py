@@ -11,7 +11,7 @@ from node.amqp.connection import VERSION
 from node.amqp.internal import AmqpSession
 from node.amqp.server import AmqpServer
 from node.app.administrator import Administrator
-from node.http.api import LocalConnection
+from node.http.backend import LocalConnection
 from node.replication.raft_node import RaftNode
 from node.replication.read_model import Management, ReadModel
 

@@ -10,9 +10,25 @@ from typing import Any
 import pytest
 
 from node.broker.password import hash_password
-from node.http import api
+from node.http.app import ManagementApi
 from node.http.auth import authenticate, parse_tags, require_vhost, visible_vhosts
+from node.http.format import (
+    all_bindings,
+    binding_json,
+    definitions,
+    message_json,
+    properties_key,
+    queue_json,
+)
 from node.http.server import HttpError, Request, Response, Router
+from node.http.stats import (
+    LatencyWindow,
+    RateSampler,
+    cluster_json,
+    interpolated_percentile,
+    latency_percentile,
+    quorum_critical,
+)
 from node.replication.read_model import management_rows
 from tests.unit.replication.machine.test_state_machine import (
     Harness,
@@ -174,7 +190,7 @@ def test_queue_counters_survive_a_snapshot_and_old_snapshots_load() -> None:
 def test_queue_json_shape() -> None:
     m = management_rows(_state().state)
     q = next(q for q in m.queues if q.name == "orders")
-    j = api.queue_json(q, (1.0, 2.0, 0.0, 0.5))
+    j = queue_json(q, (1.0, 2.0, 0.0, 0.5))
     for key, kind in (("messages", int), ("messages_ready", int), ("messages_unacknowledged", int),
                       ("consumers", int), ("durable", bool), ("arguments", dict), ("node", str),
                       ("vhost", str), ("name", str), ("type", str)):
@@ -188,17 +204,17 @@ def test_queue_json_shape() -> None:
 
 def test_bindings_include_the_default_exchange_and_properties_keys() -> None:
     m = management_rows(_state().state)
-    rows = [api.binding_json(b) for b in api.all_bindings(m)]
+    rows = [binding_json(b) for b in all_bindings(m)]
     default = next(b for b in rows if b["source"] == "")
     assert default["routing_key"] == "orders" and default["properties_key"] == "orders"
-    assert api.properties_key("", {}) == "~"
-    with_args = api.properties_key("k", {"x-match": "any"})
-    assert with_args.startswith("k~") and with_args != api.properties_key("k", {"x-match": "all"})
+    assert properties_key("", {}) == "~"
+    with_args = properties_key("k", {"x-match": "any"})
+    assert with_args.startswith("k~") and with_args != properties_key("k", {"x-match": "all"})
 
 
 def test_definitions_export_shape() -> None:
     m = management_rows(_state().state)
-    d = api.definitions({"u": ("h", ("administrator",))}, ["/"], {("u", "/"): (".*", ".*", ".*")},
+    d = definitions({"u": ("h", ("administrator",))}, ["/"], {("u", "/"): (".*", ".*", ".*")},
                         m, "0.1.0")
     assert d["users"] == [{"name": "u", "password_hash": "h",
                            "hashing_algorithm": "rabbit_password_hashing_sha256",
@@ -213,26 +229,26 @@ def test_definitions_export_shape() -> None:
 
 def test_quorum_critical() -> None:
     st = {"node_id": "n1", "members": ["n1", "n2", "n3"], "in_sync": ["n1", "n2", "n3"]}
-    assert api.quorum_critical(st) is None
+    assert quorum_critical(st) is None
     st["in_sync"] = ["n1", "n2"]
-    why = api.quorum_critical(st)
+    why = quorum_critical(st)
     assert why is not None and "majority" in why
-    assert api.quorum_critical({"node_id": "n3", "members": ["n1", "n2", "n3"],
+    assert quorum_critical({"node_id": "n3", "members": ["n1", "n2", "n3"],
                                 "in_sync": ["n1", "n2"]}) is None
-    assert api.quorum_critical({"node_id": "n1", "members": ["n1"], "in_sync": ["n1"]}) is None
+    assert quorum_critical({"node_id": "n1", "members": ["n1"], "in_sync": ["n1"]}) is None
 
 
 def test_cluster_json_and_latency() -> None:
     hist = {"le": [0.001, 0.005, 0.01], "cumulative": [50, 99, 100, 100], "count": 100}
-    assert api.latency_percentile(hist, 0.5) == 1.0
-    assert api.latency_percentile(hist, 0.99) == 5.0
+    assert latency_percentile(hist, 0.5) == 1.0
+    assert latency_percentile(hist, 0.99) == 5.0
     st = {"node_id": "n1", "leader": "n2", "term": 3, "members": ["n1", "n2", "n3"],
           "in_sync": ["n1", "n2"], "draining": [], "commit_index": 10, "last_applied": 10,
           "mirrored_index": 9, "member_addresses": {"n1": "h:1", "n2": "h:2", "n3": "h:3"},
           "peers": [{"member": "n2", "connected": True, "match_index": 10},
                     {"member": "n3", "connected": False, "match_index": 4}],
           "confirm_latency": hist}
-    c = api.cluster_json(st)
+    c = cluster_json(st)
     assert c["leader"] == "n2" and c["term"] == 3 and c["mirrored_index"] == 9
     by = {m["name"]: m for m in c["members"]}
     assert by["n1"]["reachable"] and by["n2"]["leader"] and not by["n3"]["reachable"]
@@ -242,7 +258,7 @@ def test_cluster_json_and_latency() -> None:
     assert by["n1"]["match_index"] == 10
     assert c["confirm_latency"]["since_start"]["p99_ms"] == 5.0
     # the leader knows them; http_url where configured, else null
-    c = api.cluster_json(dict(st, role="leader", leader="n1"),
+    c = cluster_json(dict(st, role="leader", leader="n1"),
                          http_urls={"n2": "http://h:15673/"})
     by = {m["name"]: m for m in c["members"]}
     assert by["n2"]["match_index"] == 10 and by["n3"]["match_index"] == 4
@@ -252,10 +268,10 @@ def test_cluster_json_and_latency() -> None:
 def test_interpolated_percentile() -> None:
     bounds = [0.001, 0.005, 0.01]
     # 100 in (1, 5] ms: p50 is halfway through the bucket, not its upper edge
-    assert api.interpolated_percentile(bounds, [0, 100, 0, 0], 0.5) == pytest.approx(3.0)
-    assert api.interpolated_percentile(bounds, [50, 50, 0, 0], 0.99) == pytest.approx(4.92)
-    assert api.interpolated_percentile(bounds, [0, 0, 0, 10], 0.5) == pytest.approx(10.0)
-    assert api.interpolated_percentile(bounds, [0, 0, 0, 0], 0.5) is None
+    assert interpolated_percentile(bounds, [0, 100, 0, 0], 0.5) == pytest.approx(3.0)
+    assert interpolated_percentile(bounds, [50, 50, 0, 0], 0.99) == pytest.approx(4.92)
+    assert interpolated_percentile(bounds, [0, 0, 0, 10], 0.5) == pytest.approx(10.0)
+    assert interpolated_percentile(bounds, [0, 0, 0, 0], 0.5) is None
 
 
 def test_latency_window_forgets_old_confirms() -> None:
@@ -268,7 +284,7 @@ def test_latency_window_forgets_old_confirms() -> None:
             cum.append(t)
         return {"le": le, "cumulative": cum, "count": t}
 
-    w = api.LatencyWindow(window=30.0)
+    w = LatencyWindow(window=30.0)
     w.add(0.0, hist(0, 0, 0, 0))
     w.add(1.0, hist(0, 0, 100, 0))  # 100 slow confirms (5..10 ms) at t=1
     slow = w.summary(2.0, hist(0, 0, 100, 0))
@@ -285,7 +301,7 @@ def test_latency_window_forgets_old_confirms() -> None:
 
 def test_rate_sampler() -> None:
     h = _state()
-    s = api.RateSampler()
+    s = RateSampler()
     s.add(0.0, management_rows(h.state))
     c = chan(1)
     h.run(*[pub(c, "orders", b"x") for _ in range(10)])
@@ -293,7 +309,7 @@ def test_rate_sampler() -> None:
     assert s.rates(("/", "orders"))[0] == pytest.approx(2.0)
     assert s.totals()[0] == pytest.approx(2.0)
     assert s.totals(["other"])[0] == 0.0  # a user sees the rates of its vhosts only
-    s = api.RateSampler()
+    s = RateSampler()
     s.add(0.0, management_rows(h.state), confirmed=100)
     s.add(5.0, management_rows(h.state), confirmed=150)
     assert s.confirm_rate() == pytest.approx(10.0)
@@ -307,11 +323,11 @@ def test_message_json_encodings() -> None:
         method = M()
         props: dict[str, Any] = {}
         body = bytearray(b"\xff\x00binary")
-    j = api._message_json(C(), "auto", None)
+    j = message_json(C(), "auto", None)
     assert j["payload_encoding"] == "base64" and j["properties"] == []
     C.body = bytearray(b"hello world")
     C.props = {"content_type": "text/plain"}
-    j = api._message_json(C(), "auto", 5)
+    j = message_json(C(), "auto", 5)
     assert j["payload"] == "hello" and j["payload_bytes"] == 11
     assert j["properties"] == {"content_type": "text/plain"}
 
@@ -321,7 +337,7 @@ def test_static_files_no_traversal(tmp_path: Any) -> None:
     (tmp_path / "app.js").write_text("x=1")
     secret = tmp_path.parent / "secret.txt"
     secret.write_text("no")
-    a = api.ManagementApi.__new__(api.ManagementApi)
+    a = ManagementApi.__new__(ManagementApi)
     a.static_dir = tmp_path
 
     def get(path: str) -> Response:

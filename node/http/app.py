@@ -1,0 +1,100 @@
+"""The management HTTP API: RabbitMQ 3.10's paths and JSON shapes (issue 15).
+
+`ManagementApi` is the HTTP app: it authenticates (auth.py), dispatches by
+the route table (routes.py) to the handlers (resources/, one module per
+resource family), serves the web console's files, and runs the rate and
+latency sampler. The handlers read the read model and the rows and write
+through the same paths a client takes: queues, exchanges, bindings, publish,
+get and purge as AMQP methods on an in-process session (node/amqp/internal.py:
+the channel code's permission checks and apply's validation and error
+texts), users, vhosts, permissions and membership through the
+Administrator, as the gRPC admin. JSON shapes: format.py; list queries:
+query.py; rates, latency and cluster figures: stats.py.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+from node.http.auth import Principal, authenticate
+from node.http.backend import Backend
+from node.http.context import Context, Handler
+from node.http.query import pick_columns
+from node.http.resources.static import static_file
+from node.http.routes import ROUTES
+from node.http.server import Request, Response, Router, json_response
+from node.http.stats import LATENCY_SAMPLE, SAMPLE_INTERVAL
+
+STATIC_DIR = Path(__file__).with_name("static")
+
+
+class ManagementApi:
+    def __init__(self, backend: Backend, static_dir: Path | None = STATIC_DIR) -> None:
+        self.b = backend
+        self.static_dir = static_dir
+        self.ctx = Context(backend)
+        self.router = Router()
+        self._sampling: asyncio.Task[None] | None = None
+        for method, pattern, fn in ROUTES:
+            self._on(method, pattern, fn)
+
+    def start_sampling(self) -> None:
+        self._sampling = asyncio.get_running_loop().create_task(self._sample_loop())
+
+    async def stop(self) -> None:
+        if self._sampling is not None:
+            self._sampling.cancel()
+            try:
+                await self._sampling
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - shutting down
+                pass
+
+    async def _sample_loop(self) -> None:
+        next_rates = time.monotonic()
+        while True:
+            now = time.monotonic()
+            try:
+                st = self.b.status()
+                self.ctx.latency.add(now, st.get("confirm_latency") or {})
+                if now >= next_rates:
+                    next_rates = now + SAMPLE_INTERVAL
+                    rows = await self.b.management_rows()
+                    self.ctx.sampler.add(time.monotonic(), rows, int(st.get("confirmed") or 0))
+            except Exception:  # noqa: BLE001 - no leader yet, raft busy: sample next time
+                pass
+            await asyncio.sleep(LATENCY_SAMPLE)
+
+    def _on(self, method: str, pattern: str, fn: Handler, public: bool = False) -> None:
+        ctx = self.ctx
+
+        async def handler(req: Request, params: dict[str, str]) -> Response:
+            if public:
+                return await fn(ctx, req, params, Principal("", ()))
+            return await fn(ctx, req, params, self._auth(req))
+        self.router.add(method, pattern, handler)
+
+    def _auth(self, req: Request) -> Principal:
+        model = self.b.read_model()
+        return authenticate(req.headers.get("authorization"), req.peer_host, model.users,
+                            self.b.configured_users, self.b.loopback_users, self.b.token)
+
+    async def __call__(self, req: Request) -> Response:
+        path = req.path
+        if not path.startswith("/api/") and path != "/api":
+            return static_file(self.static_dir, path)
+        handler, params = self.router.resolve(req.method, path)
+        resp = await handler(req, params)
+        cols = req.query.get("columns")
+        if cols and req.method == "GET" and resp.status == 200 and resp.body[:1] == b"{":
+            # one object (a queue, the overview...): RabbitMQ applies columns to it too;
+            # lists went through query.filter_sort_page already
+            value = json.loads(resp.body)
+            if not ("items" in value and "page" in value):
+                resp = json_response(pick_columns(value, cols))
+        return resp
+
+
+def make_app(backend: Backend, static_dir: Path | None = STATIC_DIR) -> ManagementApi:
+    return ManagementApi(backend, static_dir)

@@ -1,0 +1,71 @@
+"""What every management API handler shares: the node (Backend), the rate
+sampler and latency window, and the helpers all resource families use
+(visibility, the rows, an in-process AMQP session)."""
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from node.http.auth import Principal, require_vhost, visible_vhosts
+from node.http.errors import amqp_error
+from node.http.server import HttpError, Request, Response
+from node.http.stats import LatencyWindow, RateSampler, cluster_json
+
+if TYPE_CHECKING:
+    from node.http.backend import Backend
+    from node.replication.read_model import Management
+
+
+# a route's handler: (context, request, path parameters, authenticated principal)
+Handler = Callable[["Context", Request, dict[str, str], Principal], Awaitable[Response]]
+
+
+class Context:
+    def __init__(self, backend: Backend) -> None:
+        self.b = backend
+        self.sampler = RateSampler()
+        self.latency = LatencyWindow()
+
+    def model(self) -> Any:
+        return self.b.read_model()
+
+    async def rows(self) -> Management:
+        try:
+            return await self.b.management_rows()
+        except TimeoutError:
+            raise HttpError(503, "service_unavailable", "the replicated state did not answer "
+                                                        "in time") from None
+
+    def vhosts_for(self, p: Principal) -> set[str]:
+        m = self.model()
+        return set(visible_vhosts(p, m.vhosts, m.permissions))
+
+    def need_vhost(self, p: Principal, vhost: str) -> None:
+        m = self.model()
+        require_vhost(p, vhost, m.vhosts, m.permissions)
+
+    def nodes(self) -> list[str]:
+        st = self.b.status()
+        return list(st.get("members") or [self.b.node_id])
+
+    async def session_do(self, p: Principal, vhost: str,
+                         fn: Callable[[Any], Awaitable[Any]]) -> Any:
+        """Run `fn(session)` on an in-process AMQP session as `p`; AMQP
+        errors become RabbitMQ's HTTP answers."""
+        from node.amqp.internal import AmqpReplyError
+        try:
+            async with self.b.session(p.name, vhost, p.token) as s:
+                return await fn(s)
+        except AmqpReplyError as err:
+            raise amqp_error(err.code, err.text) from None
+        except TimeoutError:
+            raise HttpError(503, "service_unavailable",
+                            "the cluster did not answer in time (no leader?)") from None
+
+    def cluster(self, st: Mapping[str, Any]) -> dict[str, Any]:
+        return cluster_json(st, self.latency, time.monotonic(), self.b.member_urls())
+
+    def cluster_name(self) -> str:
+        members = self.nodes()
+        return f"mirrorq@{members[0]}" if members else "mirrorq"

@@ -1,0 +1,78 @@
+"""/api/connections: list (all, a vhost's), show, close, a connection's
+channels. Every node lists every connection; only its own ones have peer,
+user and client details (LocalConnection), and only it can close them."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from node.http.auth import Principal
+from node.http.context import Context
+from node.http.errors import not_found
+from node.http.format import connection_json
+from node.http.query import filter_sort_page
+from node.http.resources.channels import chan_rows
+from node.http.server import HttpError, Request, Response, json_response
+
+if TYPE_CHECKING:
+    from node.replication.read_model import Management
+
+
+def conn_rows(ctx: Context, rows: Management, p: Principal,
+              vhost: str | None = None) -> list[dict[str, Any]]:
+    locals_ = ctx.b.local_connections()
+    vis = ctx.vhosts_for(p)
+    out = []
+    for c in rows.connections:
+        local = locals_.get((c.node, c.serial))
+        row = connection_json(c, local)
+        if row["vhost"] not in vis or (vhost is not None and row["vhost"] != vhost):
+            continue
+        if not p.monitor and local is not None and local.user != p.name:
+            continue
+        out.append(row)
+    return out
+
+
+async def connections(ctx: Context, req: Request, _p: dict[str, str], p: Principal) -> Response:
+    return filter_sort_page(req, conn_rows(ctx, await ctx.rows(), p))
+
+
+async def vhost_connections(ctx: Context, req: Request, params: dict[str, str],
+                            p: Principal) -> Response:
+    ctx.need_vhost(p, params["vhost"])
+    return filter_sort_page(req, conn_rows(ctx, await ctx.rows(), p, params["vhost"]))
+
+
+async def connection(ctx: Context, _r: Request, params: dict[str, str], p: Principal) -> Response:
+    for row in conn_rows(ctx, await ctx.rows(), p):
+        if row["name"] == params["name"]:
+            return json_response(row)
+    raise not_found()
+
+
+async def connection_channels(ctx: Context, req: Request, params: dict[str, str],
+                              p: Principal) -> Response:
+    rows = await ctx.rows()
+    if not any(r["name"] == params["name"] for r in conn_rows(ctx, rows, p)):
+        raise not_found()
+    return filter_sort_page(req, [c for c in chan_rows(ctx, rows, p)
+                                  if c["connection_details"]["name"] == params["name"]])
+
+
+async def connection_delete(ctx: Context, req: Request, params: dict[str, str],
+                            p: Principal) -> Response:
+    rows = await ctx.rows()
+    row = next((r for r in conn_rows(ctx, rows, p) if r["name"] == params["name"]), None)
+    if row is None:
+        raise not_found()
+    if not p.administrator and row.get("user") != p.name:
+        raise HttpError(403, "not_authorised", "Not administrator user")
+    node = row["node"]
+    if node != ctx.b.node_id:
+        raise HttpError(400, "bad_request", f"connection {params['name']} is on node "
+                                            f"{node}: ask that node's management API")
+    reason = req.headers.get("x-reason", "Closed via management plugin")
+    serial = int(params["name"].rpartition(".")[2])
+    if not await ctx.b.close_connection(serial, reason):
+        raise not_found()
+    return Response(204)

@@ -1,0 +1,132 @@
+"""/api/definitions: export (all, a vhost's) and import."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from node.http.auth import Principal, parse_tags, require_admin
+from node.http.body import json_object
+from node.http.context import Context
+from node.http.errors import bad_request, not_found
+from node.http.format import HASHING, definitions
+from node.http.server import HttpError, Request, Response, json_response
+
+
+async def definitions_get(ctx: Context, _r: Request, params: dict[str, str],
+                          p: Principal) -> Response:
+    require_admin(p)
+    m = ctx.model()
+    rows = await ctx.rows()
+    vhost = params.get("vhost")
+    if vhost is not None:
+        if vhost not in m.vhosts:
+            raise not_found()
+        rows = rows._replace(queues=tuple(q for q in rows.queues if q.vhost == vhost),
+                             exchanges=tuple(x for x in rows.exchanges if x.vhost == vhost),
+                             bindings=tuple(b for b in rows.bindings if b.vhost == vhost))
+        d = definitions({}, [], {}, rows, ctx.b.product_version)
+        for key in ("users", "vhosts", "permissions", "topic_permissions",
+                    "global_parameters"):
+            d.pop(key, None)
+        for section in ("queues", "exchanges", "bindings"):
+            for item in d[section]:
+                item.pop("vhost", None)
+        return json_response(d)
+    return json_response(definitions(m.users, list(m.vhosts), m.permissions, rows,
+                                     ctx.b.product_version))
+
+
+async def definitions_post(ctx: Context, req: Request, _p: dict[str, str],
+                           p: Principal) -> Response:
+    require_admin(p)
+    body = req.json()
+    if req.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise HttpError(415, "bad_request", "send the definitions as application/json")
+    d = json_object(body)
+    await import_definitions(ctx, d, p)
+    return Response(204)
+
+
+async def import_definitions(ctx: Context, d: dict[str, Any], p: Principal) -> None:
+    """RabbitMQ's import order: users, vhosts, permissions, exchanges,
+    queues, bindings. The first failure answers 400 with its reason."""
+    admin = ctx.b.administrator
+
+    def items(key: str) -> list[dict[str, Any]]:
+        value = d.get(key) or []
+        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+            raise bad_request(f"{key} must be a list of objects")
+        return value
+    for u in items("users"):
+        name = u.get("name")
+        if not isinstance(name, str) or not name:
+            raise bad_request("a user needs a name")
+        tags = parse_tags(u.get("tags", ""))
+        algo = u.get("hashing_algorithm", HASHING)
+        if "password_hash" in u:
+            if algo != HASHING:
+                raise bad_request(f"user {name}: unsupported hashing_algorithm {algo!r}")
+            try:
+                await admin.put_user_hash(name, str(u["password_hash"]), tags)
+            except ValueError as exc:
+                raise bad_request(f"user {name}: {exc}") from None
+        elif "password" in u:
+            await admin.put_user(name, str(u["password"]), tags)
+        else:
+            raise bad_request(f"user {name}: password_hash or password is required")
+    for v in items("vhosts"):
+        name = v.get("name")
+        if not isinstance(name, str):
+            raise bad_request("a vhost needs a name")
+        try:
+            await admin.put_vhost(name)
+        except ValueError as exc:
+            raise bad_request(str(exc)) from None
+    for perm in items("permissions"):
+        try:
+            await admin.set_permissions(str(perm["user"]), str(perm["vhost"]),
+                                        str(perm["configure"]), str(perm["write"]),
+                                        str(perm["read"]))
+        except (KeyError, ValueError) as exc:
+            raise bad_request(f"permission {perm}: {exc}") from None
+    token_p = Principal(p.name, p.tags, token=True)  # an administrator imports everything
+    by_vhost: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for kind in ("exchanges", "queues", "bindings"):
+        for item in items(kind):
+            vhost = item.get("vhost", "/")
+            if vhost not in ctx.model().vhosts:
+                raise bad_request(f"{kind[:-1]} {item.get('name', '')}: vhost {vhost} "
+                                  "does not exist")
+            by_vhost.setdefault(str(vhost), []).append((kind, item))
+    for vhost, todo in by_vhost.items():
+        async def run(s: Any, todo: list[tuple[str, dict[str, Any]]] = todo) -> None:
+            for kind, item in todo:
+                await declare_item(s, kind, item)
+        await ctx.session_do(token_p, vhost, run)
+
+
+async def declare_item(s: Any, kind: str, item: Mapping[str, Any]) -> None:
+    args = item.get("arguments") or {}
+    if kind == "exchanges":
+        await s.call("Exchange.Declare", {
+            "exchange": str(item["name"]), "exchange_type": str(item.get("type", "direct")),
+            "durable": bool(item.get("durable", True)),
+            "auto_delete": bool(item.get("auto_delete", False)),
+            "internal": bool(item.get("internal", False)), "passive": False, "nowait": False,
+            "arguments": args}, ("Exchange.DeclareOk",))
+    elif kind == "queues":
+        await s.call("Queue.Declare", {
+            "queue": str(item["name"]), "durable": bool(item.get("durable", True)),
+            "auto_delete": bool(item.get("auto_delete", False)), "exclusive": False,
+            "passive": False, "nowait": False, "arguments": args}, ("Queue.DeclareOk",))
+    else:
+        rk = str(item.get("routing_key", ""))
+        if item.get("destination_type", "queue") == "queue":
+            await s.call("Queue.Bind", {"queue": str(item["destination"]),
+                                        "exchange": str(item["source"]), "routing_key": rk,
+                                        "nowait": False, "arguments": args}, ("Queue.BindOk",))
+        else:
+            await s.call("Exchange.Bind", {"destination": str(item["destination"]),
+                                           "source": str(item["source"]), "routing_key": rk,
+                                           "nowait": False, "arguments": args},
+                         ("Exchange.BindOk",))

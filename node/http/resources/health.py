@@ -1,0 +1,50 @@
+"""/api/health/checks/* and /api/aliveness-test/{vhost}."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from node.http.auth import Principal
+from node.http.context import Context
+from node.http.server import HttpError, Request, Response, json_response
+from node.http.stats import quorum_critical
+
+
+async def health_alarms(ctx: Context, _r: Request, _p: dict[str, str], p: Principal) -> Response:
+    alarms = ctx.b.alarms()
+    if alarms:
+        return Response(503, json.dumps({
+            "status": "failed", "reason": "resource alarm(s) in effect",
+            "alarms": [{"node": ctx.b.node_id, "resource": a} for a in alarms]}).encode())
+    return json_response({"status": "ok"})
+
+
+async def health_quorum(ctx: Context, _r: Request, _p: dict[str, str], p: Principal) -> Response:
+    st = ctx.b.status()
+    why = quorum_critical(st)
+    if why is not None:
+        return Response(503, json.dumps({"status": "failed", "reason": why}).encode())
+    if len(st.get("members") or []) <= 1:
+        return json_response({"status": "ok", "reason": "single node cluster"})
+    return json_response({"status": "ok"})
+
+
+async def health_vhosts(ctx: Context, _r: Request, _p: dict[str, str], p: Principal) -> Response:
+    return json_response({"status": "ok"})
+
+
+async def aliveness(ctx: Context, _r: Request, params: dict[str, str], p: Principal) -> Response:
+    vhost = params["vhost"]
+    ctx.need_vhost(p, vhost)
+
+    async def check(s: Any) -> None:
+        await s.call("Queue.Declare", {"queue": "aliveness-test", "durable": False,
+                                       "exclusive": False, "auto_delete": False,
+                                       "passive": False, "nowait": False, "arguments": {}},
+                     ("Queue.DeclareOk",))
+        await s.publish("", "aliveness-test", {}, b"test_message")
+        msg = await s.get("aliveness-test", True)
+        if msg is None:
+            raise HttpError(503, "failed", "aliveness-test: message not received")
+    await ctx.session_do(Principal(p.name, p.tags, token=p.monitor), vhost, check)
+    return json_response({"status": "ok"})

@@ -1,0 +1,54 @@
+"""/api/nodes: the Raft members as RabbitMQ nodes; this node's OS figures."""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from node.http.auth import Principal, require_monitor
+from node.http.context import Context
+from node.http.errors import not_found
+from node.http.format import EXCHANGE_TYPES
+from node.http.server import Request, Response, json_response
+from node.http.stats import STARTED, process_stats
+
+
+def node_json(ctx: Context, name: str, st: Mapping[str, Any]) -> dict[str, Any]:
+    cluster = ctx.cluster(st)
+    member = next((m for m in cluster["members"] if m["name"] == name), None)
+    mine = name == ctx.b.node_id
+    alarms = ctx.b.alarms() if mine else []
+    out: dict[str, Any] = {
+        "name": name, "type": "disc", "running": bool(member and member["reachable"]),
+        "being_drained": bool(member and member["draining"]),
+        "mem_alarm": "low on memory" in alarms, "disk_free_alarm": "low on disk" in alarms,
+        "partitions": [], "rates_mode": "basic", "exchange_types": EXCHANGE_TYPES,
+        "mirrorq": member or {},
+    }
+    if mine:
+        out.update({"os_pid": str(os.getpid()), "processors": os.cpu_count() or 1,
+                    "uptime": int((time.monotonic() - STARTED) * 1000),
+                    **process_stats(),
+                    # RabbitMQ's mem_used is the node's memory: this process's RSS
+                    # (above); the bytes of message bodies held (what the
+                    # memory_high_watermark alarm compares) are message_bytes
+                    "message_bytes": int(st.get("message_bytes") or 0),
+                    "queues": st.get("queues"), "connections": st.get("connections"),
+                    "role": st.get("role"), "term": st.get("term"),
+                    "commit_index": st.get("commit_index")})
+    return out
+
+
+async def nodes(ctx: Context, _r: Request, _p: dict[str, str], p: Principal) -> Response:
+    require_monitor(p)
+    st = ctx.b.status()
+    return json_response([node_json(ctx, n, st) for n in st.get("members") or []])
+
+
+async def node(ctx: Context, _r: Request, params: dict[str, str], p: Principal) -> Response:
+    require_monitor(p)
+    st = ctx.b.status()
+    if params["node"] not in (st.get("members") or []):
+        raise not_found()
+    return json_response(node_json(ctx, params["node"], st))

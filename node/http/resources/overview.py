@@ -1,0 +1,65 @@
+"""/api/overview, /api/cluster-name, /api/extensions, /api/whoami."""
+from __future__ import annotations
+
+from node.http.auth import Principal
+from node.http.context import Context
+from node.http.format import EXCHANGE_TYPES, RABBIT_VERSION, message_stats, rate
+from node.http.server import Request, Response, json_response
+
+
+async def overview(ctx: Context, req: Request, _p: dict[str, str], p: Principal) -> Response:
+    rows = await ctx.rows()
+    vis = ctx.vhosts_for(p)
+    queues = [q for q in rows.queues if q.vhost in vis]
+    ready = sum(q.ready for q in queues)
+    unacked = sum(q.unacked for q in queues)
+    st = ctx.b.status()
+    totals = [sum(q.stats[i] for q in queues) for i in range(4)]
+    # publish, deliver_get, redeliver, ack: cluster-wide, as RabbitMQ's overview
+    # (the replicated per-queue counters summed over the visible queues; a message
+    # routed to k queues counts k publishes, an unroutable one none)
+    stats = message_stats(totals, ctx.sampler.totals(vis))
+    # confirm: this node's (confirms are not replicated: one leaves the node
+    # its publisher is connected to; sum the nodes' overviews for the cluster)
+    hist_count = int((st.get("confirm_latency") or {}).get("count") or 0)
+    stats["confirm"] = int(st.get("confirmed") or hist_count)
+    stats["confirm_details"] = rate(ctx.sampler.confirm_rate())
+    return json_response({
+        "management_version": RABBIT_VERSION, "rabbitmq_version": RABBIT_VERSION,
+        "product_name": "mirrorq", "product_version": ctx.b.product_version,
+        "rates_mode": "basic", "erlang_version": "none (Python)",
+        "erlang_full_version": "none (Python)",
+        "cluster_name": ctx.cluster_name(), "node": ctx.b.node_id,
+        "disable_stats": False, "enable_queue_totals": True,
+        "sample_retention_policies": {"global": [600], "basic": [600], "detailed": [600]},
+        "exchange_types": EXCHANGE_TYPES,
+        "object_totals": {
+            "channels": sum(1 for c in rows.channels if c.vhost in vis),
+            "connections": sum(1 for c in rows.connections if c.vhost in vis),
+            "consumers": sum(1 for c in rows.consumers if c.vhost in vis),
+            "exchanges": sum(1 for x in rows.exchanges if x.vhost in vis),
+            "queues": len(queues)},
+        "queue_totals": {"messages": ready + unacked, "messages_details": rate(0),
+                         "messages_ready": ready, "messages_ready_details": rate(0),
+                         "messages_unacknowledged": unacked,
+                         "messages_unacknowledged_details": rate(0)},
+        "message_stats": stats,
+        "listeners": ctx.b.listeners(),
+        "contexts": [{"node": ctx.b.node_id, "description": "RabbitMQ Management",
+                      "path": "/", "port": str(req.headers.get("host", "").rpartition(":")[2])}],
+        "statistics_db_event_queue": 0,
+        "churn_rates": {},
+        "mirrorq": ctx.cluster(st),
+    })
+
+
+async def cluster_name(ctx: Context, _r: Request, _p: dict[str, str], p: Principal) -> Response:
+    return json_response({"name": ctx.cluster_name()})
+
+
+async def extensions(ctx: Context, _r: Request, _p: dict[str, str], p: Principal) -> Response:
+    return json_response([])
+
+
+async def whoami(ctx: Context, _r: Request, _p: dict[str, str], p: Principal) -> Response:
+    return json_response({"name": p.name, "tags": list(p.tags)})

@@ -1,0 +1,111 @@
+"""The management API's one route table (RabbitMQ's rabbit_mgmt_dispatcher):
+method and path pattern -> handler, in match order (server.Router takes the
+first pattern that matches). `{name}` segments are path parameters; every
+route authenticates (app.ManagementApi). The handlers live in resources/,
+one module per resource family."""
+from __future__ import annotations
+
+from node.http.context import Handler
+from node.http.resources import (
+    bindings,
+    channels,
+    connections,
+    consumers,
+    definitions,
+    exchanges,
+    health,
+    members,
+    nodes,
+    overview,
+    permissions,
+    queues,
+    users,
+    vhosts,
+)
+
+ROUTES: tuple[tuple[str, str, Handler], ...] = (
+    ("GET", "/api/overview",     overview.overview),
+    ("GET", "/api/cluster-name", overview.cluster_name),
+
+    ("GET", "/api/nodes",        nodes.nodes),
+    ("GET", "/api/nodes/{node}", nodes.node),
+
+    ("GET", "/api/whoami",     overview.whoami),
+    ("GET", "/api/extensions", overview.extensions),
+
+    ("GET", "/api/queues",                            queues.queues),
+    ("GET", "/api/queues/{vhost}",                    queues.queues),
+    ("GET", "/api/queues/{vhost}/{name}",             queues.queue),
+    ("PUT", "/api/queues/{vhost}/{name}",             queues.queue_put),
+    ("DELETE", "/api/queues/{vhost}/{name}",          queues.queue_delete),
+    ("DELETE", "/api/queues/{vhost}/{name}/contents", queues.queue_purge),
+    ("POST", "/api/queues/{vhost}/{name}/get",        queues.queue_get),
+    ("GET", "/api/queues/{vhost}/{name}/bindings",    queues.queue_bindings),
+
+    ("GET", "/api/exchanges",                                     exchanges.exchanges),
+    ("GET", "/api/exchanges/{vhost}",                             exchanges.exchanges),
+    ("GET", "/api/exchanges/{vhost}/{name}",                      exchanges.exchange),
+    ("PUT", "/api/exchanges/{vhost}/{name}",                      exchanges.exchange_put),
+    ("DELETE", "/api/exchanges/{vhost}/{name}",                   exchanges.exchange_delete),
+    ("POST", "/api/exchanges/{vhost}/{name}/publish",             exchanges.publish),
+    ("GET", "/api/exchanges/{vhost}/{name}/bindings/source",      exchanges.exchange_source),
+    ("GET", "/api/exchanges/{vhost}/{name}/bindings/destination", exchanges.exchange_dest),
+
+    ("GET", "/api/bindings",                                        bindings.bindings),
+    ("GET", "/api/bindings/{vhost}",                                bindings.bindings),
+    ("GET", "/api/bindings/{vhost}/e/{source}/q/{dest}",            bindings.binding_list("q")),
+    ("POST", "/api/bindings/{vhost}/e/{source}/q/{dest}",           bindings.binding_post("q")),
+    ("GET", "/api/bindings/{vhost}/e/{source}/q/{dest}/{props}",    bindings.binding_get("q")),
+    ("DELETE", "/api/bindings/{vhost}/e/{source}/q/{dest}/{props}", bindings.binding_delete("q")),
+    ("GET", "/api/bindings/{vhost}/e/{source}/e/{dest}",            bindings.binding_list("e")),
+    ("POST", "/api/bindings/{vhost}/e/{source}/e/{dest}",           bindings.binding_post("e")),
+    ("GET", "/api/bindings/{vhost}/e/{source}/e/{dest}/{props}",    bindings.binding_get("e")),
+    ("DELETE", "/api/bindings/{vhost}/e/{source}/e/{dest}/{props}", bindings.binding_delete("e")),
+
+    ("GET", "/api/connections",                 connections.connections),
+    ("GET", "/api/connections/{name}",          connections.connection),
+    ("DELETE", "/api/connections/{name}",       connections.connection_delete),
+    ("GET", "/api/connections/{name}/channels", connections.connection_channels),
+    ("GET", "/api/vhosts/{vhost}/connections",  connections.vhost_connections),
+
+    ("GET", "/api/channels",                channels.channels),
+    ("GET", "/api/vhosts/{vhost}/channels", channels.vhost_channels),
+
+    ("GET", "/api/consumers",         consumers.consumers),
+    ("GET", "/api/consumers/{vhost}", consumers.consumers),
+
+    ("GET", "/api/vhosts",            vhosts.vhosts),
+    ("GET", "/api/vhosts/{vhost}",    vhosts.vhost),
+    ("PUT", "/api/vhosts/{vhost}",    vhosts.vhost_put),
+    ("DELETE", "/api/vhosts/{vhost}", vhosts.vhost_delete),
+
+    ("GET", "/api/vhosts/{vhost}/permissions", permissions.vhost_permissions),
+
+    ("GET", "/api/users",                     users.users),
+    ("GET", "/api/users/without-permissions", users.users_without_permissions),
+    ("GET", "/api/users/{user}",              users.user),
+    ("PUT", "/api/users/{user}",              users.user_put),
+    ("DELETE", "/api/users/{user}",           users.user_delete),
+
+    ("GET", "/api/users/{user}/permissions",      permissions.user_permissions),
+    ("GET", "/api/permissions",                   permissions.permissions),
+    ("GET", "/api/permissions/{vhost}/{user}",    permissions.permission),
+    ("PUT", "/api/permissions/{vhost}/{user}",    permissions.permission_put),
+    ("DELETE", "/api/permissions/{vhost}/{user}", permissions.permission_delete),
+
+    ("GET", "/api/definitions",         definitions.definitions_get),
+    ("POST", "/api/definitions",        definitions.definitions_post),
+    ("GET", "/api/definitions/{vhost}", definitions.definitions_get),
+
+    ("GET", "/api/health/checks/alarms",                       health.health_alarms),
+    ("GET", "/api/health/checks/local-alarms",                 health.health_alarms),
+    ("GET", "/api/health/checks/node-is-quorum-critical",      health.health_quorum),
+    ("GET", "/api/health/checks/node-is-mirror-sync-critical", health.health_quorum),
+    ("GET", "/api/health/checks/virtual-hosts",                health.health_vhosts),
+    ("GET", "/api/aliveness-test/{vhost}",                     health.aliveness),
+
+    ("GET", "/api/mirrorq/cluster",           members.mirrorq_cluster),
+    ("PUT", "/api/mirrorq/members/{name}",    members.member_add),
+    ("POST", "/api/mirrorq/members/{name}",   members.member_add),
+    ("DELETE", "/api/mirrorq/members/{name}", members.member_remove),
+)
