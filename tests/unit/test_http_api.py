@@ -14,7 +14,7 @@ from node.http import api
 from node.http.auth import authenticate, parse_tags, require_vhost, visible_vhosts
 from node.http.server import HttpError, Request, Response, Router
 from node.replication.read_model import management_rows
-from tests.unit.test_state_machine import Harness, ack, chan, consume, pub, qbind, qdecl, xdecl
+from tests.support.machine import Harness, ack, chan, consume, pub, qbind, qdecl, xdecl
 
 # ------------------------------------------------------------------ router
 

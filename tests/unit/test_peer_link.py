@@ -17,7 +17,7 @@ from pysyncobj.tcp_connection import CONNECTION_STATE
 
 from node.app.pki import make_ca, make_member
 from node.replication.codec import encode
-from node.replication.state_machine import default_state
+from node.replication.machine import default_state
 from node.replication.syncobj import _Flow, load_snapshot
 from node.replication.transport import PeerLink, PeerSecurity, tls_contexts
 

@@ -24,6 +24,7 @@ from node.replication.command import (
     VhostDelete,
     VhostPut,
 )
+from node.replication.machine import BrokerState, default_state
 from node.replication.read_model import (
     EMPTY,
     ModelPublisher,
@@ -32,8 +33,7 @@ from node.replication.read_model import (
     build,
     queue_rows,
 )
-from node.replication.state_machine import BrokerState, default_state
-from tests.unit.test_state_machine import Harness, ack, chan, consume, pub, qdecl
+from tests.support.machine import Harness, ack, chan, consume, pub, qdecl
 
 C1, C2 = chan(1), chan(2)
 

@@ -23,10 +23,10 @@ from typing import Any
 from node.broker.ids import ConnId
 from node.replication.config import RaftConfig
 from node.replication.effect import ConnectionFailure
+from node.replication.machine import SKIPPED_TEXT, BrokerState, skipped_effects
 from node.replication.raft_node import RaftNode
-from node.replication.state_machine import SKIPPED_TEXT, BrokerState, skipped_effects
 from node.replication.syncobj import RaftShim, _BrokerLog, _Flow
-from tests.unit.test_state_machine import Harness, ack, chan, consume, delivers, pub, qdecl
+from tests.support.machine import Harness, ack, chan, consume, delivers, pub, qdecl
 
 
 def _setup() -> tuple[Harness, Any, Any, Any]:
