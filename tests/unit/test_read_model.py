@@ -161,6 +161,19 @@ def test_old_snapshot_without_config_version_loads() -> None:
         assert list(m.users) == ["alice", "bob"]
 
 
+def test_snapshot_naming_the_old_state_machine_module_loads() -> None:
+    """BrokerState lived in node.replication.state_machine until issue 25: a
+    snapshot pickled then names that module, and must still load."""
+    h = Harness()
+    h.run(UserPut("alice", "H", ()))
+    data = pickle.dumps(h.state, protocol=5)
+    new, old = b"node.replication.machine.state", b"node.replication.state_machine"
+    assert len(new) == len(old) and data.count(new) == 1  # same length: pickle stays valid
+    st = _load_snapshot()(data.replace(new, old))
+    assert isinstance(st, BrokerState) and st.users == {"alice": ("H", ())}
+    assert pickle.dumps(st, protocol=5) == data
+
+
 def _load_snapshot() -> Callable[[bytes], Any]:
     """The allowlist unpickler snapshots are loaded with (a leader's too)."""
     from node.replication.syncobj import load_snapshot
