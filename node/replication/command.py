@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from node.broker.ids import ChanId, ConnId
+from node.broker.ids import ChanId, ConnId, DeliveryTag, PublishSeq
 
 Table = dict[str, Any]
 Props = dict[str, Any]
@@ -191,7 +191,7 @@ class BasicPublish(NamedTuple):
     (S14); the state machine emits exactly one Confirm for it (S15)."""
 
     chan: ChanId
-    seq: int
+    seq: PublishSeq
     exchange: str
     routing_key: str
     mandatory: bool
@@ -201,7 +201,7 @@ class BasicPublish(NamedTuple):
 
 class BasicAck(NamedTuple):
     chan: ChanId
-    delivery_tag: int
+    delivery_tag: DeliveryTag
     multiple: bool
 
 
@@ -210,7 +210,7 @@ class BasicNack(NamedTuple):
     the flag only chooses the method ids reported in a channel error)."""
 
     chan: ChanId
-    delivery_tag: int
+    delivery_tag: DeliveryTag
     multiple: bool
     requeue: bool
     reject: bool

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from node.broker.channel import Channel, Consumer
+from node.broker.ids import DeliveryTag
 from node.broker.queue import Message, Queue
 from node.broker.reply import (
     BASIC_ACK,
@@ -150,7 +151,7 @@ class DeliveryHandlers(ApplierBase):
     def deliver(self, c: Consumer, q: Queue, m: Message) -> None:
         ch = c.channel
         tag = ch.next_tag
-        ch.next_tag = tag + 1
+        ch.next_tag = DeliveryTag(tag + 1)
         c.credit -= 1
         if c.no_ack:
             self.s.message_bytes -= m.size  # settled on delivery (S02)
@@ -209,8 +210,8 @@ class DeliveryHandlers(ApplierBase):
 
     # -- acknowledgements ---------------------------------------------------
 
-    def _collect(self, ch: Channel, tag: int, multiple: bool,
-                 ids: tuple[int, int]) -> list[int]:
+    def _collect(self, ch: Channel, tag: DeliveryTag, multiple: bool,
+                 ids: tuple[int, int]) -> list[DeliveryTag]:
         """Tags covered by an ack/nack (S05); unknown tag -> 406 (S06)."""
         if multiple and tag == 0:
             return list(ch.unacked)
@@ -225,7 +226,7 @@ class DeliveryHandlers(ApplierBase):
             out.append(t)
         return out
 
-    def _settle(self, ch: Channel, tag: int) -> tuple[Queue, Message]:
+    def _settle(self, ch: Channel, tag: DeliveryTag) -> tuple[Queue, Message]:
         q, m, c = ch.unacked.pop(tag)
         if c is not None:
             c.unacked -= 1
@@ -292,7 +293,7 @@ class DeliveryHandlers(ApplierBase):
             return
         q.pop()
         tag = ch.next_tag  # shared with consumer deliveries (S01); no prefetch (S10)
-        ch.next_tag = tag + 1
+        ch.next_tag = DeliveryTag(tag + 1)
         if cmd.no_ack:
             s.message_bytes -= m.size
         else:
