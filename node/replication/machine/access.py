@@ -19,6 +19,8 @@ from node.replication.machine.state import _add_vhost, _config_changed
 class AccessHandlers(ApplierBase):
     __slots__ = ()
 
+    # -- users --------------------------------------------------------------
+
     @handles(UserPut)
     def user_put(self, cmd: UserPut) -> None:
         self.s.users[cmd.name] = (cmd.password_hash, tuple(cmd.tags))

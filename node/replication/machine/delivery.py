@@ -308,6 +308,8 @@ class DeliveryHandlers(ApplierBase):
                              q.ready_count(), props, m.body))
         m.redelivered = True
 
+    # -- expiry (x-message-ttl, expiration, x-expires) ----------------------
+
     @handles(Tick)
     def tick(self, cmd: Tick) -> None:
         s = self.s

@@ -169,7 +169,7 @@ class PublishHandlers(ApplierBase):
             t = s.queues[name]
             self.enqueue(t, q.dlx, rk, props, m.body, m.persistent, None)
 
-    # -- transactions, echo, time ---------------------------------------------
+    # -- transactions -------------------------------------------------------
 
     @handles(TxCommit, reply=lambda c: TX_COMMIT)
     def tx_commit(self, cmd: TxCommit) -> None:
