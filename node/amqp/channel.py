@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from node.amqp import frame
-from node.broker.ids import ChanId
+from node.broker.ids import ChanId, DeliveryTag, PublishSeq
 from node.broker.permission import CONFIGURE, READ, WRITE
 from node.broker.reply import REPLY_NAMES
 from node.replication.command import (
@@ -226,7 +226,7 @@ class WireChannel:
         if self.mode == "confirm":
             seq = self.next_seq
             self.next_seq = seq + 1
-        cmd = BasicPublish(self.id, seq, m.exchange, m.routing_key, m.mandatory,
+        cmd = BasicPublish(self.id, PublishSeq(seq), m.exchange, m.routing_key, m.mandatory,
                            self.pending_props, body)
         self.conn.published = True
         if self.mode == "tx":
@@ -352,14 +352,15 @@ class WireChannel:
             self.propose(cmd)
 
     def on_basic_ack(self, m: frame.Method) -> None:
-        self._settle(BasicAck(self.id, int(m.delivery_tag), bool(m.multiple)))
+        self._settle(BasicAck(self.id, DeliveryTag(int(m.delivery_tag)), bool(m.multiple)))
 
     def on_basic_nack(self, m: frame.Method) -> None:
-        self._settle(BasicNack(self.id, int(m.delivery_tag), bool(m.multiple), bool(m.requeue),
-                               False))
+        self._settle(BasicNack(self.id, DeliveryTag(int(m.delivery_tag)), bool(m.multiple),
+                               bool(m.requeue), False))
 
     def on_basic_reject(self, m: frame.Method) -> None:
-        self._settle(BasicNack(self.id, int(m.delivery_tag), False, bool(m.requeue), True))
+        self._settle(BasicNack(self.id, DeliveryTag(int(m.delivery_tag)), False, bool(m.requeue),
+                               True))
 
     def on_basic_recover(self, m: frame.Method) -> None:
         if not m.requeue:

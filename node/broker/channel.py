@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from node.broker.ids import DeliveryTag
+
 if TYPE_CHECKING:
     from node.broker.ids import ChanId
     from node.broker.queue import Message, Queue
@@ -55,9 +57,9 @@ class Channel:
     def __init__(self, chan: ChanId, vhost: str = "/") -> None:
         self.id = chan
         self.vhost = vhost  # where the names of its commands resolve
-        self.next_tag = 1  # S01
+        self.next_tag = DeliveryTag(1)  # S01
         # tag -> delivery, in tag order (tags only grow, so insertion order is tag order)
-        self.unacked: dict[int, Unacked] = {}
+        self.unacked: dict[DeliveryTag, Unacked] = {}
         self.consumers: dict[str, Consumer] = {}
         self.prefetch = 0
         self.global_prefetch = 0

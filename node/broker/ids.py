@@ -10,7 +10,6 @@ from typing import NamedTuple, NewType
 NodeId = NewType("NodeId", str)
 DeliveryTag = NewType("DeliveryTag", int)  # per channel, from 1 (S01)
 PublishSeq = NewType("PublishSeq", int)  # per confirm channel, from 1 (S14); 0 = unconfirmed
-MessageId = NewType("MessageId", int)  # assigned in apply, unique in the state
 
 
 class ConnId(NamedTuple):

@@ -1,7 +1,7 @@
 """Commands: what a node proposes to the replicated log.
 
 Every change of broker state is one of these, applied by
-state_machine.apply_batch on every node in log order. They are NamedTuples so
+node.replication.machine.apply_batch on every node in log order. They are NamedTuples so
 they pickle small and fast. Field tables (arguments, headers) are plain dicts
 as decoded from the wire; message properties are a dict keyed by pamqp's
 Basic.Properties attribute names (content_type, delivery_mode, headers,
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from node.broker.ids import ChanId, ConnId
+from node.broker.ids import ChanId, ConnId, DeliveryTag, PublishSeq
 
 Table = dict[str, Any]
 Props = dict[str, Any]
@@ -191,7 +191,7 @@ class BasicPublish(NamedTuple):
     (S14); the state machine emits exactly one Confirm for it (S15)."""
 
     chan: ChanId
-    seq: int
+    seq: PublishSeq
     exchange: str
     routing_key: str
     mandatory: bool
@@ -201,7 +201,7 @@ class BasicPublish(NamedTuple):
 
 class BasicAck(NamedTuple):
     chan: ChanId
-    delivery_tag: int
+    delivery_tag: DeliveryTag
     multiple: bool
 
 
@@ -210,7 +210,7 @@ class BasicNack(NamedTuple):
     the flag only chooses the method ids reported in a channel error)."""
 
     chan: ChanId
-    delivery_tag: int
+    delivery_tag: DeliveryTag
     multiple: bool
     requeue: bool
     reject: bool

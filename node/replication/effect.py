@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from node.broker.ids import ChanId, ConnId
+from node.broker.ids import ChanId, ConnId, DeliveryTag, PublishSeq
 
 Props = dict[str, Any]
 
@@ -27,7 +27,7 @@ class Reply(NamedTuple):
 class Deliver(NamedTuple):
     chan: ChanId
     consumer_tag: str
-    delivery_tag: int
+    delivery_tag: DeliveryTag
     redelivered: bool
     exchange: str
     routing_key: str
@@ -37,7 +37,7 @@ class Deliver(NamedTuple):
 
 class GetOk(NamedTuple):
     chan: ChanId
-    delivery_tag: int
+    delivery_tag: DeliveryTag
     redelivered: bool
     exchange: str
     routing_key: str
@@ -61,7 +61,7 @@ class Confirm(NamedTuple):
     False basic.nack. The wire coalesces consecutive acks (multiple=true)."""
 
     chan: ChanId
-    seq: int
+    seq: PublishSeq
     ack: bool
 
 

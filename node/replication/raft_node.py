@@ -46,18 +46,18 @@ from node.replication.command import (
 )
 from node.replication.config import RaftConfig
 from node.replication.effect import Confirm, Deliver, Effect, GetOk, Return, effect_node
-from node.replication.metric import Histogram
-from node.replication.pipeline import Flush, Limits, Pipeline
-from node.replication.port import EffectSink
-from node.replication.raft import RaftShim, clock
-from node.replication.read_model import Management, ModelPublisher, ReadModel, management_rows
-from node.replication.state_machine import (
+from node.replication.machine import (
     BrokerState,
     apply_batch,
     batch_verdict,
     default_state,
     skipped_effects,
 )
+from node.replication.metric import Histogram
+from node.replication.pipeline import Flush, Limits, Pipeline
+from node.replication.port import EffectSink
+from node.replication.raft import RaftShim, clock
+from node.replication.read_model import Management, ModelPublisher, ReadModel, management_rows
 from node.replication.view import RaftView
 
 log = logging.getLogger(__name__)

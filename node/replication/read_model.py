@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from node.broker.vhost import split_key
 
 if TYPE_CHECKING:
-    from node.replication.state_machine import BrokerState
+    from node.replication.machine import BrokerState
 
 log = logging.getLogger(__name__)
 

@@ -54,10 +54,10 @@ from node.amqp.connection import CLOSING, Connection
 from node.broker.ids import ConnId
 from node.replication.command import Batch, Command
 from node.replication.effect import Effect, effect_node
+from node.replication.machine import BrokerState, apply_batch, default_state
 from node.replication.read_model import ReadModel
 from node.replication.read_model import build as build_model
 from node.replication.read_model import queue_rows as model_queue_rows
-from node.replication.state_machine import BrokerState, apply_batch, default_state
 
 # AMQP 0-9-1 reply codes (spec "constants"); 541 is in the spec but is what the
 # server sends for an escaped exception, so the fuzzer reports it separately.

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from node.amqp import frame
 from node.amqp.channel import ConnectionException, WireChannel
-from node.replication import state_machine
 from node.replication.command import QueueDeclare
+from node.replication.machine import handler
 from tests.fuzz import fuzz_amqp as fz
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # pamqp Basic.RecoverAsync
@@ -152,7 +152,7 @@ def test_self_check_injected_crash_in_apply_batch_is_found(
     def boom(self: object, cmd: QueueDeclare) -> None:
         raise KeyError("injected")
 
-    monkeypatch.setitem(state_machine._HANDLERS, QueueDeclare, boom)
+    monkeypatch.setitem(handler.HANDLERS, QueueDeclare, boom)
     result = fz.fuzz("conn", 3, 0, 200, TIME_LIMIT)
     assert "KeyError" in _kinds(result)
 

@@ -61,10 +61,13 @@ class _SnapshotUnpickler(pickle.Unpickler):
     }
 
     # the state's own modules: the pure model and the replicated state (no I/O in any of them)
-    _MODULES = ("node.broker.", "node.replication.state_machine", "node.broker.ids",
+    _MODULES = ("node.broker.", "node.replication.machine.state", "node.broker.ids",
                 "node.replication.command", "node.replication.effect")
+    # where a snapshot written by an older build names a type that has moved since
+    _MOVED = {"node.replication.state_machine": "node.replication.machine.state"}
 
     def find_class(self, module: str, name: str) -> Any:
+        module = self._MOVED.get(module, module)
         ours = module.startswith(self._MODULES) and not name.startswith("_")
         if (module, name) in self._ALLOWED or ours:
             obj = super().find_class(module, name)

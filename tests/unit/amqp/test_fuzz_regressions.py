@@ -183,7 +183,7 @@ def test_commands_after_a_connection_error_leave_nothing_in_the_state() -> None:
     assert not c2.p.state.channels
 
 
-# ---------------------------------------------------------------- state_machine.py
+# ---------------------------------------------------------------- replication/machine/
 
 
 def test_queue_argument_that_is_not_utf8_is_refused_not_raised() -> None:

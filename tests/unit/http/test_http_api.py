@@ -30,7 +30,7 @@ from node.http.stats import (
     quorum_critical,
 )
 from node.replication.read_model import management_rows
-from tests.unit.replication.machine.test_state_machine import (
+from tests.support.machine import (
     Harness,
     ack,
     chan,

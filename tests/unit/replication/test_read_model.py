@@ -24,6 +24,7 @@ from node.replication.command import (
     VhostDelete,
     VhostPut,
 )
+from node.replication.machine import BrokerState, default_state
 from node.replication.read_model import (
     EMPTY,
     ModelPublisher,
@@ -32,8 +33,7 @@ from node.replication.read_model import (
     build,
     queue_rows,
 )
-from node.replication.state_machine import BrokerState, default_state
-from tests.unit.replication.machine.test_state_machine import (
+from tests.support.machine import (
     Harness,
     ack,
     chan,
@@ -166,6 +166,19 @@ def test_old_snapshot_without_config_version_loads() -> None:
         st.users["bob"] = ("H", ())  # the applier may mutate in place again
         m = build(st)
         assert list(m.users) == ["alice", "bob"]
+
+
+def test_snapshot_naming_the_old_state_machine_module_loads() -> None:
+    """BrokerState lived in node.replication.state_machine until issue 25: a
+    snapshot pickled then names that module, and must still load."""
+    h = Harness()
+    h.run(UserPut("alice", "H", ()))
+    data = pickle.dumps(h.state, protocol=5)
+    new, old = b"node.replication.machine.state", b"node.replication.state_machine"
+    assert len(new) == len(old) and data.count(new) == 1  # same length: pickle stays valid
+    st = _load_snapshot()(data.replace(new, old))
+    assert isinstance(st, BrokerState) and st.users == {"alice": ("H", ())}
+    assert pickle.dumps(st, protocol=5) == data
 
 
 def _load_snapshot() -> Callable[[bytes], Any]:

@@ -23,10 +23,10 @@ from typing import Any
 from node.broker.ids import ConnId
 from node.replication.config import RaftConfig
 from node.replication.effect import ConnectionFailure
+from node.replication.machine import SKIPPED_TEXT, BrokerState, skipped_effects
 from node.replication.raft.shim import RaftShim, _BrokerLog, _Flow
 from node.replication.raft_node import RaftNode
-from node.replication.state_machine import SKIPPED_TEXT, BrokerState, skipped_effects
-from tests.unit.replication.machine.test_state_machine import (
+from tests.support.machine import (
     Harness,
     ack,
     chan,

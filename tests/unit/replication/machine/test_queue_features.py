@@ -20,8 +20,8 @@ from node.replication.command import (
     NodeDown,
 )
 from node.replication.effect import ChannelError, Effect
-from node.replication.state_machine import apply_batch, default_state
-from tests.unit.replication.machine.test_state_machine import (
+from node.replication.machine import apply_batch, default_state
+from tests.support.machine import (
     Harness,
     ack,
     chan,

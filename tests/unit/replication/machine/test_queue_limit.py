@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from node.replication.command import QueueDeclare
 from node.replication.effect import Confirm
-from tests.unit.replication.machine.test_state_machine import Harness, chan, get, pub
+from tests.support.machine import Harness, chan, get, pub
 
 
 def _decl(name: str, args: dict[str, object] | None = None, default: int = 2) -> QueueDeclare:

@@ -6,6 +6,9 @@ import pickle
 from typing import Any
 
 from node.replication.command import (
+    APPLIED,
+    DUPLICATE,
+    GAP,
     BasicCredit,
     Batch,
     ChannelClose,
@@ -22,16 +25,13 @@ from node.replication.command import (
     UserPut,
 )
 from node.replication.effect import ConnectionFailure, ConsumerCancelled, Effect
-from node.replication.state_machine import (
-    APPLIED,
-    DUPLICATE,
-    GAP,
+from node.replication.machine import (
     BrokerState,
     apply_batch,
     batch_verdict,
     default_state,
 )
-from tests.unit.replication.machine.test_state_machine import (
+from tests.support.machine import (
     Harness,
     ack,
     bodies,

@@ -22,6 +22,9 @@ from hypothesis import strategies as st
 
 from node.broker.ids import ChanId
 from node.replication.command import (
+    APPLIED,
+    DUPLICATE,
+    GAP,
     BasicCancel,
     BasicCredit,
     BasicQos,
@@ -33,15 +36,12 @@ from node.replication.command import (
     NodeDown,
 )
 from node.replication.effect import ChannelError, ConnectionFailure, Deliver, Effect, GetOk
-from node.replication.state_machine import (
-    APPLIED,
-    DUPLICATE,
-    GAP,
+from node.replication.machine import (
     apply_batch,
     batch_verdict,
     default_state,
 )
-from tests.unit.replication.machine.test_state_machine import (
+from tests.support.machine import (
     Harness,
     ack,
     consume,

@@ -16,7 +16,7 @@ from node.replication.command import (
     VhostPut,
 )
 from node.replication.effect import ChannelError, ConnectionFailure, Reply
-from tests.unit.replication.machine.test_state_machine import (
+from tests.support.machine import (
     Harness,
     bodies,
     chan,

@@ -15,6 +15,7 @@ import pytest
 
 from node.app.pki import make_ca, make_member
 from node.replication.codec import encode
+from node.replication.machine import default_state
 from node.replication.raft.shim import _Flow
 from node.replication.raft.snapshot import load_snapshot
 from node.replication.raft.transport import (
@@ -24,7 +25,6 @@ from node.replication.raft.transport import (
     createPoller,
     tls_contexts,
 )
-from node.replication.state_machine import default_state
 
 
 class _Pair:

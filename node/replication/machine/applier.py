@@ -1,0 +1,67 @@
+"""apply_batch: fold one batch of commands into the state.
+
+The Applier is one object whose handlers live in one mixin per concern
+(sessions, membership, access, topology, delivery, publish); each handler is
+registered for its command by `handler.handles`.
+"""
+from __future__ import annotations
+
+from node.broker.ids import ChanId
+from node.replication.command import APPLIED, Batch, Command
+from node.replication.effect import ChannelError, ConnectionFailure, Effect
+from node.replication.machine.access import AccessHandlers
+from node.replication.machine.delivery import DeliveryHandlers
+from node.replication.machine.errors import _ChanErr, _ConnErr
+from node.replication.machine.handler import HANDLERS
+from node.replication.machine.membership import MembershipHandlers
+from node.replication.machine.outcomes import batch_verdict
+from node.replication.machine.publish import PublishHandlers
+from node.replication.machine.sessions import SessionHandlers
+from node.replication.machine.state import BrokerState
+from node.replication.machine.topology import TopologyHandlers
+
+
+class Applier(SessionHandlers, MembershipHandlers, AccessHandlers, TopologyHandlers,
+              DeliveryHandlers, PublishHandlers):
+    """Applies the commands of one batch; collects effects and the queues
+    whose delivery may have become possible."""
+
+    __slots__ = ()
+
+    # -- dispatch ---------------------------------------------------------
+
+    def run(self, cmd: Command) -> None:
+        handler = HANDLERS[type(cmd)]
+        try:
+            handler(self, cmd)
+        except _ConnErr as e:
+            conn = cmd.chan.conn_id  # type: ignore[union-attr]
+            self.close_connection(conn)
+            self.fx.append(ConnectionFailure(conn, e.code, e.text, *e.ids))
+        except _ChanErr as e:
+            chan: ChanId = cmd.chan  # type: ignore[union-attr]
+            ch = self.s.channels.get(chan)
+            if ch is not None:
+                self.close_channel(ch)
+            self.fx.append(ChannelError(chan, e.code, e.text, *e.ids))
+        if self.dirty:
+            self.flush()
+
+    def flush(self) -> None:
+        while self.dirty:
+            dirty = self.dirty
+            self.dirty = {}
+            for q in dirty.values():
+                self.service(q)
+
+
+def apply_batch(state: BrokerState, batch: Batch) -> list[Effect]:
+    if batch_verdict(state, batch) != APPLIED:
+        return []
+    state.dedup[(batch.node, batch.incarnation)] = batch.seq + 1
+    if batch.now > state.now:
+        state.now = batch.now
+    ap = Applier(state)
+    for cmd in batch.commands:
+        ap.run(cmd)
+    return ap.fx

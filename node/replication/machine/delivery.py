@@ -1,0 +1,339 @@
+"""Handlers for getting messages out: consumers (consume, qos, cancel,
+credit), picking a consumer and delivering, requeueing, basic.get,
+acks/nacks/recover, and expiry on Tick.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from node.broker.channel import Channel, Consumer
+from node.broker.ids import DeliveryTag
+from node.broker.queue import Message, Queue
+from node.broker.reply import (
+    BASIC_ACK,
+    BASIC_CANCEL,
+    BASIC_CONSUME,
+    BASIC_GET,
+    BASIC_NACK,
+    BASIC_QOS,
+    BASIC_RECOVER,
+    BASIC_REJECT,
+)
+from node.replication.command import (
+    BasicAck,
+    BasicCancel,
+    BasicConsume,
+    BasicCredit,
+    BasicGet,
+    BasicNack,
+    BasicQos,
+    BasicRecover,
+    Tick,
+)
+from node.replication.effect import Deliver, GetOk
+from node.replication.machine.errors import _ChanErr, _ConnErr, _type_name, _where
+from node.replication.machine.handler import ApplierBase, handles
+from node.replication.machine.state import _gen_name
+
+
+class DeliveryHandlers(ApplierBase):
+    __slots__ = ()
+
+    # -- consumers ----------------------------------------------------------
+
+    @handles(BasicQos, reply=lambda c: BASIC_QOS)
+    def basic_qos(self, cmd: BasicQos) -> None:
+        ch = self.s.channels.get(cmd.chan)
+        if ch is None:
+            return
+        if cmd.global_:
+            ch.global_prefetch = cmd.prefetch_count
+        else:
+            ch.prefetch = cmd.prefetch_count
+        self.reply(cmd.chan, "Basic.QosOk")
+        self.mark_channel_queues(ch)
+
+    @handles(BasicConsume, reply=lambda c: None if c.nowait else BASIC_CONSUME)
+    def basic_consume(self, cmd: BasicConsume) -> None:
+        s = self.s
+        ch = s.channels.get(cmd.chan)
+        if ch is None:
+            return
+        tag = cmd.consumer_tag
+        if tag in ch.consumers:
+            raise _ConnErr(530, f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'",
+                           BASIC_CONSUME)
+        q = self._queue_for(ch, cmd.queue, BASIC_CONSUME)
+        if tag == "":
+            s.counter += 1
+            tag = _gen_name("amq.ctag-", cmd.chan, s.counter)
+        if q.exclusive_consumer is not None or (cmd.exclusive and q.consumers):
+            raise _ChanErr(403, f"ACCESS_REFUSED - queue {_where(q.name)} in exclusive use",
+                           BASIC_CONSUME)
+        prio = cmd.arguments.get("x-priority", 0) if cmd.arguments else 0
+        if isinstance(prio, bool) or not isinstance(prio, int):
+            raise _ChanErr(406, f"PRECONDITION_FAILED - invalid arg 'x-priority' for queue "
+                                f'{_where(q.name)}: "expected integer, got {_type_name(prio)}"',
+                           BASIC_CONSUME)
+        c = Consumer(ch, tag, q, cmd.no_ack, cmd.exclusive, cmd.credit, prio)
+        ch.consumers[tag] = c
+        q.consumers[(cmd.chan, tag)] = c
+        if prio:
+            q.prio_consumers += 1
+        if cmd.exclusive:
+            q.exclusive_consumer = c
+        if not cmd.nowait:
+            self.reply(cmd.chan, "Basic.ConsumeOk", {"consumer_tag": tag})
+        self.dirty[q.name] = q
+
+    @handles(BasicCancel, reply=lambda c: None if c.nowait else BASIC_CANCEL)
+    def basic_cancel(self, cmd: BasicCancel) -> None:
+        ch = self.s.channels.get(cmd.chan)
+        if ch is None:
+            return
+        c = ch.consumers.get(cmd.consumer_tag)
+        if not cmd.nowait:
+            self.reply(cmd.chan, "Basic.CancelOk", {"consumer_tag": cmd.consumer_tag})
+        if c is not None:
+            self.remove_consumer(c)
+
+    def remove_consumer(self, c: Consumer) -> None:
+        q = c.queue
+        c.channel.consumers.pop(c.tag, None)
+        if q.consumers.pop((c.chan, c.tag), None) is not None and c.priority:
+            q.prio_consumers -= 1
+        if q.single_active:
+            self.dirty[q.name] = q  # the next consumer takes over (S-A-C)
+        if q.exclusive_consumer is c:
+            q.exclusive_consumer = None
+        q.last_used = self.s.now
+        if q.auto_delete and not q.consumers and not q.deleted:
+            self.delete_queue(q)
+
+    @handles(BasicCredit)
+    def basic_credit(self, cmd: BasicCredit) -> None:
+        ch = self.s.channels.get(cmd.chan)
+        if ch is None:
+            return
+        c = ch.consumers.get(cmd.consumer_tag)
+        if c is not None:
+            c.credit += cmd.credit
+            self.dirty[c.queue.name] = c.queue
+
+    # -- delivery -----------------------------------------------------------
+
+    def pick(self, q: Queue) -> Consumer | None:
+        """The consumer to deliver the head to: with single active consumer the
+        earliest registered one only; else round-robin among the consumers of
+        the highest x-priority that can take a message (lower ones only get
+        what the higher ones cannot take)."""
+        cons = q.consumers
+        if q.single_active:
+            for c in cons.values():  # never rotated: registration order
+                return c if c.can_take() else None
+            return None
+        best: tuple[tuple[Any, str], Consumer] | None = None
+        for key, c in cons.items():
+            if c.can_take():
+                if not q.prio_consumers:
+                    best = (key, c)
+                    break
+                if best is None or c.priority > best[1].priority:
+                    best = (key, c)
+        if best is None:
+            return None
+        key, c = best
+        # rotate: the served consumer goes to the back
+        del cons[key]
+        cons[key] = c
+        return c
+
+    def deliver(self, c: Consumer, q: Queue, m: Message) -> None:
+        ch = c.channel
+        tag = ch.next_tag
+        ch.next_tag = DeliveryTag(tag + 1)
+        c.credit -= 1
+        if c.no_ack:
+            self.s.message_bytes -= m.size  # settled on delivery (S02)
+        else:
+            ch.unacked[tag] = (q, m, c)
+            c.unacked += 1
+            ch.limited_unacked += 1
+        stats = q.stats
+        stats[1] += 1
+        if m.redelivered:
+            stats[2] += 1
+        props = _with_delivery_count(m) if m.delivery_count and q.counts_deliveries else m.props
+        self.fx.append(Deliver(c.chan, c.tag, tag, m.redelivered, m.exchange, m.routing_key,
+                               props, m.body))
+        m.redelivered = True
+
+    def service(self, q: Queue) -> None:
+        """Deliver ready messages while a consumer can take one; expire the head."""
+        if q.deleted:
+            return
+        now = self.s.now
+        cons = q.consumers
+        while True:
+            m = q.peek()
+            if m is None:
+                self.s.ttl_index.pop(q.name, None)
+                return
+            if m.expires_at is not None and m.expires_at <= now:
+                q.pop()
+                self.dead_letter(q, m, "expired")
+                continue
+            if not cons:
+                return
+            c = self.pick(q)
+            if c is None:
+                return
+            q.pop()
+            self.deliver(c, q, m)
+
+    def requeue(self, q: Queue, m: Message) -> None:
+        """Return a delivery to its original position (S04), or drop it if its
+        queue is gone."""
+        if q.deleted:
+            self.s.message_bytes -= m.size
+            return
+        # every return counts, as in a quorum queue: past x-delivery-limit the
+        # message is dead-lettered (dropped without a DLX) instead
+        m.delivery_count += 1
+        if q.delivery_limit is not None and m.delivery_count > q.delivery_limit:
+            self.dead_letter(q, m, "delivery_limit")
+            return
+        q.requeue(m)
+        if m.expires_at is not None:
+            self.s.ttl_index[q.name] = None
+        self.dirty[q.name] = q
+
+    # -- acknowledgements ---------------------------------------------------
+
+    def _collect(self, ch: Channel, tag: DeliveryTag, multiple: bool,
+                 ids: tuple[int, int]) -> list[DeliveryTag]:
+        """Tags covered by an ack/nack (S05); unknown tag -> 406 (S06)."""
+        if multiple and tag == 0:
+            return list(ch.unacked)
+        if tag not in ch.unacked:
+            raise _ChanErr(406, f"PRECONDITION_FAILED - unknown delivery tag {tag}", ids)
+        if not multiple:
+            return [tag]
+        out = []
+        for t in ch.unacked:
+            if t > tag:
+                break
+            out.append(t)
+        return out
+
+    def _settle(self, ch: Channel, tag: DeliveryTag) -> tuple[Queue, Message]:
+        q, m, c = ch.unacked.pop(tag)
+        if c is not None:
+            c.unacked -= 1
+            ch.limited_unacked -= 1
+        return q, m
+
+    @handles(BasicAck)
+    def basic_ack(self, cmd: BasicAck, ids: tuple[int, int] = BASIC_ACK) -> None:
+        ch = self.s.channels.get(cmd.chan)
+        if ch is None:
+            return
+        for tag in self._collect(ch, cmd.delivery_tag, cmd.multiple, ids):
+            q, m = self._settle(ch, tag)
+            q.stats[3] += 1
+            self.s.message_bytes -= m.size
+        self.mark_channel_queues(ch)
+
+    @handles(BasicNack)
+    def basic_nack(self, cmd: BasicNack, ids: tuple[int, int] | None = None) -> None:
+        ch = self.s.channels.get(cmd.chan)
+        if ch is None:
+            return
+        if ids is None:
+            ids = BASIC_REJECT if cmd.reject else BASIC_NACK
+        multiple = cmd.multiple and not cmd.reject
+        for tag in self._collect(ch, cmd.delivery_tag, multiple, ids):
+            q, m = self._settle(ch, tag)
+            if cmd.requeue:
+                self.requeue(q, m)
+            elif q.deleted:
+                self.s.message_bytes -= m.size
+            else:
+                self.dead_letter(q, m, "rejected")  # S03
+        self.mark_channel_queues(ch)
+
+    @handles(BasicRecover, reply=lambda c: BASIC_RECOVER)
+    def basic_recover(self, cmd: BasicRecover) -> None:
+        ch = self.s.channels.get(cmd.chan)
+        if ch is None:
+            return
+        for tag in list(ch.unacked):  # S12
+            q, m = self._settle(ch, tag)
+            self.requeue(q, m)
+        self.reply(cmd.chan, "Basic.RecoverOk")
+        self.mark_channel_queues(ch)
+
+    @handles(BasicGet, reply=lambda c: BASIC_GET)
+    def basic_get(self, cmd: BasicGet) -> None:
+        s = self.s
+        ch = s.channels.get(cmd.chan)
+        if ch is None:
+            return
+        q = self._queue_for(ch, cmd.queue, BASIC_GET)
+        q.last_used = s.now
+        now = s.now
+        while True:
+            m = q.peek()
+            if m is None or m.expires_at is None or m.expires_at > now:
+                break
+            q.pop()
+            self.dead_letter(q, m, "expired")
+        if m is None:
+            self.reply(cmd.chan, "Basic.GetEmpty")
+            return
+        q.pop()
+        tag = ch.next_tag  # shared with consumer deliveries (S01); no prefetch (S10)
+        ch.next_tag = DeliveryTag(tag + 1)
+        if cmd.no_ack:
+            s.message_bytes -= m.size
+        else:
+            ch.unacked[tag] = (q, m, None)
+        stats = q.stats
+        stats[1] += 1
+        if m.redelivered:
+            stats[2] += 1
+        # a quorum queue's basic.get always carries the count, 0 the first time
+        props = _with_delivery_count(m) if q.counts_deliveries else m.props
+        self.fx.append(GetOk(cmd.chan, tag, m.redelivered, m.exchange, m.routing_key,
+                             q.ready_count(), props, m.body))
+        m.redelivered = True
+
+    # -- expiry (x-message-ttl, expiration, x-expires) ----------------------
+
+    @handles(Tick)
+    def tick(self, cmd: Tick) -> None:
+        s = self.s
+        now = s.now
+        for name in list(s.ttl_index):
+            q = s.queues.get(name)
+            if q is None:
+                s.ttl_index.pop(name, None)
+            else:
+                self.service(q)
+        for name in list(s.expires_index):
+            q = s.queues.get(name)
+            if q is None:
+                s.expires_index.pop(name, None)
+            elif (not q.consumers and q.expires is not None
+                  and now >= q.last_used + q.expires / 1000.0):
+                self.delete_queue(q)
+
+
+def _with_delivery_count(m: Message) -> dict[str, Any]:
+    """The props of a redelivery from a quorum queue: x-delivery-count says how
+    often the message came back (a new dict: props are shared between queues)."""
+    props = dict(m.props)
+    headers = dict(props.get("headers") or {})
+    headers["x-delivery-count"] = m.delivery_count
+    props["headers"] = headers
+    return props

@@ -1,0 +1,216 @@
+"""Handlers for getting messages in: route a publish, enqueue it (limits,
+overflow), dead-letter, and tx.commit.
+"""
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from node.broker.channel import Channel
+from node.broker.exchange import route
+from node.broker.queue import Message, Queue
+from node.broker.reply import BASIC_PUBLISH, TX_COMMIT
+from node.broker.vhost import SEP, resource_key, split_key
+from node.replication.command import BasicAck, BasicNack, BasicPublish, TxCommit
+from node.replication.effect import Confirm, Return
+from node.replication.machine.errors import _ChanErr, _not_found, _where
+from node.replication.machine.handler import ApplierBase, handles
+
+
+def _expiration_ms(props: dict[str, Any]) -> int | None:
+    exp = props.get("expiration")
+    if exp is None:
+        return None
+    s = exp.decode() if isinstance(exp, bytes) else str(exp)
+    try:
+        ms = int(s)
+    except ValueError:
+        raise _ChanErr(406, f"PRECONDITION_FAILED - invalid expiration '{s}': no_integer",
+                       BASIC_PUBLISH) from None
+    if ms < 0:
+        raise _ChanErr(406, f"PRECONDITION_FAILED - invalid expiration '{s}': "
+                            f"{{value_negative,{ms}}}", BASIC_PUBLISH)
+    return ms
+
+
+class PublishHandlers(ApplierBase):
+    __slots__ = ()
+
+    # -- publishing ---------------------------------------------------------
+
+    @handles(BasicPublish)
+    def basic_publish(self, cmd: BasicPublish) -> None:
+        s = self.s
+        ch = s.channels.get(cmd.chan)
+        if ch is None:
+            return
+        # A publish that closes its channel (404 no exchange, 403 internal, 406 bad
+        # expiration) gets no basic.ack/nack, only the channel.close, as RabbitMQ
+        # does: a nack first made aiormq/aio-pika report a DeliveryError instead
+        # of the channel error their users handle (issue 14). The channel is gone,
+        # so nothing waits for that confirm.
+        names = self._route(ch, cmd, BASIC_PUBLISH)
+        exp = _expiration_ms(cmd.props)
+        self._publish(cmd, names, exp)
+
+    def _route(self, ch: Channel, cmd: BasicPublish, ids: tuple[int, int]) -> list[str]:
+        s = self.s
+        xname = cmd.exchange
+        if xname == "":  # the default exchange: the routing key names a queue
+            qkey = resource_key(ch.vhost, cmd.routing_key)
+            return [qkey] if qkey in s.queues and SEP not in cmd.routing_key else []
+        xkey = self.key(ch, xname, ids)
+        x = s.exchanges.get(xkey)
+        if x is None:
+            raise _not_found("exchange", xkey, ids)
+        if x.internal:
+            raise _ChanErr(403, f"ACCESS_REFUSED - cannot publish to internal exchange "
+                                f"{_where(xkey)}", ids)
+        return route(s.exchanges, x, cmd.routing_key, cmd.props.get("headers"))
+
+    def _publish(self, cmd: BasicPublish, names: list[str], exp: int | None) -> None:
+        queues = self.s.queues
+        props = cmd.props
+        persistent = props.get("delivery_mode") == 2
+        accepted = True
+        for name in names:
+            if not self.enqueue(queues[name], cmd.exchange, cmd.routing_key, props, cmd.body,
+                                persistent, exp):
+                accepted = False
+        if not names and cmd.mandatory:
+            self.fx.append(Return(cmd.chan, 312, "NO_ROUTE", cmd.exchange, cmd.routing_key,
+                                  props, cmd.body))  # before its confirm (S17)
+        if cmd.seq > 0:
+            self.fx.append(Confirm(cmd.chan, cmd.seq, accepted))
+
+    def enqueue(self, q: Queue, exchange: str, rk: str, props: dict[str, Any], body: bytes,
+                persistent: bool, exp: int | None) -> bool:
+        """Put a message on a queue (or hand it straight to a consumer).
+        False when x-overflow reject-publish refused it."""
+        s = self.s
+        q.stats[0] += 1
+        if q.overflow != "drop-head" and q.full():
+            if q.overflow == "reject-publish-dlx":
+                m = Message(0, exchange, rk, props, body, persistent, None)
+                s.message_bytes += m.size
+                self.dead_letter(q, m, "maxlen")
+            return False
+        ttl = q.message_ttl
+        if exp is not None and (ttl is None or exp < ttl):
+            ttl = exp
+        m = Message(0, exchange, rk, props, body, persistent,
+                    None if ttl is None else s.now + ttl / 1000.0)
+        s.message_bytes += m.size
+        if q.consumers and q.peek() is None:
+            # fast path: nothing queued ahead, hand it over directly (so even a
+            # TTL 0 message reaches a waiting consumer, as in RabbitMQ)
+            c = self.pick(q)
+            if c is not None:
+                m.seq = q.next_seq
+                q.next_seq += 1
+                self.deliver(c, q, m)
+                return True
+        q.push(m)
+        if m.expires_at is not None:
+            s.ttl_index[q.name] = None
+        if q.name in s.ttl_index:
+            self.service(q)  # drop expired heads on enqueue
+        if (q.max_length is not None or q.max_length_bytes is not None) and q.over_limit():
+            while q.over_limit():
+                self.dead_letter(q, q.pop(), "maxlen")
+        return True
+
+    def dead_letter(self, q: Queue, m: Message, reason: str) -> None:
+        """Remove `m` from `q` for good, republishing it through the queue's DLX."""
+        s = self.s
+        s.message_bytes -= m.size
+        if q.dlx is None:
+            return
+        vhost, qname = split_key(q.name)
+        x = s.exchanges.get(resource_key(vhost, q.dlx))
+        if x is None:
+            return
+        props = dict(m.props)
+        headers = dict(props.get("headers") or {})
+        deaths = [d for d in (headers.get("x-death") or []) if isinstance(d, dict)]
+        entry: dict[str, Any] | None = None
+        for i, d in enumerate(deaths):
+            if d.get("queue") == qname and d.get("reason") == reason:
+                entry = dict(d)
+                entry["count"] = int(d.get("count", 1)) + 1
+                del deaths[i]
+                break
+        if entry is None:
+            rks = [m.routing_key]
+            cc = headers.get("CC")
+            if isinstance(cc, list):
+                rks.extend(str(k) for k in cc)
+            entry = {"count": 1, "reason": reason, "queue": qname,
+                     "time": datetime.datetime.fromtimestamp(int(s.now), datetime.UTC),
+                     "exchange": m.exchange, "routing-keys": rks}
+            if "expiration" in props:
+                entry["original-expiration"] = props["expiration"]
+        props.pop("expiration", None)
+        deaths.insert(0, entry)
+        headers["x-death"] = deaths
+        headers.setdefault("x-first-death-reason", reason)
+        headers.setdefault("x-first-death-queue", qname)
+        headers.setdefault("x-first-death-exchange", m.exchange)
+        props["headers"] = headers
+        rk = q.dlrk if q.dlrk is not None else m.routing_key
+        if q.dlx == "":  # the default exchange routes by queue name
+            tkey = resource_key(vhost, rk)
+            targets: list[str] = [tkey] if tkey in s.queues and SEP not in rk else []
+        else:
+            targets = route(s.exchanges, x, rk, headers)
+        for name in targets:
+            if reason != "rejected" and _is_cycle(split_key(name)[1], deaths):
+                continue
+            t = s.queues[name]
+            self.enqueue(t, q.dlx, rk, props, m.body, m.persistent, None)
+
+    # -- transactions -------------------------------------------------------
+
+    @handles(TxCommit, reply=lambda c: TX_COMMIT)
+    def tx_commit(self, cmd: TxCommit) -> None:
+        s = self.s
+        ch = s.channels.get(cmd.chan)
+        if ch is None:
+            return
+        # Validate everything first so the commit is all or nothing (S24).
+        outstanding = dict.fromkeys(ch.unacked)
+        for sub in cmd.commands:
+            if isinstance(sub, BasicPublish):
+                self._route(ch, sub, TX_COMMIT)
+                try:
+                    _expiration_ms(sub.props)
+                except _ChanErr as e:
+                    raise _ChanErr(e.code, e.text, TX_COMMIT) from None
+            else:
+                multiple = sub.multiple and not (isinstance(sub, BasicNack) and sub.reject)
+                tag = sub.delivery_tag
+                if multiple and tag == 0:
+                    outstanding.clear()
+                    continue
+                if tag not in outstanding:
+                    raise _ChanErr(406, f"PRECONDITION_FAILED - unknown delivery tag {tag}",
+                                   TX_COMMIT)
+                for t in ([x for x in outstanding if x <= tag] if multiple else [tag]):
+                    del outstanding[t]
+        for sub in cmd.commands:
+            if isinstance(sub, BasicPublish):
+                self._publish(sub, self._route(ch, sub, TX_COMMIT), _expiration_ms(sub.props))
+            elif isinstance(sub, BasicAck):
+                self.basic_ack(sub, TX_COMMIT)
+            else:
+                self.basic_nack(sub, TX_COMMIT)
+        self.reply(cmd.chan, "Tx.CommitOk")
+
+
+def _is_cycle(queue: str, deaths: list[dict[str, Any]]) -> bool:
+    """RabbitMQ's rule: dead-lettering back into a queue the message already died
+    in is a cycle unless a client rejection happened along the way."""
+    for i, d in enumerate(deaths):
+        if d.get("queue") == queue:
+            return all(x.get("reason") != "rejected" for x in deaths[: i + 1])
+    return False

@@ -1,0 +1,99 @@
+"""The replicated broker state (BrokerState), the state a cluster starts
+from, and the helpers that change it outside any one handler.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+from typing import Any
+
+from node.broker.channel import Channel
+from node.broker.exchange import Exchange
+from node.broker.ids import ChanId, ConnId
+from node.broker.queue import Queue
+from node.broker.vhost import DEFAULT_VHOST, resource_key
+
+DEFAULT_EXCHANGES = (("", "direct"), ("amq.direct", "direct"), ("amq.fanout", "fanout"),
+                     ("amq.topic", "topic"), ("amq.headers", "headers"),
+                     ("amq.match", "headers"))
+
+
+class BrokerState:
+    """The whole replicated state (picklable: plain objects, dicts as ordered sets)."""
+
+    __slots__ = ("now", "exchanges", "queues", "channels", "conns", "exclusive",
+                 "ttl_index", "expires_index", "dedup", "counter", "message_bytes",
+                 "members", "in_sync", "draining", "users", "vhosts", "permissions",
+                 "config_version")
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.exchanges: dict[str, Exchange] = {}
+        self.queues: dict[str, Queue] = {}
+        self.channels: dict[ChanId, Channel] = {}
+        # connection -> its open channels (ordered set)
+        self.conns: dict[ConnId, dict[ChanId, None]] = {}
+        # connection -> exclusive queues it owns
+        self.exclusive: dict[ConnId, dict[str, None]] = {}
+        # queues that may hold expiring messages / that have x-expires (cheap Tick)
+        self.ttl_index: dict[str, None] = {}
+        self.expires_index: dict[str, None] = {}
+        # (node, incarnation) -> which of its batches were applied
+        # (node, incarnation) -> next batch seq to apply (seqs start at 1)
+        self.dedup: dict[tuple[str, int], int] = {}
+        # feeds server-generated names
+        self.counter = 0
+        # body bytes of messages held (ready + unacked)
+        self.message_bytes = 0
+        # Raft members: node id -> raft address, and the in-sync set (ordered, in
+        # members order). Only the raft thread touches the state: the event loop
+        # reads the immutable ReadModel built from it once per tick
+        # (node/replication/read_model.py), so apply mutates these dicts in place.
+        self.members: dict[str, str] = {}
+        self.in_sync: dict[str, None] = {}
+        # members in maintenance mode (SetDraining): out of the in-sync set for good
+        self.draining: dict[str, None] = {}
+        # user -> (password hash, tags)
+        self.users: dict[str, tuple[str, tuple[str, ...]]] = {}
+        # vhosts (ordered set) and (user, vhost) -> (configure, write, read) patterns
+        self.vhosts: dict[str, None] = {}
+        self.permissions: dict[tuple[str, str], tuple[str, str, str]] = {}
+        # bumped whenever members, in_sync, draining, users, vhosts or
+        # permissions change: the read model rebuilds those parts only then
+        self.config_version = 0
+
+    def __setstate__(self, state: Any) -> None:
+        """Unpickle (snapshots): a snapshot written before a slot existed
+        leaves it at its default."""
+        self.config_version = 0
+        if isinstance(state, tuple):  # (__dict__ or None, slots) as pickle gives it
+            dict_state, slot_state = state
+        else:
+            dict_state, slot_state = state, None
+        for part in (dict_state, slot_state):
+            for name, value in (part or {}).items():
+                setattr(self, name, value)
+
+
+def _config_changed(s: BrokerState) -> None:
+    s.config_version += 1
+
+
+def _add_vhost(s: BrokerState, vhost: str) -> None:
+    s.vhosts[vhost] = None
+    _config_changed(s)
+    for name, type_ in DEFAULT_EXCHANGES:
+        key = resource_key(vhost, name)
+        s.exchanges[key] = Exchange(key, type_, durable=True)
+
+
+def default_state() -> BrokerState:
+    s = BrokerState()
+    _add_vhost(s, DEFAULT_VHOST)
+    return s
+
+
+def _gen_name(prefix: str, chan: ChanId, counter: int) -> str:
+    digest = hashlib.md5(f"{chan.node}/{chan.conn}/{chan.serial}/{counter}".encode(),
+                         usedforsecurity=False).digest()
+    return prefix + base64.urlsafe_b64encode(digest).decode().rstrip("=")
