@@ -28,7 +28,7 @@ run: $(RUN_STAMP)
 	$(VENV)/bin/mirrorq local-cluster up --nodes 3 --base-port $(AMQP_PORT) --dir data/cluster --foreground
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check node tests bench k8s
+	$(VENV)/bin/ruff check node harness tests bench k8s chaos soak
 	$(VENV)/bin/mypy
 
 unit: $(STAMP)

@@ -13,7 +13,7 @@ Scenario (the same on both clusters, one cluster at a time so they never share t
             first-publish -> last-confirm times (both are started together); p50/p99 are the
             worse of the two publishers' confirm latencies. The queue depth is checked
             afterwards (= N).
-  failover  (mirrorq only) a confirm-tracking publisher (tests/cluster_proc.StreamPublisher)
+  failover  (mirrorq only) a confirm-tracking publisher (harness.publisher.StreamPublisher)
             on a follower; SIGKILL the leader; measure the time until the survivors' admin
             Status agree on a new leader among them, the time until the first confirm that
             leaves after that, and the longest gap between confirms after the kill.
@@ -253,7 +253,7 @@ class MirrorqCluster:
 
 
 def mirrorq_failover(c: MirrorqCluster) -> dict[str, Any]:
-    from chaosmirrorq.cluster import StreamPublisher
+    from harness.publisher import StreamPublisher
 
     class _Target:  # what StreamPublisher needs of a node
         def __init__(self, i: int) -> None:

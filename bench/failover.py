@@ -11,7 +11,7 @@ RabbitMQ: x-queue-type=quorum), then `--rounds` rounds of:
   1. find the leader (mirrorq: the Raft leader the admin Status of every node agrees on;
      RabbitMQ: the queue's leader from `rabbitmqctl list_queues name leader`) and pick the
      victim: `--kind leader` the leader, `--kind follower` a follower (alternating);
-  2. one confirm-tracking publisher (tests/cluster_proc.StreamPublisher: persistent, random
+  2. one confirm-tracking publisher (harness.publisher.StreamPublisher: persistent, random
      1 KiB bodies, `--window` unconfirmed, paced at `--rate` msg/s) on EACH surviving node,
      warmed up to `--warmup` confirms each;
   3. SIGKILL the victim (RabbitMQ: its whole process group), then measure
@@ -35,7 +35,7 @@ RabbitMQ: x-queue-type=quorum), then `--rounds` rounds of:
      (`rabbitmq-queues quorum_status`). `rejoin_s` = restart -> back.
 
 After the last round of a kind the queue is drained and every confirmed message id checked
-against what was delivered (tests/cluster_proc.check_delivered): `lost` must be 0.
+against what was delivered (harness.client.check_delivered): `lost` must be 0.
 
 Prints a line per round and a summary table per (system, kind); `--json PATH` writes every
 raw figure. Every process started is stopped by pid / process group (an epmd only if this
@@ -63,14 +63,6 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from chaosmirrorq.cluster import (  # noqa: E402 - what tests/cluster_proc.py re-exports
-    StreamPublisher,
-    check_delivered,
-    declare,
-    drain,
-    free_port,
-)
-
 from bench.cluster import (  # noqa: E402
     RABBITMQ_SERVER,
     MirrorqCluster,
@@ -80,6 +72,9 @@ from bench.cluster import (  # noqa: E402
     log,
     tail,
 )
+from harness.client import check_delivered, declare, drain  # noqa: E402
+from harness.process import free_port  # noqa: E402
+from harness.publisher import StreamPublisher  # noqa: E402
 
 RABBITMQ_QUEUES = "/usr/lib/rabbitmq/bin/rabbitmq-queues"
 KINDS = ("leader", "follower")

@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from run import bench, compile_bench  # noqa: E402
 
-from tests.cluster_proc import Cluster  # noqa: E402
+from harness.process import Cluster  # noqa: E402
 
 PYSPY = str(REPO / ".venv" / "bin" / "py-spy")
 

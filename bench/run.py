@@ -51,8 +51,8 @@ def log(msg: str) -> None:
 def free_port() -> int:
     """A free port below the kernel's ephemeral range: a bound-to-0 port could be
     taken as the source port of an outgoing connection before the node binds it
-    (see chaosmirrorq.cluster.free_port, which this is)."""
-    from chaosmirrorq.cluster import free_port as low_free_port
+    (see harness.process.free_port, which this is)."""
+    from harness.process import free_port as low_free_port
     return low_free_port()
 
 

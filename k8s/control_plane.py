@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaosmirrorq.cluster import free_port  # below the ephemeral range (see there)
+from harness.process import free_port  # below the ephemeral range (see there)
 
 HERE = Path(__file__).resolve().parent
 BUILD_SH = HERE / "build.sh"

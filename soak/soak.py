@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Soak run of a mirrorq cluster (`make soak`; soak/README.md).
 
-Starts an N-node cluster on loopback (chaosmirrorq.cluster, the harness the tests and
+Starts an N-node cluster on loopback (harness.process, the harness the tests and
 chaos experiments use) and, concurrently for --duration seconds:
   * connection churn: >= --connections AMQP connections opened and closed (clean closes,
     dropped sockets with FIN or RST, handshakes abandoned half-way);
@@ -42,20 +42,16 @@ for _p in (REPO, REPO / "chaos"):  # runnable from a checkout even without the e
         sys.path.insert(0, str(_p))
 
 import pika  # noqa: E402
-from chaosmirrorq.cluster import (  # noqa: E402
-    Cluster,
-    ClusterNode,
-    ConnLost,
-    RawConn,
-    StreamPublisher,
-    body_id,
-    body_ok,
-    drain,
-)
 from pamqp import body as pbody  # noqa: E402
 from pamqp import commands as spec  # noqa: E402
 from pamqp import frame as pframe  # noqa: E402
 from pamqp import header as pheader  # noqa: E402
+
+from harness.amqp import ConnLost, RawConn  # noqa: E402
+from harness.body import body_id, body_ok  # noqa: E402
+from harness.client import drain  # noqa: E402
+from harness.process import Cluster, ClusterNode  # noqa: E402
+from harness.publisher import StreamPublisher  # noqa: E402
 
 MIB = 1024 * 1024
 

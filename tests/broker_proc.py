@@ -16,7 +16,8 @@ from typing import TypeVar
 from urllib.parse import urlparse
 
 import pytest
-from chaosmirrorq.cluster import free_port, port_open, wait_for  # one copy: the harness package
+
+from harness.process import free_port, port_open, wait_for  # one copy: the harness package
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent

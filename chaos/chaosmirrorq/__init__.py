@@ -1,8 +1,9 @@
-"""chaosmirrorq: the mirrorq cluster harness (cluster, netns) and a chaostoolkit
-extension (actions, probes, workload) plus the suite runner (suite).
+"""chaosmirrorq: network namespaces for a mirrorq cluster (netns) and a chaostoolkit
+extension (actions, probes, workload) plus the suite runner (suite); the process
+harness itself is the `harness` package.
 
 Activities of one experiment run in one Python process (`chaos run`), so the
-running cluster, network lab and workload live in module state (actions._STATE).
+running cluster, network lab and workload live in module state (fault.STATE).
 """
 __version__ = "0.1.0"
 

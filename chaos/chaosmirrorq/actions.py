@@ -1,7 +1,8 @@
-"""chaostoolkit actions for a local mirrorq cluster (chaosmirrorq.cluster + netns).
+"""chaostoolkit actions for a local mirrorq cluster (harness.process + netns).
 
 `chaos run` executes every activity of one experiment in one Python process, so the
-cluster, the network lab, the workload and the run's history dir live in `_STATE`.
+cluster, the network lab, the workload and the run's history dir live in
+`chaosmirrorq.fault.STATE` (here `_STATE`).
 Every fault action writes one `fault` event (name, start_ts, end_ts) to
 RUN_DIR/faults.jsonl when its fault window closes (the window ends when the cluster
 is healthy again, or when the fault is lifted for a fault that is held open).
@@ -18,7 +19,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from chaosmirrorq.cluster import Cluster, ClusterNode
+from chaosmirrorq.clock import faketime_env
+from chaosmirrorq.fault import STATE as _STATE
+from chaosmirrorq.fault import as_bool as _b
+from chaosmirrorq.fault import as_float as _f
+from chaosmirrorq.fault import cluster as _cluster
+from chaosmirrorq.fault import pick as _pick
+from chaosmirrorq.fault import record_fault
+from chaosmirrorq.fault import run_dir as _run_dir
+from chaosmirrorq.fault import wait_healthy as _wait_healthy
 from chaosmirrorq.workload import (
     DEFAULT_MAX_LENGTH,
     DEFAULT_MAX_SIZE,
@@ -26,7 +35,6 @@ from chaosmirrorq.workload import (
     DEFAULT_RATE,
     DEFAULT_SEED,
     DEFAULT_TTL_MS,
-    HistoryWriter,
     Workload,
     declare_queues,
     endpoints_fn,
@@ -34,6 +42,7 @@ from chaosmirrorq.workload import (
     parse_windows,
     queue_plan,
 )
+from harness.process import Cluster, ClusterNode
 
 __all__ = ["start_cluster", "stop_cluster", "kill_node", "restart_node", "pause_node",
            "partition_node", "partition_minority", "partition_one_way", "delay_node",
@@ -42,24 +51,11 @@ __all__ = ["start_cluster", "stop_cluster", "kill_node", "restart_node", "pause_
            "rolling_restart", "add_member", "remove_member", "start_workload",
            "stop_workload", "stop_workload_and_drain"]
 
-_STATE: dict[str, Any] = {}
-HEAL_TIMEOUT = 90.0
-
 
 # ------------------------------------------------------------------ helpers
 
-def _f(x: Any) -> float:
-    return float(x)
-
-
 def _i(x: Any) -> int:
     return int(float(x))
-
-
-def _b(x: Any) -> bool:
-    if isinstance(x, str):
-        return x.strip().lower() in ("1", "true", "yes", "on")
-    return bool(x)
 
 
 def _body_config() -> dict[str, int]:
@@ -68,53 +64,6 @@ def _body_config() -> dict[str, int]:
     return {"min_size": _i(os.environ.get("CHAOS_MIN_SIZE") or DEFAULT_MIN_SIZE),
             "max_size": _i(os.environ.get("CHAOS_MAX_SIZE") or DEFAULT_MAX_SIZE),
             "seed": _i(os.environ.get("CHAOS_SEED") or DEFAULT_SEED)}
-
-
-def _cluster() -> Cluster:
-    c = _STATE.get("cluster")
-    if c is None:
-        raise RuntimeError("no cluster: start_cluster first")
-    return c
-
-
-def _run_dir() -> Path:
-    d = _STATE.get("run_dir")
-    if d is None:
-        raise RuntimeError("no run dir: start_cluster first")
-    return Path(d)
-
-
-def _faults() -> HistoryWriter:
-    w = _STATE.get("faults")
-    if w is None:
-        w = _STATE["faults"] = HistoryWriter(_run_dir() / "faults.jsonl")
-    return w
-
-
-def record_fault(name: str, start_ts: float, end_ts: float | None) -> None:
-    _faults().write({"type": "fault", "run": _STATE.get("run_id", ""), "name": name,
-                     "start_ts": start_ts, "end_ts": end_ts})
-    _STATE.setdefault("fault_log", []).append({"name": name, "start_ts": start_ts, "end_ts": end_ts})
-
-
-def _pick(target: str) -> ClusterNode:
-    c = _cluster()
-    if target == "leader":
-        return c.leader(timeout=30)
-    if target == "follower":
-        return random.choice(c.followers(timeout=30))
-    if target == "random":
-        return random.choice(c.live())
-    return c.node(target)
-
-
-def _wait_healthy(timeout: float = HEAL_TIMEOUT) -> bool:
-    try:
-        _cluster().wait_healthy(timeout=timeout)
-        return True
-    except AssertionError as exc:
-        _STATE.setdefault("errors", []).append(str(exc))
-        return False
 
 
 def _lab_index(node: ClusterNode) -> int:
@@ -166,7 +115,6 @@ def start_cluster(nodes: int = 3, netns: bool = True, base_dir: str | None = Non
     fs_mb = _i(data_fs_mb) if data_fs_mb not in (None, "", 0, "0") else None
     node_env = None
     if _b(faketime):
-        from chaosmirrorq.clock import faketime_env
         node_env = faketime_env(base / "cluster")
     cluster = Cluster(base / "cluster", n=nodes, hosts=hosts, netns=ns_names, config=config,
                       data_fs_mb=fs_mb, slow_fs=_b(slow_fs), mounts_registry=base / "mounts.json",

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from chaosmirrorq.actions import _STATE, _cluster, _f, _pick, _wait_healthy, record_fault
+from chaosmirrorq.fault import STATE, as_bool, as_float, cluster, pick, record_fault, wait_healthy
 
 __all__ = ["step_clock", "reset_clocks", "faketime_env", "faketime_unavailable_reason", "offset_file",
            "LIBFAKETIME", "HOOK_DIR"]
@@ -75,7 +75,7 @@ def faketime_env(cluster_dir: Path, mode: str | None = None) -> Callable[[str], 
     why = faketime_unavailable_reason(mode)
     if why:
         raise RuntimeError(f"clock fault: {why}")
-    _STATE["clock_mode"] = mode
+    STATE["clock_mode"] = mode
     cluster_dir = Path(cluster_dir)
     cluster_dir.mkdir(parents=True, exist_ok=True)
 
@@ -92,7 +92,7 @@ def faketime_env(cluster_dir: Path, mode: str | None = None) -> Callable[[str], 
 
 
 def _offset_path(node_id: str) -> Path:
-    c = _cluster()
+    c = cluster()
     node = c.node(node_id)
     path = node.env.get("MIRRORQ_CLOCK_OFFSET_FILE") or node.env.get("FAKETIME_TIMESTAMP_FILE")
     if not path:
@@ -105,24 +105,23 @@ def step_clock(target: str = "follower", step_seconds: float = 30.0, seconds: fl
     """Step `target`'s clock by `step_seconds` (negative: backward) for `seconds`;
     with back_and_forth, then by -step_seconds for as long; then back to 0. Waits
     until the cluster is healthy."""
-    from chaosmirrorq.actions import _b
-    node = _pick(target)
+    node = pick(target)
     path = _offset_path(node.node_id)
-    mode = _STATE.get("clock_mode", _mode())
-    step = _f(step_seconds)
+    mode = STATE.get("clock_mode", _mode())
+    step = as_float(step_seconds)
     t0 = time.time()
-    _STATE.setdefault("open_faults", {})[node.node_id] = (f"clock-step-{target} {node.node_id} {step:+g}s", t0)
-    steps = [step, -step] if _b(back_and_forth) else [step]
+    STATE.setdefault("open_faults", {})[node.node_id] = (f"clock-step-{target} {node.node_id} {step:+g}s", t0)
+    steps = [step, -step] if as_bool(back_and_forth) else [step]
     try:
         for s in steps:
             _write_offset(path, s, mode)
-            time.sleep(_f(seconds))
+            time.sleep(as_float(seconds))
     finally:
         _write_offset(path, 0.0, mode)
         # the hook re-reads the file every 0.1 s, libfaketime every second
         time.sleep(1.1 if mode == "libfaketime" else 0.3)
-    healthy = _wait_healthy()
-    _STATE.get("open_faults", {}).pop(node.node_id, None)
+    healthy = wait_healthy()
+    STATE.get("open_faults", {}).pop(node.node_id, None)
     record_fault(f"clock-step-{target} {node.node_id} {step:+g}s", t0, time.time())
     return {"node": node.node_id, "steps": steps, "mode": mode, "alive": node.alive(),
             "healthy_after": healthy}
@@ -130,9 +129,9 @@ def step_clock(target: str = "follower", step_seconds: float = 30.0, seconds: fl
 
 def reset_clocks() -> dict[str, Any]:
     """Rollback: every node's clock offset back to 0."""
-    c = _STATE.get("cluster")
+    c = STATE.get("cluster")
     reset = []
-    mode = _STATE.get("clock_mode", _mode())
+    mode = STATE.get("clock_mode", _mode())
     if c is not None:
         for n in c.nodes + c.removed:
             path = n.env.get("MIRRORQ_CLOCK_OFFSET_FILE") or n.env.get("FAKETIME_TIMESTAMP_FILE")

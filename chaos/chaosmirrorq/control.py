@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from chaosmirrorq import actions
+from chaosmirrorq import actions, fault
 
 logger = logging.getLogger("chaostoolkit")
 
@@ -22,7 +22,7 @@ def before_experiment_control(context: Any, **kwargs: Any) -> None:
         logger.info(f"mirrorq cluster up: {res}")
     except Exception as exc:
         logger.error(f"mirrorq: start_cluster failed: {exc!r}")
-        actions._STATE["start_error"] = repr(exc)
+        fault.STATE["start_error"] = repr(exc)
         raise
 
 

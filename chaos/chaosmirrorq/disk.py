@@ -1,13 +1,13 @@
 """Disk faults (issue 16): a full disk and a slow disk on one node.
 
-They need the cluster started with the matching opt-in (chaosmirrorq.datafs):
+They need the cluster started with the matching opt-in (harness.datafs):
 
 - `fill_disk(target, seconds)` needs `start_cluster(data_fs_mb=N)`: it fills that
   node's own tmpfs with a ballast file until ENOSPC (topping it up while held,
   should the node free something), holds it `seconds`, deletes it and waits
   until the cluster is healthy again;
 - `slow_disk(target, delay_ms, seconds)` needs `start_cluster(slow_fs=True)`: the
-  node's FUSE data dir (chaosmirrorq.slowfs) sleeps `delay_ms` in every fsync
+  node's FUSE data dir (harness.slowfs) sleeps `delay_ms` in every fsync
   (which is what the journal's msync and the snapshot's fsync turn into) for
   `seconds`.
 
@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chaosmirrorq.actions import _STATE, _cluster, _f, _pick, _wait_healthy, record_fault
-from chaosmirrorq.cluster import ClusterNode
-from chaosmirrorq.datafs import DataFs
+from chaosmirrorq.fault import STATE, as_float, cluster, pick, record_fault, wait_healthy
+from harness.datafs import DataFs
+from harness.process import ClusterNode
 
 __all__ = ["fill_disk", "slow_disk", "heal_disks", "fill", "BALLAST"]
 
@@ -67,7 +67,7 @@ def fill(path: Path) -> int:
 
 def _in_sync(node_id: str) -> bool | None:
     """Whether `node_id` is in the leader's in-sync set (None: no leader answered)."""
-    c = _cluster()
+    c = cluster()
     for n in c.live():
         st = n.try_status(timeout=1.0)
         if st and st.get("role") == "leader":
@@ -79,17 +79,17 @@ def fill_disk(target: str = "follower", seconds: float = 6.0) -> dict[str, Any]:
     """Fill `target`'s data filesystem with a ballast file until ENOSPC, keep it
     full for `seconds` (watching whether the node leaves the in-sync set), delete
     the ballast, wait until the cluster is healthy again."""
-    node = _pick(target)
+    node = pick(target)
     fs = _datafs(node, "fill_disk")
     ballast = fs.disk_dir / BALLAST
-    _STATE.setdefault("ballasts", set()).add(str(ballast))
+    STATE.setdefault("ballasts", set()).add(str(ballast))
     t0 = time.time()
-    _STATE.setdefault("open_faults", {})[node.node_id] = (f"disk-full-{target} {node.node_id}", t0)
+    STATE.setdefault("open_faults", {})[node.node_id] = (f"disk-full-{target} {node.node_id}", t0)
     out: dict[str, Any] = {"node": node.node_id, "mount": str(fs.disk_dir)}
     left_at = None
     try:
         out["ballast_bytes"] = fill(ballast)
-        end = time.monotonic() + _f(seconds)
+        end = time.monotonic() + as_float(seconds)
         while time.monotonic() < end:
             out["ballast_bytes"] += fill(ballast)  # top up: stay full
             if left_at is None and _in_sync(node.node_id) is False:
@@ -100,9 +100,9 @@ def fill_disk(target: str = "follower", seconds: float = 6.0) -> dict[str, Any]:
         with contextlib.suppress(FileNotFoundError):
             ballast.unlink()
         freed = time.time()
-    healthy = _wait_healthy()
+    healthy = wait_healthy()
     end_ts = time.time()
-    _STATE.get("open_faults", {}).pop(node.node_id, None)
+    STATE.get("open_faults", {}).pop(node.node_id, None)
     record_fault(f"disk-full-{target} {node.node_id}", t0, end_ts)
     out.update(left_in_sync_after=None if left_at is None else round(left_at - t0, 2),
                rejoined_after_free=round(end_ts - freed, 2), healthy_after=healthy)
@@ -112,27 +112,27 @@ def fill_disk(target: str = "follower", seconds: float = 6.0) -> dict[str, Any]:
 def slow_disk(target: str = "follower", delay_ms: float = 200.0, seconds: float = 6.0) -> dict[str, Any]:
     """Every fsync (msync) in `target`'s data dir sleeps `delay_ms` for `seconds`;
     then back to 0 and wait until healthy."""
-    node = _pick(target)
+    node = pick(target)
     fs = _datafs(node, "slow_disk")
-    _STATE.setdefault("slowed", set()).add(node.node_id)
+    STATE.setdefault("slowed", set()).add(node.node_id)
     t0 = time.time()
-    _STATE.setdefault("open_faults", {})[node.node_id] = (f"slow-disk-{target} {node.node_id}", t0)
+    STATE.setdefault("open_faults", {})[node.node_id] = (f"slow-disk-{target} {node.node_id}", t0)
     try:
-        fs.set_delay_ms(_f(delay_ms))
-        time.sleep(_f(seconds))
+        fs.set_delay_ms(as_float(delay_ms))
+        time.sleep(as_float(seconds))
     finally:
         fs.set_delay_ms(0)
-    healthy = _wait_healthy()
-    _STATE.get("open_faults", {}).pop(node.node_id, None)
-    record_fault(f"slow-disk-{target} {node.node_id} {_f(delay_ms):g}ms", t0, time.time())
-    return {"node": node.node_id, "delay_ms": _f(delay_ms), "healthy_after": healthy}
+    healthy = wait_healthy()
+    STATE.get("open_faults", {}).pop(node.node_id, None)
+    record_fault(f"slow-disk-{target} {node.node_id} {as_float(delay_ms):g}ms", t0, time.time())
+    return {"node": node.node_id, "delay_ms": as_float(delay_ms), "healthy_after": healthy}
 
 
 def heal_disks() -> dict[str, Any]:
     """Rollback: delete every ballast file, set every fsync delay to 0."""
     freed, cleared = [], []
-    c = _STATE.get("cluster")
-    paths = set(_STATE.get("ballasts", set()))
+    c = STATE.get("cluster")
+    paths = set(STATE.get("ballasts", set()))
     if c is not None:
         for n in c.nodes + c.removed:
             if n.datafs is not None:
@@ -144,5 +144,5 @@ def heal_disks() -> dict[str, Any]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(p)
             freed.append(p)
-    _STATE["ballasts"] = set()
+    STATE["ballasts"] = set()
     return {"freed": freed, "delay_cleared": cleared}

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from chaosmirrorq import suite
-from chaosmirrorq.cluster import REPO
+from harness.process import REPO
 
 ANALYSIS = REPO / "chaos" / "analysis"
 

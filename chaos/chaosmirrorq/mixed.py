@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from chaosmirrorq import actions
+from chaosmirrorq import actions, fault
 
 
 def _later(delay: float, fn: Callable[[], Any], results: dict[str, Any], name: str) -> threading.Thread:
@@ -39,8 +39,8 @@ def _later(delay: float, fn: Callable[[], Any], results: dict[str, Any], name: s
 
 
 def mixed_faults(seconds: float = 12.0, loss_percent: float = 10.0, seed: int | None = None) -> dict[str, Any]:
-    f = actions._f(seconds)
-    c = actions._cluster()
+    f = fault.as_float(seconds)
+    c = fault.cluster()
     leader = c.leader(timeout=30)
     followers = sorted(n.node_id for n in c.followers(timeout=30))
     if len(followers) < 2:
@@ -48,7 +48,7 @@ def mixed_faults(seconds: float = 12.0, loss_percent: float = 10.0, seed: int | 
     rng = random.Random(seed)
     rng.shuffle(followers)
     a, b = followers[0], followers[1]
-    actions._faults()  # one history writer, created before the threads share it
+    fault.faults()  # one history writer, created before the threads share it
     results: dict[str, Any] = {}
 
     def one_way() -> dict[str, Any]:  # A may lead by now: then the other follower
@@ -57,14 +57,14 @@ def mixed_faults(seconds: float = 12.0, loss_percent: float = 10.0, seed: int | 
 
     t0 = time.time()
     threads = [
-        _later(0.0, lambda: actions.lose_packets(a, actions._f(loss_percent), 1.5 * f), results, "loss"),
+        _later(0.0, lambda: actions.lose_packets(a, fault.as_float(loss_percent), 1.5 * f), results, "loss"),
         _later(0.3 * f, lambda: actions.pause_node(b, 0.5 * f), results, "pause"),
         _later(0.6 * f, lambda: actions.kill_node("leader", down_seconds=0.4 * f), results, "kill"),
         _later(1.0 * f, lambda: one_way(), results, "one-way"),
     ]
     for t in threads:
         t.join(timeout=10 * f + 300)
-    healthy = actions._wait_healthy()
+    healthy = fault.wait_healthy()
     errors = {k: v["error"] for k, v in results.items() if isinstance(v, dict) and "error" in v}
     hung = [t.name for t in threads if t.is_alive()]
     if errors or hung:

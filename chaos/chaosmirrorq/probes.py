@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from chaosmirrorq import actions
-from chaosmirrorq.cluster import REPO
+from chaosmirrorq import actions, fault
+from harness.process import REPO
 
 __all__ = ["cluster_status", "cluster_healthy", "history_check_passed", "history_report"]
 
@@ -36,7 +36,7 @@ def cluster_status(admin: str | None = None) -> dict[str, Any]:
         st = _admin_status(admin)
         return {"leader": st.get("leader"), "members": st.get("members"), "in_sync": st.get("in_sync"),
                 "has_quorum": st.get("has_quorum"), "role": st.get("role"), "term": st.get("term")}
-    c = actions._STATE.get("cluster")
+    c = fault.STATE.get("cluster")
     if c is None:
         return {"leader": None, "error": "no cluster"}
     views = c.statuses(c.nodes)
@@ -67,14 +67,14 @@ def cluster_healthy(timeout: float = 60.0, admin: str | None = None) -> bool:
                 pass
             time.sleep(0.5)
         return False
-    c = actions._STATE.get("cluster")
+    c = fault.STATE.get("cluster")
     if c is None:
         return False
     try:
         c.wait_healthy(timeout=float(timeout))
         return True
     except AssertionError as exc:
-        actions._STATE.setdefault("errors", []).append(str(exc))
+        fault.STATE.setdefault("errors", []).append(str(exc))
         return False
 
 
@@ -257,14 +257,14 @@ def history_check_passed(run_dir: str | None = None, amqp: str | None = None,
     run against them first. The 2-second baseline is judged by `baseline_checker`
     (default: the pure-Python fallback, sparing a Spark start); the main run by the
     configured checker (Spark)."""
-    target = Path(run_dir) if run_dir else actions._STATE.get("check_target")
+    target = Path(run_dir) if run_dir else fault.STATE.get("check_target")
     if target is None and amqp:
         actions.run_baseline(amqp=amqp)
-        target = actions._STATE.get("check_target")
+        target = fault.STATE.get("check_target")
     if target is None:
         return False
     is_baseline = Path(target).name == "baseline"
     report = history_report(target, Path(target).parent / f"{Path(target).name}-report.json",
                             checker=baseline_checker if is_baseline else None)
-    actions._STATE.setdefault("reports", []).append(report)
+    fault.STATE.setdefault("reports", []).append(report)
     return report_passed(report)

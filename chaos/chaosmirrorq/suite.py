@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chaosmirrorq.cluster import REPO
+from harness.process import REPO
 
 EXPERIMENTS_DIR = REPO / "chaos" / "experiments"
 ORDER = ["leader-kill-loop", "follower-kill", "leader-pause", "minority-partition",
@@ -78,10 +78,10 @@ def skip_reason(path: Path) -> str | None:
         return netem_unavailable_reason()
     tags = json.loads(path.read_text()).get("tags", [])
     if "tmpfs" in tags:  # follower-disk-full: a tmpfs per node
-        from chaosmirrorq.datafs import tmpfs_unavailable_reason
+        from harness.datafs import tmpfs_unavailable_reason
         return tmpfs_unavailable_reason()
     if "fuse" in tags:  # follower-slow-disk: a FUSE data dir per node
-        from chaosmirrorq.datafs import fuse_unavailable_reason
+        from harness.datafs import fuse_unavailable_reason
         return fuse_unavailable_reason()
     if "faketime" in tags:  # clock-step: libfaketime preloaded
         from chaosmirrorq.clock import faketime_unavailable_reason
@@ -192,7 +192,7 @@ def cleanup_leftovers(base: Path) -> None:
         for link in reversed(lab.get("links", [])):
             subprocess.run(["ip", "link", "del", link], capture_output=True)
     # the disk faults' data filesystems (tmpfs, FUSE daemons) recorded by start_cluster
-    from chaosmirrorq.datafs import cleanup_registry
+    from harness.datafs import cleanup_registry
     cleanup_registry(base / "mounts.json", base)
 
 

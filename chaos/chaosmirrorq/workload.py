@@ -8,7 +8,7 @@ JSONL history file in the format of chaos/HISTORY.md; then a drain of every queu
     wl = Workload(run_dir, run_id, nodes=lambda: cluster.nodes, plan=plan, windows=[None, 100, 100])
     wl.start(); ...faults...; wl.stop_and_drain()
 
-Publishers talk raw AMQP (pamqp frames over chaosmirrorq.cluster.RawConn) so that every
+Publishers talk raw AMQP (pamqp frames over harness.amqp.RawConn) so that every
 publish attempt gets exactly one recorded outcome: `ack` / `nack` from the broker,
 `timeout` (no outcome within `publish_timeout`: the connection is dropped and the
 publisher moves on) or `connection-lost` (the socket died with it outstanding).
@@ -33,7 +33,7 @@ other kind 1: 60 % on the classic queues with the default plan).
 Bodies are what real payloads look like to the broker: random bytes that do not compress,
 of mixed sizes (log-uniform between `min_size` and `max_size`, default 1 KiB..256 KiB, from
 `seed`; bodies above frame_max go out as several body frames), with a crc32 of the content
-after the id (chaosmirrorq.cluster.RandomBodies / make_body's format). Every consumer and
+after the id (harness.body.RandomBodies / make_body's format). Every consumer and
 the drain verify each body (checksum, declared size, id against message_id); a damaged one
 is recorded with `corrupted: true` on its `deliver` event, which the history checker counts
 as corrupted (a failure like lost).
@@ -62,15 +62,9 @@ from pamqp import frame as pframe
 from pamqp import header as pheader
 from pamqp.body import ContentBody
 
-from chaosmirrorq.cluster import (
-    ConnLost,
-    RandomBodies,
-    RawConn,
-    body_frames,
-    body_id,
-    body_ok,
-    confirmed_tags,
-)
+from harness.amqp import ConnLost, RawConn
+from harness.body import RandomBodies, body_frames, body_id, body_ok
+from harness.publisher import confirmed_tags
 
 # msg/s per publisher (3 publishers: 180 msg/s, ~8.5 MB/s of 1-256 KiB bodies, mean
 # ~46 KiB), about 70 % of what a 3-node cluster sustained on the 2-core development

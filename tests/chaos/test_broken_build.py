@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 from chaosmirrorq import suite
-from chaosmirrorq.cluster import REPO
 from chaosmirrorq.netns import require_netns
 
+from harness.process import REPO
 from tests.chaos.conftest import KILL_UNDER_BACKLOG, short_env
 
 

@@ -10,7 +10,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from chaosmirrorq.cluster import RandomBodies, body_frames
 from chaosmirrorq.probes import fallback_check
 from chaosmirrorq.workload import (
     DEFAULT_MAX_SIZE,
@@ -28,6 +27,8 @@ from chaosmirrorq.workload import (
 )
 from pamqp import frame as pframe
 from pamqp.body import ContentBody
+
+from harness.body import RandomBodies, body_frames
 
 
 def test_parse_kinds() -> None:

@@ -21,7 +21,8 @@ import pika
 import pytest
 import requests
 from chaosmirrorq import actions, clock
-from chaosmirrorq.cluster import Cluster, ClusterNode, free_port
+
+from harness.process import Cluster, ClusterNode, free_port
 
 STEP = 600.0
 

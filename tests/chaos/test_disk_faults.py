@@ -27,13 +27,9 @@ from typing import Any
 
 import pytest
 from chaosmirrorq import actions, disk
-from chaosmirrorq.datafs import (
-    fuse_unavailable_reason,
-    mounted,
-    mounts_under,
-    tmpfs_unavailable_reason,
-)
 from chaosmirrorq.probes import cluster_status
+
+from harness.datafs import fuse_unavailable_reason, mounted, mounts_under, tmpfs_unavailable_reason
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: mounts a tmpfs / FUSE fs per node")
 
@@ -45,7 +41,7 @@ def chaos_state(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
     disk.heal_disks()
     actions.stop_cluster()
-    from chaosmirrorq.datafs import cleanup_registry
+    from harness.datafs import cleanup_registry
     cleanup_registry(tmp_path / "mounts.json", tmp_path)
     assert mounts_under(tmp_path) == []
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 from chaosmirrorq import actions, probes
-from chaosmirrorq.cluster import ClusterNode
 from chaosmirrorq.netns import NetLab, require_netns
 
+from harness.process import ClusterNode
 from tests.chaos.test_network_faults import _in_thread
 
 SNAPSHOT_OFTEN = "compaction_min_entries = 200\ncompaction_min_time = 1.0\n"

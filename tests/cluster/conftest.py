@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster_proc import Cluster
+from harness.process import Cluster
 
 
 @pytest.fixture(autouse=True)

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from harness.process import REPO, Cluster, ClusterNode
 from tests.cluster.celery_app import (
     BROKERS_ENV,
     RUNS_ENV,
@@ -33,7 +34,6 @@ from tests.cluster.celery_app import (
     make_app,
     payload_crc,
 )
-from tests.cluster_proc import REPO, Cluster, ClusterNode
 
 TASKS = 2_000
 KILL_AFTER_RUNS = 500  # the leader dies once this many tasks have run (a quarter)

@@ -12,21 +12,14 @@ import grpc
 import pytest
 from pamqp import commands as spec
 
+from harness.amqp import ConnLost, RawConn
+from harness.amqp import frame as _frame
+from harness.body import make_body
+from harness.client import check_delivered, declare, drain, uniq_queue
+from harness.process import Cluster, ClusterNode
+from harness.publisher import StreamPublisher
 from node.admin.server import call_drain, call_revive
 from tests.broker_proc import wait_for
-from tests.cluster_proc import (
-    Cluster,
-    ClusterNode,
-    ConnLost,
-    RawConn,
-    StreamPublisher,
-    _frame,
-    check_delivered,
-    declare,
-    drain,
-    make_body,
-    uniq_queue,
-)
 
 
 def amqp_refused(node: ClusterNode) -> bool:

@@ -9,16 +9,10 @@ from __future__ import annotations
 
 import time
 
+from harness.client import check_delivered, declare, drain, uniq_queue
+from harness.process import Cluster, ClusterNode
+from harness.publisher import StreamPublisher
 from tests.broker_proc import wait_for
-from tests.cluster_proc import (
-    Cluster,
-    ClusterNode,
-    StreamPublisher,
-    check_delivered,
-    declare,
-    drain,
-    uniq_queue,
-)
 
 RESUME_WITHIN = 2.0  # issue 12: "never later than 2 s" (target 1 s)
 WARM_UP = 1500

@@ -15,8 +15,10 @@ import time
 from functools import partial
 from typing import Any
 
+from harness.client import declare, pika_conn, uniq_queue
+from harness.process import Cluster, ClusterNode
+from harness.publisher import StreamPublisher
 from tests.broker_proc import wait_for
-from tests.cluster_proc import Cluster, ClusterNode, StreamPublisher, declare, pika_conn, uniq_queue
 
 SECONDS = float(os.environ.get("MIRRORQ_FLAT_OUT_SECONDS", "60"))
 # above max_inflight_batches x batch_max_commands (64 x 128): the node stops reading

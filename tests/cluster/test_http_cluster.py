@@ -10,8 +10,8 @@ from typing import Any
 import pika
 import requests
 
+from harness.process import Cluster, ClusterNode
 from tests.broker_proc import free_port, uniq, wait_for
-from tests.cluster_proc import Cluster, ClusterNode
 
 AUTH = ("guest", "guest")
 T = 15.0

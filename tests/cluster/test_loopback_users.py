@@ -12,8 +12,8 @@ import pika
 import pika.exceptions
 import pytest
 
+from harness.process import Cluster
 from node.admin.server import call_permission_set, call_user_put
-from tests.cluster_proc import Cluster
 from tests.netns import NetLab, ensure_iptables, require_netns
 
 

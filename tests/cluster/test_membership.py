@@ -5,18 +5,11 @@ from __future__ import annotations
 
 import time
 
+from harness.amqp import ConnLost, RawConn
+from harness.client import check_delivered, declare, drain, uniq_queue
+from harness.process import Cluster, ClusterNode
+from harness.publisher import StreamPublisher
 from tests.broker_proc import wait_for
-from tests.cluster_proc import (
-    Cluster,
-    ClusterNode,
-    ConnLost,
-    RawConn,
-    StreamPublisher,
-    check_delivered,
-    declare,
-    drain,
-    uniq_queue,
-)
 
 
 def test_add_fourth_node_under_load(cluster: Cluster) -> None:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.cluster_proc import wait_for
+from harness.process import wait_for
 from tests.netns import NetLab, require_netns
 
 PORT = 7450

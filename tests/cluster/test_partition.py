@@ -20,21 +20,13 @@ from pamqp import commands as spec
 from pamqp import frame as pframe
 from pamqp import header as pheader
 
+from harness.amqp import ConnLost, RawConn
+from harness.amqp import frame as _frame
+from harness.body import make_body
+from harness.client import check_delivered, declare, drain, new_leader_time, uniq_queue
+from harness.process import Cluster, ClusterNode
+from harness.publisher import StreamPublisher
 from tests.broker_proc import wait_for
-from tests.cluster_proc import (
-    Cluster,
-    ClusterNode,
-    ConnLost,
-    RawConn,
-    StreamPublisher,
-    _frame,
-    check_delivered,
-    declare,
-    drain,
-    make_body,
-    new_leader_time,
-    uniq_queue,
-)
 from tests.netns import NetLab, ensure_iptables, require_netns
 
 NACK_BOUND = 10.0   # default bound for nacking publishes a minority cannot replicate (S26)

@@ -22,19 +22,10 @@ from pathlib import Path
 
 import pika
 
+from harness.client import declare, pika_conn, uniq_queue
+from harness.process import REPO, Cluster, ClusterNode, free_port, port_open, wait_for
 from node.admin.server import call_transfer_leadership
 from node.app.config import NO_CLUSTER_PASSWORD
-from tests.cluster_proc import (
-    REPO,
-    Cluster,
-    ClusterNode,
-    declare,
-    free_port,
-    pika_conn,
-    port_open,
-    uniq_queue,
-    wait_for,
-)
 
 
 def _serve(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:

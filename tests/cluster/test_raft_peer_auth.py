@@ -20,18 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from harness.client import declare, pika_conn, uniq_queue
+from harness.process import Cluster, ClusterNode, free_port, wait_for
 from node.app.pki import make_ca, make_member
 from node.replication.codec import encode
 from node.replication.raft.transport import K_HELLO, K_PROOF, PROTOCOL, _proof
-from tests.cluster_proc import (
-    Cluster,
-    ClusterNode,
-    declare,
-    free_port,
-    pika_conn,
-    uniq_queue,
-    wait_for,
-)
 
 
 def _frame(kind: int, payload: bytes) -> bytes:

@@ -42,7 +42,8 @@ from typing import Any
 
 import pytest
 
-from tests.cluster_proc import REPO, Cluster, ClusterNode, declare, pika_conn, uniq_queue, wait_for
+from harness.client import declare, pika_conn, uniq_queue
+from harness.process import REPO, Cluster, ClusterNode, wait_for
 
 JAVA_SRC = REPO / "tests" / "java"
 JAVA_PROGRAM = "RandomBodyPublisher"

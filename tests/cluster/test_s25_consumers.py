@@ -6,8 +6,9 @@ import time
 
 import pika
 
+from harness.client import pika_conn, pump, uniq_queue
+from harness.process import Cluster
 from tests.broker_proc import wait_for
-from tests.cluster_proc import Cluster, pika_conn, pump, uniq_queue
 
 
 def _ready_and_consumers(node, queue: str) -> tuple[int, int]:  # type: ignore[no-untyped-def]

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import time
 
+from harness.client import check_delivered, declare, drain, uniq_queue
+from harness.process import Cluster
+from harness.publisher import StreamPublisher
 from tests.broker_proc import wait_for
-from tests.cluster_proc import Cluster, StreamPublisher, check_delivered, declare, drain, uniq_queue
 
 
 def test_s25_follower_sigkill_in_sync_shrinks_then_rejoins(cluster: Cluster) -> None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 
+from harness.client import check_delivered, declare, drain, uniq_queue
+from harness.process import Cluster
+from harness.publisher import StreamPublisher
 from tests.broker_proc import wait_for
-from tests.cluster_proc import Cluster, StreamPublisher, check_delivered, declare, drain, uniq_queue
 
 
 def test_full_cluster_sigkill_and_restart_keeps_confirmed_persistent_messages(cluster: Cluster) -> None:

@@ -6,16 +6,10 @@ from __future__ import annotations
 import random
 import time
 
+from harness.client import check_delivered, declare, drain, uniq_queue
+from harness.process import Cluster, ClusterNode
+from harness.publisher import StreamPublisher
 from tests.broker_proc import wait_for
-from tests.cluster_proc import (
-    Cluster,
-    ClusterNode,
-    StreamPublisher,
-    check_delivered,
-    declare,
-    drain,
-    uniq_queue,
-)
 
 TOTAL_PER_PUBLISHER = 10_000
 # issue 3: "after SIGKILL of the leader, a new leader within 2 s with the default

@@ -9,8 +9,9 @@ import time
 import pika
 import pytest
 
+from harness.client import new_leader_time, pika_conn, pump, uniq_queue
+from harness.process import Cluster
 from tests.broker_proc import wait_for
-from tests.cluster_proc import Cluster, new_leader_time, pika_conn, pump, uniq_queue
 
 N = 20
 ACKED_BEFORE = 5

@@ -20,7 +20,8 @@ from typing import Any
 import pika
 import pytest
 
-from tests.cluster_proc import Cluster, ClusterNode, pika_conn, uniq_queue
+from harness.client import pika_conn, uniq_queue
+from harness.process import Cluster, ClusterNode
 
 MESSAGES = 200
 PREFETCH = 50

@@ -7,7 +7,8 @@ import hashlib
 import os
 from collections.abc import Callable
 
-from tests.cluster_proc import Cluster, declare, drain, pika_conn, uniq_queue, wait_for
+from harness.client import declare, drain, pika_conn, uniq_queue
+from harness.process import Cluster, wait_for
 
 
 def test_follower_behind_the_snapshot_installs_it_and_catches_up(

@@ -8,9 +8,11 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from harness.client import check_delivered, declare, drain, uniq_queue
+from harness.process import Cluster
+from harness.publisher import StreamPublisher
 from node.admin.server import call_transfer_leadership
 from tests.broker_proc import wait_for
-from tests.cluster_proc import Cluster, StreamPublisher, check_delivered, declare, drain, uniq_queue
 
 
 def test_transfer_leadership_to_a_named_follower(cluster: Cluster) -> None:

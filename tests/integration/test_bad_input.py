@@ -11,8 +11,9 @@ from pamqp import commands as spec
 from pamqp import frame as pframe
 from pamqp import header as pheader
 
+from harness.amqp import Closed, RawClient
 from tests.broker_proc import Broker, uniq
-from tests.integration.conftest import Amqp, Closed, RawClient, round_trip_ok
+from tests.integration.conftest import Amqp, round_trip_ok
 
 pytestmark = pytest.mark.rabbitmq_ok
 

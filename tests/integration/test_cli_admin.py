@@ -14,8 +14,8 @@ from typing import Any
 import pika
 import pytest
 
+from harness.process import Cluster
 from tests.broker_proc import REPO, NodeProcess, wait_for
-from tests.cluster_proc import Cluster
 from tests.support.cli import assert_usage_error
 
 pytestmark = pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")), reason="mirrorq's own CLI")

@@ -9,8 +9,9 @@ from pamqp import commands as spec
 from pamqp import header as pheader
 from pamqp import heartbeat as pheartbeat
 
+from harness.amqp import Closed, RawClient
 from tests.broker_proc import Broker
-from tests.integration.conftest import Amqp, Closed, RawClient
+from tests.integration.conftest import Amqp
 
 
 def test_s08_missed_heartbeats_close_connection_and_requeue(broker: Broker, amqp: Amqp) -> None:

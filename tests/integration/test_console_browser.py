@@ -33,7 +33,7 @@ from typing import Any
 import pika
 import pytest
 
-from tests.cluster_proc import Cluster, free_port, port_open
+from harness.process import Cluster, free_port, port_open
 
 N_MESSAGES = 37
 PAGE_DEADLINE = 45.0

@@ -14,8 +14,9 @@ from pamqp import commands as spec
 from pamqp import frame as pframe
 from pamqp import header as pheader
 
+from harness.amqp import RawConn
+from harness.amqp import frame as _frame
 from tests.broker_proc import NodeProcess
-from tests.cluster_proc import RawConn, _frame
 
 pytestmark = pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")), reason="mirrorq's own node")
 BIG = 2**40  # 1 TiB: more than this machine has free

@@ -16,8 +16,8 @@ import pika.exceptions
 import pytest
 from pamqp import commands as spec
 
+from harness.amqp import RawClient
 from tests.broker_proc import NodeProcess, uniq
-from tests.integration.conftest import RawClient
 
 pytestmark = pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")), reason="mirrorq's own config")
 

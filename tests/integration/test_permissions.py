@@ -17,8 +17,8 @@ from pamqp import commands as spec
 from pamqp import frame as pframe
 from pamqp import header as pheader
 
+from harness.amqp import RawClient
 from tests.broker_proc import NodeProcess, uniq
-from tests.integration.conftest import RawClient
 from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")), reason="mirrorq's own admin API")

@@ -12,8 +12,10 @@ from pamqp import commands as spec
 from pamqp import header as pheader
 from pika.exceptions import ChannelClosedByBroker, NackError, UnroutableError
 
+from harness.amqp import RawClient
+from harness.publisher import ConfirmTracker
 from tests.broker_proc import node_metric, uniq, wait_for
-from tests.integration.conftest import Amqp, ConfirmTracker, RawClient
+from tests.integration.conftest import Amqp
 
 pytestmark = pytest.mark.rabbitmq_ok
 

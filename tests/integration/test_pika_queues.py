@@ -190,7 +190,7 @@ def test_consumer_tags_client_and_server_chosen(amqp: Amqp) -> None:
     # server-generated tag via the raw protocol (pika always picks its own)
     from pamqp import commands as spec
 
-    from tests.integration.conftest import RawClient
+    from harness.amqp import RawClient
     c = RawClient(amqp.broker)
     try:
         c.handshake()

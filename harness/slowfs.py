@@ -1,6 +1,6 @@
 """A FUSE passthrough filesystem whose fsync can be made slow (the slow-disk fault).
 
-    python -m chaosmirrorq.slowfs BACKING MOUNTPOINT --delay-file FILE
+    python -m harness.slowfs BACKING MOUNTPOINT --delay-file FILE
 
 Every operation is passed to the same path under BACKING; fsync (and fsyncdir)
 first sleeps the number of milliseconds in FILE (re-read at most every 50 ms;
@@ -9,7 +9,7 @@ shared mapping of a file in the mount reaches the daemon as FUSE_FSYNC (the
 kernel writes the dirty pages back, FUSE_WRITE, then asks for the sync), so
 pysyncobj's mmap'd journal flush waits for the delay too; `flush` (close) does
 not sleep. Runs in the foreground, multi-threaded (fusepy over libfuse2), until
-unmounted or SIGTERM. Written for chaosmirrorq.datafs; not a general tool.
+unmounted or SIGTERM. Written for harness.datafs; not a general tool.
 """
 from __future__ import annotations
 

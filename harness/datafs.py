@@ -5,7 +5,7 @@ Cluster / start_cluster:
   the node first starts (kept across restarts), so that a ballast file can fill
   exactly that node's disk (`fill_disk`);
 - `slow_fs=True`: each node's data dir is a FUSE passthrough mount
-  (chaosmirrorq.slowfs, over DATA_DIR.backing) whose fsync sleeps while the
+  (harness.slowfs, over DATA_DIR.backing) whose fsync sleeps while the
   node's delay file says so (`slow_disk`).
 
 Both can be combined: the FUSE backing dir then lives on the tmpfs. Every mount
@@ -111,7 +111,7 @@ class DataFs:
                 self.delay_file.write_text("0\n")
             with open(self.fuse_log, "ab") as log:
                 self.fuse_proc = subprocess.Popen(
-                    [sys.executable, "-m", "chaosmirrorq.slowfs", str(self.disk_dir), str(self.data_dir),
+                    [sys.executable, "-m", "harness.slowfs", str(self.disk_dir), str(self.data_dir),
                      "--delay-file", str(self.delay_file)],
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             deadline = time.monotonic() + 15
@@ -153,7 +153,7 @@ def cleanup_registry(registry: Path, base: Path | None = None) -> None:
             for pid in rec.get("pids", []):
                 with contextlib.suppress(OSError):
                     cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-                    if b"chaosmirrorq.slowfs" in cmd:
+                    if b"harness.slowfs" in cmd:
                         os.kill(pid, signal.SIGKILL)
             mps = list(rec.get("mounts", []))
     if base is not None:
