@@ -45,7 +45,7 @@ class Replica(Protocol):
 
 
 class Administrator:
-    """Implements node.admin.server.Membership."""
+    """Implements node.admin.service.Membership."""
 
     def __init__(self, replica: Replica) -> None:
         self.replica = replica

@@ -189,7 +189,8 @@ async def serve(cfg: NodeConfig) -> None:
     if _si:
         sys.setswitchinterval(float(_si))
     # Imported here so that `mirrorq --help` and argument errors stay fast.
-    from node.admin.server import AdminServer, MetricsServer
+    from node.admin.metric import MetricsServer
+    from node.admin.service import AdminServer
     from node.amqp.server import AmqpServer
     from node.broker.password import hash_password
     from node.replication.raft_node import RaftNode

@@ -12,7 +12,7 @@ import grpc
 import pytest
 from pamqp import commands as spec
 
-from node.admin.server import call_drain, call_revive
+from node.admin.client import call_drain, call_revive
 from tests.broker_proc import wait_for
 from tests.cluster_proc import (
     Cluster,

@@ -12,7 +12,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from node.admin.server import call_permission_set, call_user_put
+from node.admin.client import call_permission_set, call_user_put
 from tests.cluster_proc import Cluster
 from tests.netns import NetLab, ensure_iptables, require_netns
 

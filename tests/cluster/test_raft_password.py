@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pika
 
-from node.admin.server import call_transfer_leadership
+from node.admin.client import call_transfer_leadership
 from node.app.config import NO_CLUSTER_PASSWORD
 from tests.cluster_proc import (
     REPO,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from node.admin.server import call_transfer_leadership
+from node.admin.client import call_transfer_leadership
 from tests.broker_proc import wait_for
 from tests.cluster_proc import Cluster, StreamPublisher, check_delivered, declare, drain, uniq_queue
 

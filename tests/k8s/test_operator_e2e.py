@@ -34,7 +34,7 @@ import pytest
 
 from k8s.control_plane import ControlPlane, bin_dir, missing_binaries, up
 from k8s.node_agent import NodeAgent
-from node.admin.server import call_status
+from node.admin.client import call_status
 from tests.cluster_proc import StreamPublisher, check_delivered, drain, uniq_queue
 
 T = TypeVar("T")
