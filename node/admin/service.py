@@ -2,12 +2,12 @@
 
 The service is typed: node/admin/admin.proto, with the generated
 admin_pb2*.py checked in (`make proto`); the client is node/admin/client.py.
-Security: an optional bearer token (checked by a server
+Changes are handed to a Membership, the node's one Administrator, which
+serializes them. Security: an optional bearer token (checked by a server
 interceptor) and optional TLS (mutual when a client CA is given).
 """
 from __future__ import annotations
 
-import asyncio
 import hmac
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, cast
@@ -34,6 +34,9 @@ class AccessModel(Protocol):
 
 
 class Membership(Protocol):
+    """The changes the service offers (node.app.administrator.Administrator,
+    which carries them out one at a time)."""
+
     async def add_member(self, node_id: str, address: str) -> None: ...
     async def remove_member(self, node_id: str) -> None: ...
     async def transfer_leadership(self, node_id: str | None = None) -> str: ...
@@ -205,8 +208,6 @@ class AdminServer:
         self._membership = membership
         self._token = token
         self._tls = tls
-        # pysyncobj's one-change-at-a-time guard is dead code: serialize here
-        self._change_lock = asyncio.Lock()
         self._server: grpc.aio.Server | None = None
 
     async def start(self, host: str, port: int) -> None:
@@ -240,17 +241,18 @@ class AdminServer:
         if requires is not None and not hasattr(self._membership, requires):
             # a node built before this feature existed
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{requires} not available")
-        async with self._change_lock:
-            try:
-                await op(self._membership)  # type: ignore[arg-type]
-            except _Invalid as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            except ValueError as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                    f"{type(exc).__name__}: {exc}")
-            except (TimeoutError, KeyError, RuntimeError) as exc:
-                await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                    f"{type(exc).__name__}: {exc}")
+        # no lock here: the Membership (the node's one Administrator) serializes
+        # changes, the management HTTP API's as well as these
+        try:
+            await op(self._membership)  # type: ignore[arg-type]
+        except _Invalid as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"{type(exc).__name__}: {exc}")
+        except (TimeoutError, KeyError, RuntimeError) as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"{type(exc).__name__}: {exc}")
         return pb.ChangeResponse(ok=True, status=status_to_pb(self.status()))
 
     async def stop(self) -> None:
