@@ -186,7 +186,7 @@ class MirrorqCluster:
         self.leader(timeout=30)
 
     def status(self, i: int, timeout: float = 1.0) -> dict[str, Any] | None:
-        from node.admin.server import call_status
+        from node.admin.client import call_status
         nd = self.nodes[i]
         if nd["proc"] is None or nd["proc"].poll() is not None:
             return None

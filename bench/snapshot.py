@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                                "after_fill": e["start"] > fill_done} for e in watcher.events],
         }
         try:
-            from node.admin.server import call_status
+            from node.admin.client import call_status
             st = call_status("127.0.0.1", node.admin_port, timeout=5)
             result["snapshot"]["node_reported"] = {k: v for k, v in st.items() if "snapshot" in k}
         except Exception as exc:  # noqa: BLE001 - optional

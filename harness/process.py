@@ -254,7 +254,7 @@ class ClusterNode:
 
     # -------------------------------------------------------------- admin
     def status(self, timeout: float = 3.0) -> dict[str, Any]:
-        from node.admin.server import call_status
+        from node.admin.client import call_status
         return call_status(self.host, self.admin_port, timeout=timeout)
 
     def try_status(self, timeout: float = 2.0) -> dict[str, Any] | None:
@@ -438,7 +438,7 @@ class Cluster:
     def add_node(self, host: str = "127.0.0.1", netns: str | None = None,
                  timeout: float = 60.0) -> ClusterNode:
         """AddMember through the leader's admin API, then start the node with --join."""
-        from node.admin.server import call_add_member
+        from node.admin.client import call_add_member
         node_id = f"n{len(self.nodes) + len(self.removed) + 1}"
         node = self._new_node(node_id, host, netns)
         node.peers = {o.node_id: o.raft_address for o in self.nodes}
@@ -454,7 +454,7 @@ class Cluster:
     def remove_node(self, node: ClusterNode, timeout: float = 60.0) -> dict[str, Any]:
         """RemoveMember through the leader's admin API (the process keeps running:
         the caller checks that it stops serving)."""
-        from node.admin.server import call_remove_member
+        from node.admin.client import call_remove_member
         leader = self.leader(timeout)
         res = call_remove_member(leader.host, leader.admin_port, node.node_id, timeout=timeout)
         self.nodes.remove(node)

@@ -24,7 +24,7 @@ CHECKER = REPO / "chaos" / "analysis" / "check_history.py"
 
 
 def _admin_status(admin: str, timeout: float = 3.0) -> dict[str, Any]:
-    from node.admin.server import call_status
+    from node.admin.client import call_status
     host, _, port = admin.rpartition(":")
     return call_status(host, int(port), timeout=timeout)
 

@@ -175,7 +175,7 @@ def _what(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from node.admin import server as admin
+    from node.admin import client as admin
 
     try:
         host, port = _target(args)
@@ -205,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
 def _dispatch(args: argparse.Namespace, host: str, port: int,
               sec: dict[str, Any]) -> tuple[Any, str]:
     """(JSON document, human text) of one command."""
-    from node.admin import server as admin  # here: grpc loads slowly, `--help` stays fast
+    from node.admin import client as admin  # here: grpc loads slowly, `--help` stays fast
     c, sub = args.command, _opt(args, "sub")
     if c == "status":
         st = admin.call_status(host, port, **sec)
@@ -265,7 +265,7 @@ def _dispatch(args: argparse.Namespace, host: str, port: int,
 
 def _users(args: argparse.Namespace, host: str, port: int,
            sec: dict[str, Any]) -> tuple[Any, str]:
-    from node.admin import server as admin
+    from node.admin import client as admin
     if args.users_command == "list":
         doc = admin.call_user_list(host, port, **sec)
         return doc, _table(["NAME", "TAGS"], [[u["name"], ",".join(u["tags"])]

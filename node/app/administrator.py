@@ -45,11 +45,13 @@ class Replica(Protocol):
 
 
 class Administrator:
-    """Implements node.admin.server.Membership."""
+    """Implements node.admin.service.Membership."""
 
     def __init__(self, replica: Replica) -> None:
         self.replica = replica
-        self._changing = asyncio.Lock()  # one membership change at a time (pysyncobj does not guard)
+        # one change at a time, whichever API it came from (pysyncobj's own guard of
+        # membership changes is dead code): a node has exactly one Administrator
+        self._changing = asyncio.Lock()
 
     def read_model(self) -> ReadModel:
         return self.replica.read_model()
@@ -65,13 +67,13 @@ class Administrator:
         """Replicate DropMember first, while the node still receives the log,
         so that it learns it was removed and stops serving; then change the
         Raft configuration (pysyncobj stops replicating to it at once)."""
-        r = self.replica
-        address = r.peer_address(node_id)
-        if address is None:
-            raise KeyError(f"no member {node_id!r}")
-        if node_id == r.node_id:
-            raise RuntimeError("a node cannot remove itself; ask another member")
         async with self._changing:
+            r = self.replica
+            address = r.peer_address(node_id)
+            if address is None:
+                raise KeyError(f"no member {node_id!r}")
+            if node_id == r.node_id:
+                raise RuntimeError("a node cannot remove itself; ask another member")
             await r.commit([DropMember(node_id)], timeout)
             # best effort: a dead node never answers
             await r.wait_heard_from(address, min(timeout, 5.0))
@@ -81,87 +83,96 @@ class Administrator:
         """Hand leadership to `node_id` (or the most caught-up follower) with
         Raft's TimeoutNow, e.g. before this node is removed; returns the new
         leader's id. Must be asked of the leader."""
-        r = self.replica
-        address = None
-        if node_id is not None:
-            address = r.peer_address(node_id)
-            if address is None:
-                raise KeyError(f"no member {node_id!r}")
-        deadline = time.monotonic() + timeout
-        ok, why = False, "request_denied"
-        # pysyncobj sends TimeoutNow only when the target's matchIndex equals
-        # the leader's last index: under load, retry until a moment it does
-        while not ok and why == "request_denied" and time.monotonic() < deadline:
-            ok, why = await r.request_transfer(address, max(0.1, deadline - time.monotonic()))
-            if not ok and why == "request_denied":
-                await asyncio.sleep(0.02)
-        if not ok:
-            raise RuntimeError(f"leadership transfer refused ({why}): ask the leader, "
-                               "and the target must be caught up")
-        deadline = max(deadline, time.monotonic() + 5.0)
-        while time.monotonic() < deadline:  # the request was sent; wait for the outcome
-            leader = r.status()["leader"]
-            if leader not in (None, r.node_id) and (node_id is None or leader == node_id):
-                return str(leader)
-            await asyncio.sleep(0.05)
-        raise TimeoutError("no new leader after the transfer request")
+        async with self._changing:
+            r = self.replica
+            address = None
+            if node_id is not None:
+                address = r.peer_address(node_id)
+                if address is None:
+                    raise KeyError(f"no member {node_id!r}")
+            deadline = time.monotonic() + timeout
+            ok, why = False, "request_denied"
+            # pysyncobj sends TimeoutNow only when the target's matchIndex equals
+            # the leader's last index: under load, retry until a moment it does
+            while not ok and why == "request_denied" and time.monotonic() < deadline:
+                ok, why = await r.request_transfer(address, max(0.1, deadline - time.monotonic()))
+                if not ok and why == "request_denied":
+                    await asyncio.sleep(0.02)
+            if not ok:
+                raise RuntimeError(f"leadership transfer refused ({why}): ask the leader, "
+                                   "and the target must be caught up")
+            deadline = max(deadline, time.monotonic() + 5.0)
+            while time.monotonic() < deadline:  # the request was sent; wait for the outcome
+                leader = r.status()["leader"]
+                if leader not in (None, r.node_id) and (node_id is None or leader == node_id):
+                    return str(leader)
+                await asyncio.sleep(0.05)
+            raise TimeoutError("no new leader after the transfer request")
 
     async def set_draining(self, node_id: str | None = None, draining: bool = True,
                            timeout: float = 30.0) -> None:
         """Maintenance mode on (drain) or off (revive) for a member, this node
         by default; returns once the command is applied here. The leader then
         keeps the member out of the in-sync set (while a majority remains)."""
-        node = node_id or self.replica.node_id
-        if node not in self.read_model().members:
-            raise KeyError(f"no member {node!r}")
-        await self.replica.commit([SetDraining(node, draining)], timeout)
+        async with self._changing:
+            node = node_id or self.replica.node_id
+            if node not in self.read_model().members:
+                raise KeyError(f"no member {node!r}")
+            await self.replica.commit([SetDraining(node, draining)], timeout)
 
     # ------------------------------------------------- users, vhosts, permissions
     async def put_user(self, name: str, password: str, tags: tuple[str, ...] = (),
                        timeout: float = 30.0) -> None:
-        if not name:
-            raise KeyError("a user needs a name")
-        await self.replica.commit([UserPut(name, hash_password(password), tags)], timeout)
+        async with self._changing:
+            if not name:
+                raise KeyError("a user needs a name")
+            await self.replica.commit([UserPut(name, hash_password(password), tags)], timeout)
 
     async def put_user_hash(self, name: str, password_hash: str, tags: tuple[str, ...] = (),
                             timeout: float = 30.0) -> None:
         """A user with a stored hash as RabbitMQ exports it
         (rabbit_password_hashing_sha256: base64(salt + SHA-256(salt + password)))."""
-        if not name:
-            raise KeyError("a user needs a name")
-        if not password_hash_ok(password_hash):
-            raise ValueError("password_hash is not a base64 salted SHA-256 hash")
-        await self.replica.commit([UserPut(name, password_hash, tags)], timeout)
+        async with self._changing:
+            if not name:
+                raise KeyError("a user needs a name")
+            if not password_hash_ok(password_hash):
+                raise ValueError("password_hash is not a base64 salted SHA-256 hash")
+            await self.replica.commit([UserPut(name, password_hash, tags)], timeout)
 
     async def delete_user(self, name: str, timeout: float = 30.0) -> None:
-        if name not in self.read_model().users:
-            raise KeyError(f"no user {name!r}")
-        await self.replica.commit([UserDelete(name)], timeout)
+        async with self._changing:
+            if name not in self.read_model().users:
+                raise KeyError(f"no user {name!r}")
+            await self.replica.commit([UserDelete(name)], timeout)
 
     async def put_vhost(self, name: str, timeout: float = 30.0) -> None:
-        why = vhost_name_error(name)
-        if why is not None:
-            raise ValueError(why)
-        await self.replica.commit([VhostPut(name)], timeout)
+        async with self._changing:
+            why = vhost_name_error(name)
+            if why is not None:
+                raise ValueError(why)
+            await self.replica.commit([VhostPut(name)], timeout)
 
     async def delete_vhost(self, name: str, timeout: float = 30.0) -> None:
-        if name not in self.read_model().vhosts:
-            raise KeyError(f"no vhost {name!r}")
-        await self.replica.commit([VhostDelete(name)], timeout)
+        async with self._changing:
+            if name not in self.read_model().vhosts:
+                raise KeyError(f"no vhost {name!r}")
+            await self.replica.commit([VhostDelete(name)], timeout)
 
     async def set_permissions(self, user: str, vhost: str, configure: str, write: str, read: str,
                               timeout: float = 30.0) -> None:
-        why = check_patterns(configure, write, read)
-        if why is not None:
-            raise ValueError(why)
-        model = self.read_model()
-        if user not in model.users:
-            raise KeyError(f"no user {user!r}")
-        if vhost not in model.vhosts:
-            raise KeyError(f"no vhost {vhost!r}")
-        await self.replica.commit([PermissionSet(user, vhost, configure, write, read)], timeout)
+        async with self._changing:
+            why = check_patterns(configure, write, read)
+            if why is not None:
+                raise ValueError(why)
+            model = self.read_model()
+            if user not in model.users:
+                raise KeyError(f"no user {user!r}")
+            if vhost not in model.vhosts:
+                raise KeyError(f"no vhost {vhost!r}")
+            await self.replica.commit([PermissionSet(user, vhost, configure, write, read)], timeout)
 
     async def clear_permissions(self, user: str, vhost: str, timeout: float = 30.0) -> None:
-        if (user, vhost) not in self.read_model().permissions:
-            raise KeyError(f"user {user!r} has no permissions on vhost {vhost!r}")
-        await self.replica.commit([PermissionClear(user, vhost)], timeout)
+        async with self._changing:
+            if (user, vhost) not in self.read_model().permissions:
+                raise KeyError(f"user {user!r} has no permissions on vhost {vhost!r}")
+            await self.replica.commit([PermissionClear(user, vhost)], timeout)

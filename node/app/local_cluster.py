@@ -181,7 +181,7 @@ def pid_alive(pid: int | None, node_id: str | None = None) -> bool:
 # ---------------------------------------------------------------- admin
 
 def node_status(n: dict[str, Any], timeout: float = 2.0) -> dict[str, Any] | None:
-    from node.admin.server import call_status
+    from node.admin.client import call_status
     try:
         return call_status(n["host"], n["admin_port"], timeout=timeout)
     except Exception:  # noqa: BLE001 - unreachable is a status, not an error

@@ -10,10 +10,9 @@ import asyncio
 import gc
 import logging
 import os
-import signal
 import socket
 import sys
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from node.amqp.config import default_listen
 from node.app.config import (
@@ -91,17 +90,6 @@ def build_parser() -> argparse.ArgumentParser:
     admin_cli.add_parsers(sub, _Parser, _port)
     local_cluster.add_parser(sub, _Parser)
     return parser
-
-
-def _member_urls(cfg: NodeConfig) -> dict[str, str]:
-    """The members' management URLs this node knows: its own, and the others'
-    from [http] member_urls / --http-member-url."""
-    urls = dict(cfg.http.member_urls)
-    if cfg.http.port:
-        host = f"[{cfg.amqp_host}]" if ":" in cfg.amqp_host else cfg.amqp_host
-        scheme = "https" if cfg.http.tls_cert else "http"
-        urls[cfg.node_id] = f"{scheme}://{host}:{cfg.http.port}/"
-    return urls
 
 
 def config_from_args(args: argparse.Namespace) -> NodeConfig:
@@ -189,97 +177,8 @@ async def serve(cfg: NodeConfig) -> None:
     if _si:
         sys.setswitchinterval(float(_si))
     # Imported here so that `mirrorq --help` and argument errors stay fast.
-    from node.admin.server import AdminServer, MetricsServer
-    from node.amqp.server import AmqpServer
-    from node.broker.password import hash_password
-    from node.replication.raft_node import RaftNode
-
-    loop = asyncio.get_running_loop()
-    holder: dict[str, Any] = {}
-
-    def sink(effects: list[Any]) -> None:
-        holder["amqp"].dispatch(effects)
-
-    raft = RaftNode(cfg.node_id, cfg.data_dir, loop, sink, cfg.raft)
-    raft.seed_users = {name: hash_password(pw) for name, pw in cfg.wire.users.items()}
-    cfg.wire.data_dir = cfg.data_dir
-    amqp = AmqpServer(raft, cfg.node_id, cfg.wire)
-    holder["amqp"] = amqp
-    raft.start()
-
-    def status() -> dict[str, Any]:
-        st = raft.status()
-        st["connections"] = amqp.connection_count()
-        st["amqp_port"] = cfg.amqp_port
-        st["amqps_port"] = cfg.tls.port
-        return st
-
-    # queue rows are built on the raft thread at its next tick (read_model.ModelPublisher)
-    from node.app.administrator import Administrator
-    admin = AdminServer(status, Administrator(raft), queues=raft.queue_rows,
-                        token=cfg.admin.token, tls=cfg.admin.tls()) if cfg.admin_port else None
-    metrics = MetricsServer(status, raft.queue_rows) if cfg.metrics_port else None
-    http = None
-    if cfg.http.port:
-        from node.app.management import NodeBackend
-        from node.http.app import ManagementApi
-        from node.http.server import HttpServer
-        listeners = [{"protocol": "amqp", "ip_address": a, "port": cfg.amqp_port}
-                     for a in (cfg.amqp_listen or default_listen()) if cfg.amqp_port]
-        listeners += [{"protocol": "amqp/ssl", "ip_address": a, "port": cfg.tls.port}
-                      for a in (cfg.amqp_listen or default_listen()) if cfg.tls.port]
-        listeners.append({"protocol": "clustering", "ip_address": cfg.raft.bind_host or "::",
-                          "port": cfg.raft.port})
-        listeners.append({"protocol": "https" if cfg.http.tls_cert else "http",
-                          "ip_address": cfg.amqp_host, "port": cfg.http.port})
-        api = ManagementApi(NodeBackend(cfg.node_id, raft, amqp, Administrator(raft), status,
-                                        cfg.wire.users, cfg.wire.loopback_users,
-                                        cfg.admin.token, listeners,
-                                        member_urls=_member_urls(cfg)))
-        http = (HttpServer(api, cfg.http.ssl_context()), api)
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-
-    def removed(why: str) -> None:
-        log.warning("node %s stops serving: %s", cfg.node_id, why)
-        holder["why"] = why
-        stop.set()
-
-    raft.on_removed = removed
-    try:
-        # admin first: the Status of a node that cannot find a leader (e.g. a wrong
-        # Raft password) says so (role, term, leader None) instead of not answering
-        if admin is not None and cfg.admin_port:
-            await admin.start(cfg.amqp_host, cfg.admin_port)
-        await raft.wait_ready()
-        if metrics is not None and cfg.metrics_port:
-            await metrics.start(cfg.amqp_host, cfg.metrics_port)
-        if http is not None and cfg.http.port:
-            await http[0].start(cfg.amqp_host, cfg.http.port)
-            http[1].start_sampling()
-        listen = cfg.amqp_listen or default_listen()
-        await amqp.start(listen, cfg.amqp_port, cfg.tls.port, cfg.amqps_context)
-        urls = ([f"amqp://guest:guest@{cfg.amqp_host}:{cfg.amqp_port}/"] if cfg.amqp_port else []) + \
-            ([f"amqps://{cfg.amqp_host}:{cfg.tls.port}/ (verify {cfg.tls.verify})"]
-             if cfg.tls.port else [])
-        log.info("node %s ready: %s (AMQP listening on %s%s)", cfg.node_id, ", ".join(urls),
-                 ", ".join(listen), "" if cfg.amqp_listen or len(listen) > 1
-                 else "; IPv6 is unavailable here")
-        await stop.wait()
-        log.info("node %s shutting down", cfg.node_id)
-    finally:
-        if http is not None:  # no new management writes while the wire closes
-            await http[0].stop()
-        await amqp.close(holder.get("why", "shutdown"))
-        if admin is not None:
-            await admin.stop()
-        if metrics is not None:
-            await metrics.stop()
-        if http is not None:
-            await http[1].stop()
-            await http[0].stop()
-        raft.stop()
+    from node.app.node import serve as serve_node
+    await serve_node(cfg)
 
 
 def tune_gc() -> None:

@@ -73,7 +73,7 @@ exec mirrorq serve --node-id "$POD_NAME" --host "$SELF" --data-dir /var/lib/mirr
 """
 
 # one `python -c` program; the admin token (if any) from the pod's environment
-READY_PROBE = ("import os,sys; from node.admin.server import call_status as c; "
+READY_PROBE = ("import os,sys; from node.admin.client import call_status as c; "
                "s=c(os.environ['POD_NAME']+'.'+os.environ['HEADLESS']+'.'"
                "+os.environ['POD_NAMESPACE']+'.svc',15682,2.0,"
                "token=os.environ.get('MIRRORQ_ADMIN_TOKEN') or None); "

@@ -15,7 +15,7 @@ import grpc
 from kubernetes import client, config, dynamic
 from kubernetes.client.rest import ApiException
 
-from node.admin.server import (
+from node.admin.client import (
     call_add_member,
     call_drain,
     call_remove_member,

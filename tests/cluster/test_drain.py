@@ -18,7 +18,7 @@ from harness.body import make_body
 from harness.client import check_delivered, declare, drain, uniq_queue
 from harness.process import Cluster, ClusterNode
 from harness.publisher import StreamPublisher
-from node.admin.server import call_drain, call_revive
+from node.admin.client import call_drain, call_revive
 from tests.broker_proc import wait_for
 
 

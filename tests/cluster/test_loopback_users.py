@@ -13,7 +13,7 @@ import pika.exceptions
 import pytest
 
 from harness.process import Cluster
-from node.admin.server import call_permission_set, call_user_put
+from node.admin.client import call_permission_set, call_user_put
 from tests.netns import NetLab, ensure_iptables, require_netns
 
 

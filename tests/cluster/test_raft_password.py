@@ -24,7 +24,7 @@ import pika
 
 from harness.client import declare, pika_conn, uniq_queue
 from harness.process import REPO, Cluster, ClusterNode, free_port, port_open, wait_for
-from node.admin.server import call_transfer_leadership
+from node.admin.client import call_transfer_leadership
 from node.app.config import NO_CLUSTER_PASSWORD
 
 

@@ -11,7 +11,7 @@ import pytest
 from harness.client import check_delivered, declare, drain, uniq_queue
 from harness.process import Cluster
 from harness.publisher import StreamPublisher
-from node.admin.server import call_transfer_leadership
+from node.admin.client import call_transfer_leadership
 from tests.broker_proc import wait_for
 
 

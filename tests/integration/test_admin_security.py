@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from node.admin.server import call_add_member, call_status, call_user_list
+from node.admin.client import call_add_member, call_status, call_user_list
 from tests.broker_proc import REPO, NodeProcess
 from tests.support.cli import assert_usage_error, serve_args
 

@@ -225,12 +225,12 @@ def test_tls_only_mode_has_no_plain_listener(pki: Pki, tmp_path: Path) -> None:
 
 
 def status(node: NodeProcess) -> dict[str, object]:
-    from node.admin.server import call_status
+    from node.admin.client import call_status
     return call_status("127.0.0.1", node.admin_port, timeout=5)
 
 
 def test_max_connections_and_drain_apply_to_amqps(pki: Pki, tmp_path: Path) -> None:
-    from node.admin.server import call_drain, call_revive
+    from node.admin.client import call_drain, call_revive
     node = start_node(tmp_path, tls_config(pki, "none", extra="max_connections = 1\n"))
     assert node.amqps_port is not None
     try:

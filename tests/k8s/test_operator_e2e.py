@@ -36,7 +36,7 @@ from harness.client import check_delivered, drain, uniq_queue
 from harness.publisher import StreamPublisher
 from k8s.control_plane import ControlPlane, bin_dir, missing_binaries, up
 from k8s.node_agent import NodeAgent
-from node.admin.server import call_status
+from node.admin.client import call_status
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]

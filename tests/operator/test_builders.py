@@ -337,7 +337,7 @@ def test_amqps_config_loads_in_the_node_with_the_mounted_secret(tmp_path):
 def test_ready_probe_passes_the_pods_admin_token(monkeypatch):
     """The probe program (as the pod runs it, one `python -c`) with call_status
     stubbed: it asks its own pod, with $MIRRORQ_ADMIN_TOKEN, and exits 0 when in sync."""
-    import node.admin.server as admin
+    import node.admin.client as admin
 
     calls: list[tuple] = []
 

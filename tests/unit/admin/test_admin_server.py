@@ -13,7 +13,10 @@ import grpc
 import pytest
 
 from node.admin import admin_pb2 as pb
-from node.admin import server as admin
+from node.admin import client as admin
+from node.admin.convert import pb_to_status, status_to_pb
+from node.admin.metric import MetricsServer, QueuesFn
+from node.admin.service import AdminServer
 from node.broker.vhost import split_key as split_queue_key
 from node.replication.read_model import ReadModel, queue_rows
 from tests.broker_proc import free_port
@@ -92,11 +95,11 @@ async def _rows() -> list[dict[str, Any]]:  # as the node's: built on its raft t
 
 class Served:
     def __init__(self, membership: Any, token: str | None = None,
-                 queues: admin.QueuesFn = _rows) -> None:
+                 queues: QueuesFn = _rows) -> None:
         self.port = free_port()
         self.membership = membership
         self.loop = asyncio.new_event_loop()
-        self.server = admin.AdminServer(lambda: dict(STATUS), membership, queues=queues,
+        self.server = AdminServer(lambda: dict(STATUS), membership, queues=queues,
                                         token=token)
         started = threading.Event()
 
@@ -141,10 +144,10 @@ def test_status_round_trip_keeps_shapes_and_types(served: Served) -> None:
 
 
 def test_status_mapping_without_a_server() -> None:
-    msg = admin.status_to_pb({"term": True, "role": 5, "members": ["a", 1], "leader": "n2"})
+    msg = status_to_pb({"term": True, "role": 5, "members": ["a", 1], "leader": "n2"})
     # a value of an unexpected type is not coerced: it travels as JSON
     assert not msg.HasField("term") and set(msg.extra) == {"term", "role", "members"}
-    back = admin.pb_to_status(pb.NodeStatus.FromString(msg.SerializeToString()))
+    back = pb_to_status(pb.NodeStatus.FromString(msg.SerializeToString()))
     assert back["term"] is True and back["role"] == 5 and back["members"] == ["a", 1]
     assert back["leader"] == "n2" and back["commit_index"] is None and back["in_sync"] == []
 
@@ -226,8 +229,8 @@ def test_metrics_render_async_queue_rows_and_survive_a_timeout() -> None:
     async def silent() -> list[dict[str, Any]]:
         raise TimeoutError("queue rows: the raft thread did not answer")
 
-    async def scrape(queues: admin.QueuesFn) -> str:
-        server = admin.MetricsServer(lambda: dict(STATUS), queues)
+    async def scrape(queues: QueuesFn) -> str:
+        server = MetricsServer(lambda: dict(STATUS), queues)
         port = free_port()
         await server.start("127.0.0.1", port)
         try:

@@ -173,7 +173,7 @@ def test_http_member_urls(tmp_path: Path) -> None:
     cfg = cfg_from(tmp_path, '[http]\nport = 15672\n'
                              'member_urls = { n2 = "http://h2:15672/", n3 = "https://h3:15672/" }\n')
     assert cfg.http.member_urls == {"n2": "http://h2:15672/", "n3": "https://h3:15672/"}
-    from node.app.main import _member_urls
+    from node.app.node import _member_urls
     assert _member_urls(cfg)["n1"] == "http://127.0.0.1:15672/"  # its own, from its port
     with pytest.raises(ConfigError, match="member_urls"):
         cfg_from(tmp_path, '[http]\nmember_urls = { n2 = "h2:15672" }\n')

@@ -1,0 +1,145 @@
+"""One node assembled from its config (the composition root): the raft node,
+the AMQP server, the one Administrator, and the optional gRPC admin, metrics
+and management HTTP servers; started in order, stopped in reverse.
+
+There is exactly one Administrator per node: the gRPC admin API and the
+management HTTP API both hand their changes to it, so that its one lock
+serializes every change whichever way it came in.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import TYPE_CHECKING, Any
+
+from node.admin.metric import MetricsServer
+from node.admin.service import AdminServer
+from node.amqp.config import default_listen
+from node.amqp.server import AmqpServer
+from node.app.administrator import Administrator
+from node.app.config import NodeConfig
+from node.broker.password import hash_password
+from node.replication.raft_node import RaftNode
+
+if TYPE_CHECKING:
+    from node.http.app import ManagementApi
+    from node.http.server import HttpServer
+
+log = logging.getLogger("mirrorq")
+
+
+def _member_urls(cfg: NodeConfig) -> dict[str, str]:
+    """The members' management URLs this node knows: its own, and the others'
+    from [http] member_urls / --http-member-url."""
+    urls = dict(cfg.http.member_urls)
+    if cfg.http.port:
+        host = f"[{cfg.amqp_host}]" if ":" in cfg.amqp_host else cfg.amqp_host
+        scheme = "https" if cfg.http.tls_cert else "http"
+        urls[cfg.node_id] = f"{scheme}://{host}:{cfg.http.port}/"
+    return urls
+
+
+class Node:
+    """The parts of one node, built (not started) from `cfg`."""
+
+    def __init__(self, cfg: NodeConfig, loop: asyncio.AbstractEventLoop) -> None:
+        self.cfg = cfg
+        self.stop = asyncio.Event()  # set: shut down (a signal, or this node was removed)
+        self._why = "shutdown"
+        self.raft = RaftNode(cfg.node_id, cfg.data_dir, loop, self._dispatch, cfg.raft)
+        self.raft.seed_users = {name: hash_password(pw) for name, pw in cfg.wire.users.items()}
+        cfg.wire.data_dir = cfg.data_dir
+        self.amqp = AmqpServer(self.raft, cfg.node_id, cfg.wire)
+        self.raft.on_removed = self._removed
+        self.administrator = Administrator(self.raft)
+        # queue rows are built on the raft thread at its next tick (read_model.ModelPublisher)
+        self.admin = AdminServer(self.status, self.administrator, queues=self.raft.queue_rows,
+                                 token=cfg.admin.token, tls=cfg.admin.tls()) \
+            if cfg.admin_port else None
+        self.metrics = MetricsServer(self.status, self.raft.queue_rows) \
+            if cfg.metrics_port else None
+        self.http: tuple[HttpServer, ManagementApi] | None = None
+        if cfg.http.port:
+            from node.app.management import NodeBackend
+            from node.http.app import ManagementApi
+            from node.http.server import HttpServer
+            listeners = [{"protocol": "amqp", "ip_address": a, "port": cfg.amqp_port}
+                         for a in (cfg.amqp_listen or default_listen()) if cfg.amqp_port]
+            listeners += [{"protocol": "amqp/ssl", "ip_address": a, "port": cfg.tls.port}
+                          for a in (cfg.amqp_listen or default_listen()) if cfg.tls.port]
+            listeners.append({"protocol": "clustering", "ip_address": cfg.raft.bind_host or "::",
+                              "port": cfg.raft.port})
+            listeners.append({"protocol": "https" if cfg.http.tls_cert else "http",
+                              "ip_address": cfg.amqp_host, "port": cfg.http.port})
+            api = ManagementApi(NodeBackend(cfg.node_id, self.raft, self.amqp,
+                                            self.administrator, self.status,
+                                            cfg.wire.users, cfg.wire.loopback_users,
+                                            cfg.admin.token, listeners,
+                                            member_urls=_member_urls(cfg)))
+            self.http = (HttpServer(api, cfg.http.ssl_context()), api)
+
+    def _dispatch(self, effects: list[Any]) -> None:
+        self.amqp.dispatch(effects)
+
+    def _removed(self, why: str) -> None:
+        log.warning("node %s stops serving: %s", self.cfg.node_id, why)
+        self._why = why
+        self.stop.set()
+
+    def status(self) -> dict[str, Any]:
+        cfg = self.cfg
+        st = self.raft.status()
+        st["connections"] = self.amqp.connection_count()
+        st["amqp_port"] = cfg.amqp_port
+        st["amqps_port"] = cfg.tls.port
+        return st
+
+    async def run(self) -> None:
+        """Start every part, serve until `stop` is set, then shut down."""
+        cfg, raft, amqp, admin, metrics, http = (self.cfg, self.raft, self.amqp, self.admin,
+                                                 self.metrics, self.http)
+        raft.start()
+        try:
+            # admin first: the Status of a node that cannot find a leader (e.g. a wrong
+            # Raft password) says so (role, term, leader None) instead of not answering
+            if admin is not None and cfg.admin_port:
+                await admin.start(cfg.amqp_host, cfg.admin_port)
+            await raft.wait_ready()
+            if metrics is not None and cfg.metrics_port:
+                await metrics.start(cfg.amqp_host, cfg.metrics_port)
+            if http is not None and cfg.http.port:
+                await http[0].start(cfg.amqp_host, cfg.http.port)
+                http[1].start_sampling()
+            listen = cfg.amqp_listen or default_listen()
+            await amqp.start(listen, cfg.amqp_port, cfg.tls.port, cfg.amqps_context)
+            urls = ([f"amqp://guest:guest@{cfg.amqp_host}:{cfg.amqp_port}/"]
+                    if cfg.amqp_port else []) + \
+                ([f"amqps://{cfg.amqp_host}:{cfg.tls.port}/ (verify {cfg.tls.verify})"]
+                 if cfg.tls.port else [])
+            log.info("node %s ready: %s (AMQP listening on %s%s)", cfg.node_id, ", ".join(urls),
+                     ", ".join(listen), "" if cfg.amqp_listen or len(listen) > 1
+                     else "; IPv6 is unavailable here")
+            await self.stop.wait()
+            log.info("node %s shutting down", cfg.node_id)
+        finally:
+            if http is not None:  # no new management writes while the wire closes
+                await http[0].stop()
+            await amqp.close(self._why)
+            if admin is not None:
+                await admin.stop()
+            if metrics is not None:
+                await metrics.stop()
+            if http is not None:
+                await http[1].stop()
+                await http[0].stop()
+            raft.stop()
+
+
+async def serve(cfg: NodeConfig) -> None:
+    """Run one node until SIGTERM or SIGINT, or until it is removed from the cluster."""
+    loop = asyncio.get_running_loop()
+    node = Node(cfg, loop)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, node.stop.set)
+    await node.run()
