@@ -10,6 +10,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+# the node status as a dict (NodeStatus.to_dict()): every figure a gauge or a field
 StatusFn = Callable[[], dict[str, Any]]
 # rows of ListQueues: name, vhost, ready, unacked, consumers, durable; the node's
 # is async (built on the raft thread at its next tick), a plain function also does

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 from node.broker.password import hash_password, password_hash_ok
 from node.broker.permission import check_patterns
@@ -27,6 +27,7 @@ from node.replication.command import (
     VhostPut,
 )
 from node.replication.read_model import ReadModel
+from node.replication.status import NodeStatus
 
 
 class Replica(Protocol):
@@ -41,7 +42,7 @@ class Replica(Protocol):
     async def request_transfer(self, address: str | None, timeout: float) -> tuple[bool, str]: ...
     def peer_address(self, node_id: str) -> str | None: ...
     async def wait_heard_from(self, address: str, timeout: float) -> None: ...
-    def status(self) -> dict[str, Any]: ...
+    def status(self) -> NodeStatus: ...
 
 
 class Administrator:
@@ -103,7 +104,7 @@ class Administrator:
                                    "and the target must be caught up")
             deadline = max(deadline, time.monotonic() + 5.0)
             while time.monotonic() < deadline:  # the request was sent; wait for the outcome
-                leader = r.status()["leader"]
+                leader = r.status().leader
                 if leader not in (None, r.node_id) and (node_id is None or leader == node_id):
                     return str(leader)
                 await asyncio.sleep(0.05)

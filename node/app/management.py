@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from node.amqp.connection import VERSION
@@ -14,13 +15,14 @@ from node.app.administrator import Administrator
 from node.http.backend import LocalConnection
 from node.replication.raft_node import RaftNode
 from node.replication.read_model import Management, ReadModel
+from node.replication.status import NodeStatus
 
 
 class NodeBackend:
     product_version = VERSION
 
     def __init__(self, node_id: str, raft: RaftNode, amqp: AmqpServer,
-                 administrator: Administrator, status: Callable[[], dict[str, Any]],
+                 administrator: Administrator, status: Callable[[], NodeStatus],
                  configured_users: Mapping[str, str], loopback_users: list[str],
                  token: str | None, listeners: list[dict[str, Any]],
                  member_urls: Mapping[str, str] | None = None) -> None:
@@ -57,10 +59,8 @@ class NodeBackend:
     async def management_rows(self) -> Management:
         return await self.raft.management_rows()
 
-    def status(self) -> dict[str, Any]:
-        st = self._status()
-        st["member_addresses"] = dict(self.raft.read_model().members)
-        return st
+    def status(self) -> NodeStatus:
+        return replace(self._status(), member_addresses=dict(self.raft.read_model().members))
 
     def member_urls(self) -> dict[str, str]:
         """Members' management URLs where known (its own; others configured)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from node.admin.metric import MetricsServer
@@ -21,6 +22,7 @@ from node.app.administrator import Administrator
 from node.app.config import NodeConfig
 from node.broker.password import hash_password
 from node.replication.raft_node import RaftNode
+from node.replication.status import NodeStatus
 
 if TYPE_CHECKING:
     from node.http.app import ManagementApi
@@ -54,10 +56,10 @@ class Node:
         self.raft.on_removed = self._removed
         self.administrator = Administrator(self.raft)
         # queue rows are built on the raft thread at its next tick (read_model.ModelPublisher)
-        self.admin = AdminServer(self.status, self.administrator, queues=self.raft.queue_rows,
+        self.admin = AdminServer(self.status_dict, self.administrator, queues=self.raft.queue_rows,
                                  token=cfg.admin.token, tls=cfg.admin.tls()) \
             if cfg.admin_port else None
-        self.metrics = MetricsServer(self.status, self.raft.queue_rows) \
+        self.metrics = MetricsServer(self.status_dict, self.raft.queue_rows) \
             if cfg.metrics_port else None
         self.http: tuple[HttpServer, ManagementApi] | None = None
         if cfg.http.port:
@@ -87,13 +89,14 @@ class Node:
         self._why = why
         self.stop.set()
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> NodeStatus:
         cfg = self.cfg
-        st = self.raft.status()
-        st["connections"] = self.amqp.connection_count()
-        st["amqp_port"] = cfg.amqp_port
-        st["amqps_port"] = cfg.tls.port
-        return st
+        return replace(self.raft.status(), connections=self.amqp.connection_count(),
+                       amqp_port=cfg.amqp_port, amqps_port=cfg.tls.port)
+
+    def status_dict(self) -> dict[str, Any]:
+        """For the generic readers: gRPC Status and the Prometheus text."""
+        return self.status().to_dict()
 
     async def run(self) -> None:
         """Start every part, serve until `stop` is set, then shut down."""

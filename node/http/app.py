@@ -57,11 +57,11 @@ class ManagementApi:
             now = time.monotonic()
             try:
                 st = self.b.status()
-                self.ctx.latency.add(now, st.get("confirm_latency") or {})
+                self.ctx.latency.add(now, st.confirm_latency or {})
                 if now >= next_rates:
                     next_rates = now + SAMPLE_INTERVAL
                     rows = await self.b.management_rows()
-                    self.ctx.sampler.add(time.monotonic(), rows, int(st.get("confirmed") or 0))
+                    self.ctx.sampler.add(time.monotonic(), rows, int(st.confirmed or 0))
             except Exception:  # noqa: BLE001 - no leader yet, raft busy: sample next time
                 pass
             await asyncio.sleep(LATENCY_SAMPLE)

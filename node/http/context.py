@@ -4,7 +4,7 @@ sampler and latency window, and the helpers all resource families use
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from node.http.auth import Principal, require_vhost, visible_vhosts
@@ -15,6 +15,7 @@ from node.http.stats import LatencyWindow, RateSampler, cluster_json
 if TYPE_CHECKING:
     from node.http.backend import Backend
     from node.replication.read_model import Management
+    from node.replication.status import NodeStatus
 
 
 # a route's handler: (context, request, path parameters, authenticated principal)
@@ -47,7 +48,7 @@ class Context:
 
     def nodes(self) -> list[str]:
         st = self.b.status()
-        return list(st.get("members") or [self.b.node_id])
+        return list(st.members or [self.b.node_id])
 
     async def session_do(self, p: Principal, vhost: str,
                          fn: Callable[[Any], Awaitable[Any]]) -> Any:
@@ -63,7 +64,7 @@ class Context:
             raise HttpError(503, "service_unavailable",
                             "the cluster did not answer in time (no leader?)") from None
 
-    def cluster(self, st: Mapping[str, Any]) -> dict[str, Any]:
+    def cluster(self, st: NodeStatus) -> dict[str, Any]:
         return cluster_json(st, self.latency, time.monotonic(), self.b.member_urls())
 
     def cluster_name(self) -> str:

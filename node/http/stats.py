@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from node.replication.read_model import Management
+    from node.replication.status import NodeStatus
 
 
 SAMPLE_INTERVAL = 5.0  # seconds between rate samples (RabbitMQ's default)
@@ -19,13 +20,13 @@ LATENCY_WINDOW = 30.0  # seconds of confirms the cluster view's p50/p99 cover
 LATENCY_SAMPLE = 1.0  # seconds between snapshots of the confirm-latency histogram
 
 
-def quorum_critical(status: Mapping[str, Any]) -> str | None:
+def quorum_critical(status: NodeStatus) -> str | None:
     """Why losing this node would leave fewer than a majority of the members
     in sync (None: it would not). What a rolling upgrade asks before stopping
     a node."""
-    members = list(status.get("members") or [])
-    in_sync = list(status.get("in_sync") or members)
-    me = status.get("node_id")
+    members = list(status.members or [])
+    in_sync = list(status.in_sync or members)
+    me = status.node_id
     majority = len(members) // 2 + 1
     if len(members) <= 1:
         return None  # RabbitMQ: a single node cluster is never quorum critical
@@ -110,7 +111,7 @@ class LatencyWindow:
                 "count": sum(counts), "window_seconds": self.window}
 
 
-def cluster_json(status: Mapping[str, Any], latency: LatencyWindow | None = None,
+def cluster_json(status: NodeStatus, latency: LatencyWindow | None = None,
                  now: float | None = None,
                  http_urls: Mapping[str, str] | None = None) -> dict[str, Any]:
     """/api/mirrorq/cluster: the Raft members as this node sees them.
@@ -121,33 +122,33 @@ def cluster_json(status: Mapping[str, Any], latency: LatencyWindow | None = None
     confirm leaves the node its publisher is connected to): p50/p99 of the
     last LATENCY_WINDOW seconds, interpolated within the histogram bucket,
     and the since-start bucket edges under `since_start`."""
-    me = status.get("node_id")
-    leader = status.get("leader")
-    leading = status.get("role") == "leader"
-    in_sync = list(status.get("in_sync") or [])
-    draining = list(status.get("draining") or [])
-    addresses = dict(status.get("member_addresses") or {})
+    me = status.node_id
+    leader = status.leader
+    leading = status.role == "leader"
+    in_sync = list(status.in_sync or [])
+    draining = list(status.draining or [])
+    addresses = dict(status.member_addresses or {})
     urls = dict(http_urls or {})
-    peers = {p.get("member"): p for p in status.get("peers") or []}
+    peers = {p.member: p for p in status.peers}
     members = []
-    for name in status.get("members") or []:
+    for name in status.members or []:
         peer = peers.get(name)
         mine = name == me
         if mine:
-            match = status.get("last_applied")
+            match = status.last_applied
         elif leading and peer is not None:
-            match = peer.get("match_index")
+            match = peer.match_index
         else:
             match = None  # only the leader tracks its followers' match index
         members.append({
             "name": name, "address": addresses.get(name),
             "in_sync": name in in_sync, "draining": name in draining,
             "leader": name == leader, "self": mine,
-            "reachable": True if mine else bool(peer and peer.get("connected")),
+            "reachable": True if mine else bool(peer and peer.connected),
             "match_index": match,
             "http_url": urls.get(name),
         })
-    hist = status.get("confirm_latency") or {}
+    hist = status.confirm_latency or {}
     since_start = {"p50_ms": latency_percentile(hist, 0.5),
                    "p99_ms": latency_percentile(hist, 0.99),
                    "count": hist.get("count", 0)}
@@ -155,12 +156,12 @@ def cluster_json(status: Mapping[str, Any], latency: LatencyWindow | None = None
         recent = latency.summary(time.monotonic() if now is None else now, hist)
     else:
         recent = dict(since_start, window_seconds=None)
-    return {"node": me, "members": members, "leader": leader, "term": status.get("term"),
-            "role": status.get("role"), "in_sync": in_sync, "draining": draining,
-            "commit_index": status.get("commit_index"),
-            "last_applied": status.get("last_applied"),
-            "mirrored_index": status.get("mirrored_index"),
-            "has_quorum": status.get("has_quorum"),
+    return {"node": me, "members": members, "leader": leader, "term": status.term,
+            "role": status.role, "in_sync": in_sync, "draining": draining,
+            "commit_index": status.commit_index,
+            "last_applied": status.last_applied,
+            "mirrored_index": status.mirrored_index,
+            "has_quorum": status.has_quorum,
             "confirm_latency": {**recent, "since_start": since_start}}
 
 

@@ -58,6 +58,7 @@ from node.replication.pipeline import Flush, Limits, Pipeline
 from node.replication.port import EffectSink
 from node.replication.raft import RaftShim, clock
 from node.replication.read_model import Management, ModelPublisher, ReadModel, management_rows
+from node.replication.status import NodeStatus, PeerStatus
 from node.replication.view import RaftView
 
 log = logging.getLogger(__name__)
@@ -442,74 +443,74 @@ class RaftNode:
         by_addr[self.address] = self.node_id
         return by_addr.get(address, address)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> NodeStatus:
         shim = self.shim
         raft = shim.raft_status()
         model = self.read_model()
         members = dict(model.members)
-        return {
-            "node_id": self.node_id,
-            "role": raft["role"],
-            "leader": self.member_id(raft["leader"]),
-            "term": raft["term"],
-            "commit_index": raft["commit_index"],
-            "last_applied": raft["last_applied"],
-            "log_len": raft["log_len"],
-            "members": list(members) or [self.node_id, *self.config.peers],
-            "in_sync": list(model.in_sync),
-            "draining": list(model.draining),
-            "has_quorum": shim.has_quorum(),
-            "mirrored_index": self._gate.released,
-            "blocked": self._blocked is not None,
-            "pending_batches": self.pipeline.in_flight(),
-            "resends": self.pipeline.resends,
-            "nacked_publishes": self.pipeline.nacked_publishes,
-            "failed_batches": dict(self.failed_batches),
-            "queues": model.queue_count,
-            "journal_flushes": shim.flushes,
-            "snapshots": shim.snapshots,
-            "last_snapshot_seconds": round(shim.last_snapshot_seconds, 3),
-            "last_snapshot_bytes": shim.last_snapshot_bytes,
-            "applied_batches": self.applied_batches,
-            "message_bytes": model.message_bytes,
-            "published": self.published,
-            "confirmed": self.confirmed,
-            "nacked": self.nacked,
-            "delivered": self.delivered,
-            "redelivered": self.redelivered,
-            "acked": self.acked,
-            "leader_changes": self.leader_changes,
-            "deferred_elections": shim.deferred_elections,
-            "prevote_rounds": shim.prevote_rounds,
-            "ignored_votes": shim.ignored_votes,
-            "fast_elections": shim.fast_elections,
-            "peer_rejects": shim.peer_rejects(),
-            "peer_tls": self.peer_security.tls,
-            "encoded_appends": shim.encoded_appends,
-            "longest_raft_stall_ms": round(shim.longest_stall * 1000, 1),
-            "longest_flush_ms": round(shim.longest_flush * 1000, 1),
-            "journal_write_errors": shim.journal_write_errors,
-            "journal_flush_errors": shim.journal_flush_errors,
-            "installed_snapshots": shim.installed_snapshots,
-            "refused_snapshots": shim.refused_snapshots,
-            "skipped_closes": self.skipped_closes,
-            "longest_fork_ms": round(shim.longest_fork * 1000, 1),
-            "longest_owner_tick_ms": round(shim.longest_owner_tick * 1000, 1),
-            "forced_compactions": shim.forced_compactions,
-            "longest_leader_gap_ms": round(shim.longest_leader_gap * 1000, 1),
-            "in_sync_size": len(model.in_sync),
-            "confirm_latency": self.confirm_latency.snapshot(),
-            "peers": self._peer_rows(),
-        }
+        return NodeStatus(
+            node_id=self.node_id,
+            role=raft["role"],
+            leader=self.member_id(raft["leader"]),
+            term=raft["term"],
+            commit_index=raft["commit_index"],
+            last_applied=raft["last_applied"],
+            log_len=raft["log_len"],
+            members=list(members) or [self.node_id, *self.config.peers],
+            in_sync=list(model.in_sync),
+            draining=list(model.draining),
+            has_quorum=shim.has_quorum(),
+            mirrored_index=self._gate.released,
+            blocked=self._blocked is not None,
+            pending_batches=self.pipeline.in_flight(),
+            resends=self.pipeline.resends,
+            nacked_publishes=self.pipeline.nacked_publishes,
+            failed_batches=dict(self.failed_batches),
+            queues=model.queue_count,
+            journal_flushes=shim.flushes,
+            snapshots=shim.snapshots,
+            last_snapshot_seconds=round(shim.last_snapshot_seconds, 3),
+            last_snapshot_bytes=shim.last_snapshot_bytes,
+            applied_batches=self.applied_batches,
+            message_bytes=model.message_bytes,
+            published=self.published,
+            confirmed=self.confirmed,
+            nacked=self.nacked,
+            delivered=self.delivered,
+            redelivered=self.redelivered,
+            acked=self.acked,
+            leader_changes=self.leader_changes,
+            deferred_elections=shim.deferred_elections,
+            prevote_rounds=shim.prevote_rounds,
+            ignored_votes=shim.ignored_votes,
+            fast_elections=shim.fast_elections,
+            peer_rejects=shim.peer_rejects(),
+            peer_tls=self.peer_security.tls,
+            encoded_appends=shim.encoded_appends,
+            longest_raft_stall_ms=round(shim.longest_stall * 1000, 1),
+            longest_flush_ms=round(shim.longest_flush * 1000, 1),
+            journal_write_errors=shim.journal_write_errors,
+            journal_flush_errors=shim.journal_flush_errors,
+            installed_snapshots=shim.installed_snapshots,
+            refused_snapshots=shim.refused_snapshots,
+            skipped_closes=self.skipped_closes,
+            longest_fork_ms=round(shim.longest_fork * 1000, 1),
+            longest_owner_tick_ms=round(shim.longest_owner_tick * 1000, 1),
+            forced_compactions=shim.forced_compactions,
+            longest_leader_gap_ms=round(shim.longest_leader_gap * 1000, 1),
+            in_sync_size=len(model.in_sync),
+            confirm_latency=self.confirm_latency.snapshot(),
+            peers=self._peer_rows(),
+        )
 
-    def _peer_rows(self) -> list[dict[str, Any]]:
+    def _peer_rows(self) -> tuple[PeerStatus, ...]:
         """Every other Raft node as this node's last tick saw it (the leader's
         match indexes and reply times are meaningful on the leader only)."""
         view = self._view
         if view is None:
-            return []
-        return [{"member": p.member or self.member_id(p.address), "address": p.address,
-                 "match_index": p.match_index, "connected": p.connected, "lost": p.lost,
-                 "reply_age": round(max(0.0, view.now - p.last_reply), 3)
-                 if p.last_reply else None}
-                for p in view.peers]
+            return ()
+        return tuple(PeerStatus(p.member or self.member_id(p.address), p.address, p.match_index,
+                                p.connected, p.lost,
+                                round(max(0.0, view.now - p.last_reply), 3)
+                                if p.last_reply else None)
+                     for p in view.peers)

@@ -82,7 +82,7 @@ class NodeStatus:
     forced_compactions: int
     longest_leader_gap_ms: float
     in_sync_size: int
-    confirm_latency: dict[str, object]  # metric.Histogram.snapshot()
+    confirm_latency: dict[str, Any]  # metric.Histogram.snapshot()
     peers: tuple[PeerStatus, ...]
     # filled by the app (node/app/node.py): absent from to_dict() until it has
     connections: int | None = None

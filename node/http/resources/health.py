@@ -24,7 +24,7 @@ async def health_quorum(ctx: Context, _r: Request, _p: dict[str, str], p: Princi
     why = quorum_critical(st)
     if why is not None:
         return Response(503, json.dumps({"status": "failed", "reason": why}).encode())
-    if len(st.get("members") or []) <= 1:
+    if len(st.members or []) <= 1:
         return json_response({"status": "ok", "reason": "single node cluster"})
     return json_response({"status": "ok"})
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from node.http.auth import Principal, require_monitor
@@ -12,9 +11,10 @@ from node.http.errors import not_found
 from node.http.format import EXCHANGE_TYPES
 from node.http.server import Request, Response, json_response
 from node.http.stats import STARTED, process_stats
+from node.replication.status import NodeStatus
 
 
-def node_json(ctx: Context, name: str, st: Mapping[str, Any]) -> dict[str, Any]:
+def node_json(ctx: Context, name: str, st: NodeStatus) -> dict[str, Any]:
     cluster = ctx.cluster(st)
     member = next((m for m in cluster["members"] if m["name"] == name), None)
     mine = name == ctx.b.node_id
@@ -33,22 +33,22 @@ def node_json(ctx: Context, name: str, st: Mapping[str, Any]) -> dict[str, Any]:
                     # RabbitMQ's mem_used is the node's memory: this process's RSS
                     # (above); the bytes of message bodies held (what the
                     # memory_high_watermark alarm compares) are message_bytes
-                    "message_bytes": int(st.get("message_bytes") or 0),
-                    "queues": st.get("queues"), "connections": st.get("connections"),
-                    "role": st.get("role"), "term": st.get("term"),
-                    "commit_index": st.get("commit_index")})
+                    "message_bytes": int(st.message_bytes or 0),
+                    "queues": st.queues, "connections": st.connections,
+                    "role": st.role, "term": st.term,
+                    "commit_index": st.commit_index})
     return out
 
 
 async def nodes(ctx: Context, _r: Request, _p: dict[str, str], p: Principal) -> Response:
     require_monitor(p)
     st = ctx.b.status()
-    return json_response([node_json(ctx, n, st) for n in st.get("members") or []])
+    return json_response([node_json(ctx, n, st) for n in st.members or []])
 
 
 async def node(ctx: Context, _r: Request, params: dict[str, str], p: Principal) -> Response:
     require_monitor(p)
     st = ctx.b.status()
-    if params["node"] not in (st.get("members") or []):
+    if params["node"] not in (st.members or []):
         raise not_found()
     return json_response(node_json(ctx, params["node"], st))

@@ -21,8 +21,8 @@ async def overview(ctx: Context, req: Request, _p: dict[str, str], p: Principal)
     stats = message_stats(totals, ctx.sampler.totals(vis))
     # confirm: this node's (confirms are not replicated: one leaves the node
     # its publisher is connected to; sum the nodes' overviews for the cluster)
-    hist_count = int((st.get("confirm_latency") or {}).get("count") or 0)
-    stats["confirm"] = int(st.get("confirmed") or hist_count)
+    hist_count = int((st.confirm_latency or {}).get("count") or 0)
+    stats["confirm"] = int(st.confirmed or hist_count)
     stats["confirm_details"] = rate(ctx.sampler.confirm_rate())
     return json_response({
         "management_version": RABBIT_VERSION, "rabbitmq_version": RABBIT_VERSION,

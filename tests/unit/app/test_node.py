@@ -17,7 +17,9 @@ from node.app.administrator import Administrator
 from node.app.config import NodeConfig
 from node.replication.command import Command
 from node.replication.read_model import ReadModel
+from node.replication.status import NodeStatus
 from tests.broker_proc import free_port
+from tests.support.status import node_status
 
 TOKEN = "t0ken"
 
@@ -43,8 +45,8 @@ class SlowRaft:
     def read_model(self) -> ReadModel:
         return ReadModel(members={self.node_id: "127.0.0.1:1"})
 
-    def status(self) -> dict[str, Any]:
-        return {"node_id": self.node_id, "role": "leader", "leader": self.node_id}
+    def status(self) -> NodeStatus:
+        return node_status(node_id=self.node_id, role="leader", leader=self.node_id)
 
     async def queue_rows(self) -> list[dict[str, Any]]:
         return []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import pickle
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -40,6 +41,7 @@ from tests.support.machine import (
     qdecl,
     xdecl,
 )
+from tests.support.status import node_status
 
 # ------------------------------------------------------------------ router
 
@@ -228,26 +230,26 @@ def test_definitions_export_shape() -> None:
 
 
 def test_quorum_critical() -> None:
-    st = {"node_id": "n1", "members": ["n1", "n2", "n3"], "in_sync": ["n1", "n2", "n3"]}
+    st = node_status(node_id="n1", members=["n1", "n2", "n3"], in_sync=["n1", "n2", "n3"])
     assert quorum_critical(st) is None
-    st["in_sync"] = ["n1", "n2"]
+    st = replace(st, in_sync=["n1", "n2"])
     why = quorum_critical(st)
     assert why is not None and "majority" in why
-    assert quorum_critical({"node_id": "n3", "members": ["n1", "n2", "n3"],
-                                "in_sync": ["n1", "n2"]}) is None
-    assert quorum_critical({"node_id": "n1", "members": ["n1"], "in_sync": ["n1"]}) is None
+    assert quorum_critical(node_status(node_id="n3", members=["n1", "n2", "n3"],
+                                       in_sync=["n1", "n2"])) is None
+    assert quorum_critical(node_status(node_id="n1", members=["n1"], in_sync=["n1"])) is None
 
 
 def test_cluster_json_and_latency() -> None:
     hist = {"le": [0.001, 0.005, 0.01], "cumulative": [50, 99, 100, 100], "count": 100}
     assert latency_percentile(hist, 0.5) == 1.0
     assert latency_percentile(hist, 0.99) == 5.0
-    st = {"node_id": "n1", "leader": "n2", "term": 3, "members": ["n1", "n2", "n3"],
-          "in_sync": ["n1", "n2"], "draining": [], "commit_index": 10, "last_applied": 10,
-          "mirrored_index": 9, "member_addresses": {"n1": "h:1", "n2": "h:2", "n3": "h:3"},
-          "peers": [{"member": "n2", "connected": True, "match_index": 10},
-                    {"member": "n3", "connected": False, "match_index": 4}],
-          "confirm_latency": hist}
+    st = node_status(node_id="n1", leader="n2", term=3, members=["n1", "n2", "n3"],
+                     in_sync=["n1", "n2"], draining=[], commit_index=10, last_applied=10,
+                     mirrored_index=9, member_addresses={"n1": "h:1", "n2": "h:2", "n3": "h:3"},
+                     peers=[{"member": "n2", "connected": True, "match_index": 10},
+                            {"member": "n3", "connected": False, "match_index": 4}],
+                     confirm_latency=hist)
     c = cluster_json(st)
     assert c["leader"] == "n2" and c["term"] == 3 and c["mirrored_index"] == 9
     by = {m["name"]: m for m in c["members"]}
@@ -258,7 +260,7 @@ def test_cluster_json_and_latency() -> None:
     assert by["n1"]["match_index"] == 10
     assert c["confirm_latency"]["since_start"]["p99_ms"] == 5.0
     # the leader knows them; http_url where configured, else null
-    c = cluster_json(dict(st, role="leader", leader="n1"),
+    c = cluster_json(replace(st, role="leader", leader="n1"),
                          http_urls={"n2": "http://h:15673/"})
     by = {m["name"]: m for m in c["members"]}
     assert by["n2"]["match_index"] == 10 and by["n3"]["match_index"] == 4
