@@ -496,7 +496,7 @@ def death_reason(props: Any) -> str | None:
     return None
 
 
-class Consumer(threading.Thread):
+class WorkloadConsumer(threading.Thread):
     def __init__(self, name: str, run: str, queue: str, nodes: Callable[[], list[Any]],
                  writer: HistoryWriter, start_index: int, nack_ratio: float = 0.05,
                  crash_every: int = 0, prefetch: int = 20, seed: int = 0,
@@ -794,7 +794,7 @@ class Workload:
             raise ValueError(f"{len(self.windows)} windows for {publishers} publishers")
         self.writers: list[HistoryWriter] = []
         self.publishers: list[Publisher] = []
-        self.consumers: list[Consumer] = []
+        self.consumers: list[WorkloadConsumer] = []
         pub_nodes = nodes
         if pin_publishers_to is not None:
             def pub_nodes() -> list[Any]:  # the pinned node first, the others as fallback
@@ -811,7 +811,7 @@ class Workload:
             for cs in q.consumers:
                 k += 1
                 w = self._writer(f"con-c{k}.jsonl")
-                self.consumers.append(Consumer(f"c{k}", run_id, q.name, nodes, w, k,
+                self.consumers.append(WorkloadConsumer(f"c{k}", run_id, q.name, nodes, w, k,
                                                nack_ratio=nack_ratio, crash_every=cs.crash_every,
                                                prefetch=cs.prefetch, seed=k - 1,
                                                stall_every=cs.stall_every,
