@@ -10,6 +10,7 @@ RUN pip install --no-cache-dir --upgrade pip wheel
 COPY pyproject.toml README.md ./
 COPY node ./node
 COPY chaos/chaosmirrorq ./chaos/chaosmirrorq
+COPY harness ./harness
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 RUN python -m venv /opt/mirrorq \
  && /opt/mirrorq/bin/pip install --no-cache-dir /wheels/*.whl
