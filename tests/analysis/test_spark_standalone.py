@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.analysis.test_check_history import T, _load, clean_events, dlv, pub, write_run
+from tests.support.history import T, clean_events, dlv, pub, write_run
+from tests.support.history import load_analysis as _load
 
 ss = _load("spark_standalone")
 

@@ -16,7 +16,7 @@ from chaosmirrorq import suite
 from chaosmirrorq.netns import require_netns
 
 from harness.process import REPO
-from tests.chaos.conftest import KILL_UNDER_BACKLOG, short_env
+from tests.support.chaos_env import KILL_UNDER_BACKLOG, short_env
 
 
 def _node_has_unsafe_flag() -> bool:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from chaosmirrorq import suite
 
-from tests.chaos.conftest import KILL_UNDER_BACKLOG, short_env
+from tests.support.chaos_env import KILL_UNDER_BACKLOG, short_env
 
 
 def test_leader_kill_experiment_end_to_end(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from chaosmirrorq import actions, mixed
 
-from tests.chaos.test_process_faults import _lab, _start, state  # noqa: F401 - the fixture
+from tests.support.chaos_lab import netns_lab as _lab
+from tests.support.chaos_lab import start_netns_cluster as _start
 
 
 def _rules(idx: int) -> list[str]:

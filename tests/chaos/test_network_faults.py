@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -17,6 +16,8 @@ from typing import Any
 import pytest
 from chaosmirrorq import actions
 from chaosmirrorq.netns import NetLab, NetnsError, netem_unavailable_reason, require_netns
+
+from tests.support.thread import in_thread as _in_thread
 
 PORT = 7460
 
@@ -133,19 +134,6 @@ def fake_cluster(lab: NetLab, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[
     finally:
         actions._STATE.clear()
         actions._STATE.update(saved)
-
-
-def _in_thread(fn: Any, **kw: Any) -> tuple[threading.Thread, dict[str, Any]]:
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["result"] = fn(**kw)
-        except BaseException as exc:  # surfaced by the test
-            out["error"] = exc
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, out
 
 
 # ------------------------------------------------------------------ delay

@@ -12,16 +12,15 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from chaosmirrorq import actions, probes
-from chaosmirrorq.netns import NetLab, require_netns
 
 from harness.process import ClusterNode
-from tests.chaos.test_network_faults import _in_thread
+from tests.support.chaos_lab import netns_lab as _lab
+from tests.support.chaos_lab import start_netns_cluster as _start
+from tests.support.thread import in_thread as _in_thread
 
 SNAPSHOT_OFTEN = "compaction_min_entries = 200\ncompaction_min_time = 1.0\n"
 
@@ -32,33 +31,6 @@ try:
 except OSError:
     sys.exit(1)
 """
-
-
-def _start(tmp_path: Path, **kw: Any) -> None:
-    require_netns()
-    actions.start_cluster(nodes=3, netns=True, base_dir=str(tmp_path / "chaos"), experiment="test",
-                          baseline=False, **kw)
-
-
-@pytest.fixture
-def state() -> Iterator[None]:
-    saved = dict(actions._STATE)
-    actions._STATE.clear()
-    try:
-        yield
-    finally:
-        try:
-            actions.stop_workload()
-        finally:
-            actions.stop_cluster()  # every node (removed ones too) and the namespaces
-            actions._STATE.clear()
-            actions._STATE.update(saved)
-
-
-def _lab() -> NetLab:
-    lab = actions._STATE["lab"]
-    assert isinstance(lab, NetLab)
-    return lab
 
 
 def _reach(src: ClusterNode, dst: ClusterNode, timeout: float = 1.0) -> bool:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.conftest import EXPERIMENTS
+from tests.support.chaos_env import EXPERIMENTS
 
 FILES = sorted(EXPERIMENTS.glob("*.json")) + sorted((EXPERIMENTS / "k8s").glob("*.json"))
 NAMES = ["leader-kill-loop", "follower-kill", "leader-pause", "minority-partition",

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from tests.broker_proc import Broker, uniq
-from tests.integration.conftest import Amqp
+from tests.support.pika_session import Amqp
 
 pytestmark = [pytest.mark.rabbitmq_ok,
               pytest.mark.skipif(shutil.which("amqp-publish") is None, reason="amqp-tools missing")]

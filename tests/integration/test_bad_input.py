@@ -13,7 +13,7 @@ from pamqp import header as pheader
 
 from harness.amqp import Closed, RawClient
 from tests.broker_proc import Broker, uniq
-from tests.integration.conftest import Amqp, round_trip_ok
+from tests.support.pika_session import Amqp, round_trip_ok
 
 pytestmark = pytest.mark.rabbitmq_ok
 

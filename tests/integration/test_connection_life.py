@@ -11,7 +11,7 @@ from pamqp import heartbeat as pheartbeat
 
 from harness.amqp import Closed, RawClient
 from tests.broker_proc import Broker
-from tests.integration.conftest import Amqp
+from tests.support.pika_session import Amqp
 
 
 def test_s08_missed_heartbeats_close_connection_and_requeue(broker: Broker, amqp: Amqp) -> None:

@@ -9,7 +9,7 @@ import pika
 import pytest
 
 from tests.broker_proc import NodeProcess, uniq
-from tests.integration.conftest import Amqp, pump_until
+from tests.support.pika_session import Amqp, pump_until
 
 pytestmark = pytest.mark.own_node
 

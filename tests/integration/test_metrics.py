@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 
 from tests.broker_proc import Broker, NodeProcess
-from tests.integration.conftest import Amqp
+from tests.support.pika_session import Amqp
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$')
 

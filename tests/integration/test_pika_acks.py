@@ -11,7 +11,7 @@ from pamqp import commands as spec
 from pika.exceptions import ChannelClosedByBroker
 
 from tests.broker_proc import wait_for
-from tests.integration.conftest import ON_RABBIT, Amqp, events, pump_until
+from tests.support.pika_session import ON_RABBIT, Amqp, events, pump_until
 
 pytestmark = pytest.mark.rabbitmq_ok
 

@@ -15,7 +15,7 @@ from pika.exceptions import ChannelClosedByBroker, NackError, UnroutableError
 from harness.amqp import RawClient
 from harness.publisher import ConfirmTracker
 from tests.broker_proc import node_metric, uniq, wait_for
-from tests.integration.conftest import Amqp
+from tests.support.pika_session import Amqp
 
 pytestmark = pytest.mark.rabbitmq_ok
 

@@ -5,7 +5,7 @@ import pytest
 from pika.exceptions import ChannelClosedByBroker
 
 from tests.broker_proc import uniq, wait_for
-from tests.integration.conftest import Amqp
+from tests.support.pika_session import Amqp
 
 pytestmark = pytest.mark.rabbitmq_ok
 

@@ -8,7 +8,7 @@ import pytest
 from pika.exceptions import ChannelClosedByBroker
 
 from tests.broker_proc import uniq, wait_for
-from tests.integration.conftest import Amqp, events, pump_until
+from tests.support.pika_session import Amqp, events, pump_until
 
 pytestmark = pytest.mark.rabbitmq_ok
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.conftest import Amqp
+from tests.support.pika_session import Amqp
 
 pytestmark = pytest.mark.rabbitmq_ok
 

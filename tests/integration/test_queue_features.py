@@ -20,8 +20,8 @@ import pytest
 from kombu.simple import SimpleQueue
 
 from tests.broker_proc import Broker, uniq
-from tests.integration.conftest import Amqp, events, pump_until
 from tests.support.kombu_client import connect as kombu_conn
+from tests.support.pika_session import Amqp, events, pump_until
 
 pytestmark = pytest.mark.rabbitmq_ok
 

@@ -23,7 +23,7 @@ import pytest
 
 from k8s.control_plane import bin_dir, missing_binaries, up
 from k8s.node_agent import NodeAgent
-from tests.k8s.test_operator_e2e import CHART, NAME, NS, RELEASE, Env, wait
+from tests.support.k8s_env import CHART, NAME, NS, RELEASE, Env, wait
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS = REPO / "chaos" / "experiments" / "k8s"
