@@ -279,3 +279,35 @@ def test_import_forms_are_resolved(tmp_path: Path) -> None:
         _rule("node/broker"), root)
     # raft_node is not node.replication.raft: prefixes match whole names only
     assert not _within("node.replication.raft_node", "node.replication.raft")
+
+
+# ------------------------------------------------------------------ tests import helpers
+def helper_violations(root: Path = REPO) -> list[str]:
+    """Tests share helpers through tests/support/ (or plain helper modules), never by
+    importing another test module or a conftest: `path:line: imports module`."""
+    found = []
+    for f in _files(root, ("tests/",)):
+        rel = f.relative_to(root).as_posix()
+        for imp in imports_in(f.read_text(encoding="utf-8"), rel):
+            parts = imp.module.split(".")
+            if parts[0] == "tests" and any(p.startswith("test_") or p == "conftest"
+                                           for p in parts[1:]):
+                found.append(f"{rel}:{imp.line}: imports {imp.module}")
+    return found
+
+
+def test_tests_import_no_test_module_or_conftest() -> None:
+    found = helper_violations()
+    if found:
+        pytest.fail("a test imports another test module or a conftest (move the helper to "
+                    "tests/support/); broken by:\n" + "\n".join(found), pytrace=False)
+
+
+def test_test_helper_rule_can_fail(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "tests/unit/test_a.py": "from tests.support.machine import Harness\n",
+        "tests/unit/test_b.py": "import os\nfrom tests.unit.test_a import helper\n",
+        "tests/chaos/test_c.py": "from tests.chaos.conftest import short_env\n",
+    })
+    assert helper_violations(root) == ["tests/chaos/test_c.py:1: imports tests.chaos.conftest.short_env",
+                                       "tests/unit/test_b.py:2: imports tests.unit.test_a.helper"]
