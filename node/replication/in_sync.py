@@ -1,7 +1,7 @@
 """The in-sync planner (pure): which membership bookkeeping the leader proposes.
 
 Folded once per Raft tick over a RaftView; returns the new planner state and
-the commands to propose. The rules, each tested in tests/unit/test_in_sync.py
+the commands to propose. The rules, each tested in tests/unit/replication/test_in_sync.py
 and listed in docs/ARCHITECTURE.md:
 
 I1 only the leader plans; a node that is not leading forgets its clocks, so a

@@ -3,7 +3,7 @@
 An effect of applying log entry i (a confirm, a reply, a delivery) is held
 until i is *mirrored*: committed, applied here, and on the disk of every
 member of the replicated in-sync set. The rules, each tested on its own in
-tests/unit/test_mirror.py and listed in docs/ARCHITECTURE.md:
+tests/unit/replication/test_mirror.py and listed in docs/ARCHITECTURE.md:
 
 M1 leader: mirrored = min(commit index, own flushed index, match index of
    every in-sync follower); a follower's acks are held until its flush, so

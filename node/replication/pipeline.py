@@ -3,7 +3,7 @@
 A node's commands go to the log in Batches (one Raft entry each) numbered by
 seq; apply takes a node's batches once each, in seq order. The pipeline
 decides, and the raft node carries out; it reads no clock (time is passed
-in) and does no I/O. The rules, tested in tests/unit/test_pipeline.py:
+in) and does no I/O. The rules, tested in tests/unit/replication/test_pipeline.py:
 
 P1 a batch is cut when it holds batch_max_commands or batch_max_bytes; else
    at once while fewer than `linger_after` batches are in flight (latency),

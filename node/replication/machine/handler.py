@@ -4,7 +4,7 @@ Each command handler is a method of a mixin (sessions, membership, access,
 topology, delivery, publish) marked `@handles(SomeCommand, reply=...)`: that
 decorator is the only place a command is bound to its handler and to the
 reply ids its channel waits for (failure_effects fails that channel with 541
-when the batch cannot be committed). tests/unit/test_command_registry.py
+when the batch cannot be committed). tests/unit/replication/machine/test_command_registry.py
 checks that the Command union, the codec's records and these tables agree.
 """
 from __future__ import annotations
