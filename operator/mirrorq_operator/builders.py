@@ -73,7 +73,11 @@ exec mirrorq serve --node-id "$POD_NAME" --host "$SELF" --data-dir /var/lib/mirr
 """
 
 # one `python -c` program; the admin token (if any) from the pod's environment
-READY_PROBE = ("import os,sys; from node.admin.client import call_status as c; "
+# node.admin.client since issue 25; an older broker image has call_status in
+# node.admin.server, so that a new operator's probe still passes on an old image
+READY_PROBE = ("import os,sys,importlib.util as u; "
+               "c=__import__('node.admin.client' if u.find_spec('node.admin.client') "
+               "else 'node.admin.server',fromlist=['call_status']).call_status; "
                "s=c(os.environ['POD_NAME']+'.'+os.environ['HEADLESS']+'.'"
                "+os.environ['POD_NAMESPACE']+'.svc',15682,2.0,"
                "token=os.environ.get('MIRRORQ_ADMIN_TOKEN') or None); "

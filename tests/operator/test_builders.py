@@ -407,3 +407,27 @@ def test_built_objects_are_owned_by_the_cluster_but_secrets_are_not():
     assert "ownerReferences" not in secret["metadata"]
     assert all("ownerReferences" not in o["metadata"]
                for o in build_all(Spec(replicas=3), "mq", "ns"))
+
+
+def test_ready_probe_falls_back_to_an_older_images_admin_module(monkeypatch):
+    """A broker image from before issue 25 has call_status in node.admin.server: the
+    probe of a newer operator must still work against it (no module named client)."""
+    import importlib.util
+    import sys
+    import types
+
+    calls: list[str] = []
+    old = types.ModuleType("node.admin.server")
+    old.call_status = lambda host, port, timeout, *, token=None: (  # type: ignore[attr-defined]
+        calls.append(host) or {"in_sync": ["mq-0"], "blocked": False})
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "node.admin.client"
+                        else real_find_spec(name, *a))
+    monkeypatch.setitem(sys.modules, "node.admin.server", old)
+    monkeypatch.setenv("POD_NAME", "mq-0")
+    monkeypatch.setenv("HEADLESS", "mq-headless")
+    monkeypatch.setenv("POD_NAMESPACE", "ns1")
+    with pytest.raises(SystemExit) as done:
+        exec(compile(READY_PROBE, "<probe>", "exec"), {})
+    assert done.value.code == 0 and calls == ["mq-0.mq-headless.ns1.svc"]
