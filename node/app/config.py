@@ -427,9 +427,9 @@ def validate(cfg: NodeConfig) -> None:
 
 def check_data_dir(path: str) -> None:
     try:
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(path, mode=0o700, exist_ok=True)  # private (the node tightens an old one)
         probe = os.path.join(path, ".write-probe")
-        with open(probe, "wb") as f:
+        with os.fdopen(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
             f.write(b"ok")
             f.flush()
             os.fsync(f.fileno())

@@ -249,7 +249,8 @@ def _spawn(d: Path, n: dict[str, Any], nodes: list[dict[str, Any]], config: Path
         env["MIRRORQ_RAFT_PASSWORD"] = raft_password  # in the environment, never in argv (ps)
     src = str(Path(__file__).resolve().parent.parent.parent)  # the directory holding node/
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    with open(d / f"{n['id']}.log", "ab") as log:
+    with os.fdopen(os.open(d / f"{n['id']}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+                   "ab") as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env=env, cwd=str(d))
     return proc.pid
@@ -290,7 +291,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     d = Path(args.dir).resolve()
     nodes = layout(args.nodes, args.base_port, args.host)
     try:
-        d.mkdir(parents=True, exist_ok=True)
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)  # a new one private (keys, password)
     except OSError as exc:
         raise ClusterError(f"cannot create {d}: {exc.strerror}") from exc
     if not os.access(d, os.W_OK):

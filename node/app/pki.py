@@ -33,8 +33,10 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 
 def make_ca(directory: Path, cn: str = "mirrorq cluster CA", days: int = 3650) -> tuple[Path, Path]:
-    """ca.pem and ca.key in `directory` (kept if they exist)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """ca.pem and ca.key in `directory` (kept if they exist); the directory 0700."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if directory.stat().st_uid == os.geteuid():  # one made by an older build was 0755
+        directory.chmod(0o700)
     cert_path, key_path = directory / "ca.pem", directory / "ca.key"
     if cert_path.exists() and key_path.exists():
         return cert_path, key_path

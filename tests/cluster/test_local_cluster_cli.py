@@ -7,6 +7,7 @@ import os
 import random
 import signal
 import socket
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -276,3 +277,19 @@ def test_local_cluster_keeps_raft_on_loopback(loopback_cluster: dict[str, Any]) 
     for n in loopback_cluster["nodes"]:
         raft = {a for a, p in _listening(n["pid"]) if p == n["raft_port"]}
         assert raft and all(_loopback(a) for a in raft), f"{n['id']} Raft listens on {raft}"
+
+
+def test_local_cluster_keys_password_and_data_are_private(loopback_cluster: dict[str, Any]) -> None:
+    """Issue 26 item 12: the private keys and cluster.toml (the Raft password) are 0600,
+    the tls/ and data directories 0700, every data file and node log 0600."""
+    d = Path(loopback_cluster["config"]).parent
+    modes = {p.relative_to(d).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in
+             [d / "cluster.toml", d / "tls", *(d / "tls").glob("*.key"), *d.glob("n*.log")]}
+    for n in loopback_cluster["nodes"]:
+        data = d / n["id"]
+        modes.update({p.relative_to(d).as_posix(): stat.S_IMODE(p.stat().st_mode)
+                      for p in [data, *data.rglob("*")]})
+    assert len([k for k in modes if k.endswith(".key")]) == 3, modes  # ca, n1, n2
+    loose = {k: f"{m:04o}" for k, m in modes.items()
+             if m != (0o700 if (d / k).is_dir() else 0o600)}
+    assert loose == {}, loose

@@ -23,6 +23,8 @@ from pysyncobj.journal import FIRST_RECORD_OFFSET, FileJournal, MetaStorer, Resi
 from pysyncobj.pickle import dumps as _pysyncobj_dumps
 from pysyncobj.pickle import to_bytes as _to_bytes
 
+from node.replication.raft.data_dir import open_private
+
 log = logging.getLogger(__name__)
 
 
@@ -41,7 +43,7 @@ class FsyncMetaStorer(MetaStorer):  # type: ignore[misc]
         vote = (meta.get("currentTerm"), meta.get("votedForNodeId"))
         sync = vote != self._durable
         try:
-            with open(tmp, "wb") as f:
+            with os.fdopen(open_private(tmp), "wb") as f:  # 0600: the data dir is private
                 f.write(_pysyncobj_dumps(meta))
                 if sync:
                     f.flush()

@@ -51,6 +51,7 @@ from node.broker.ids import NodeId
 from node.replication.codec import CodecError, decode, decode_batch, encode, encode_batch
 from node.replication.command import Batch
 from node.replication.config import RaftConfig
+from node.replication.raft.data_dir import make_private_dir, tighten
 from node.replication.raft.election import ElectionMixin, quiet_timeouts
 from node.replication.raft.journal import FsyncMetaStorer, _Journal, _PreallocFile
 from node.replication.raft.messages import MIRRORED, PREVOTE, PREVOTE_REPLY, TERM_NOTICE
@@ -458,7 +459,7 @@ class RaftShim(ElectionMixin, SnapshotMixin):
 
     # ---------------------------------------------------------------- life
     def start(self) -> None:
-        os.makedirs(self.data_dir, exist_ok=True)
+        make_private_dir(self.data_dir)  # 0700, files 0600 (tightened, with a log line)
         c = self.config
         quiet = quiet_timeouts(c)
         if quiet is not None:
@@ -494,6 +495,7 @@ class RaftShim(ElectionMixin, SnapshotMixin):
             bindAddress=f"{c.bind_host}:{c.port}" if c.bind_host else None,
         )
         self._so = _BrokerLog(self, self.address, list(c.peers.values()), conf)
+        tighten(self.data_dir)  # the journal pysyncobj has just created with the default mode
         self._so.addOnTickCallback(self._on_tick)
         self._thread = threading.Thread(target=self._run, name=f"raft-{self.node_id}", daemon=True)
         self._thread.start()

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.monotonic import monotonic as clock
 
+from node.replication.raft.data_dir import PRIVATE_FILE, open_private
 from node.replication.raft.journal import _fsync_dir
 
 if TYPE_CHECKING:
@@ -149,7 +150,7 @@ class SnapshotMixin:
                 # priority three children starve the raft threads on a small
                 # machine into missed heartbeats and an election
                 os.nice(19)
-                with open(part, "wb") as f:
+                with os.fdopen(open_private(part), "wb") as f:  # 0600: private data dir
                     pickle.dump((self.owner.snapshot_state(), raft_data), f, protocol=SNAPSHOT_PROTOCOL)
                     f.flush()
                     os.fsync(f.fileno())
@@ -181,6 +182,9 @@ class SnapshotMixin:
         return SERIALIZER_STATE.SUCCESS
 
     def _deserialize(self, filename: str) -> Any:
+        # a snapshot from the leader: pysyncobj wrote it with the default mode
+        with contextlib.suppress(OSError):
+            os.chmod(filename, PRIVATE_FILE)
         with open(filename, "rb") as f:
             state, raft_data = load_snapshot(f.read())
         so = self._so
