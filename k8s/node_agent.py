@@ -24,8 +24,8 @@ What it does, and what it leaves to the real control plane:
   root filesystem (shared, read-only), entrypoint/cmd unless the pod sets
   command/args, env, working dir and user (runAsUser/runAsGroup win), the pod's
   fsGroup as a supplementary group (volumes chgrp'd and group-writable, as the
-  kubelet does), PID/IPC/UTS/mount namespaces of its own and the pod's network
-  namespace; no rlimits (this sandbox refuses setrlimit to runtimes). Any other
+  kubelet does), securityContext.capabilities (drop, add), PID/IPC/UTS/mount
+  namespaces of its own and the pod's network namespace; no rlimits (this sandbox refuses setrlimit to runtimes). Any other
   container runs as a process in a mount and UTS namespace of its own. Either
   way: the pod's env (values, fieldRef, secretKeyRef, configMapKeyRef),
   configMap / secret / emptyDir / persistentVolumeClaim volumes bind-mounted at
@@ -50,8 +50,10 @@ What it does, and what it leaves to the real control plane:
 
 Not done: pulling images (only the ones given), the image of a process-run pod
 (its command runs from this machine's venv, as the agent's user), resource
-limits and cgroups accounting, ClusterIP Services (no kube-proxy; clients use pod
-addresses), a DNS server, init containers, ConfigMap/Secret `items` modes.
+limits and cgroups accounting, seccomp profiles (runc gets none),
+fsGroupChangePolicy (the volume is always walked), ClusterIP Services (no
+kube-proxy; clients use pod addresses), a DNS server, init containers,
+ConfigMap/Secret `items` modes.
 Needs root (namespaces, mounts, iptables, runc).
 """
 from __future__ import annotations
@@ -513,6 +515,7 @@ class PodWorker(threading.Thread):
                     cwd=self.container.get("workingDir") or img.workdir, terminal=False,
                     noNewPrivileges=True)
         proc.pop("rlimits", None)
+        _apply_capabilities(proc, sec.get("capabilities") or {})
         spec["root"] = {"path": str(img.rootfs), "readonly": True}
         spec["hostname"] = self.hostname
         mounts = spec["mounts"]
@@ -970,6 +973,18 @@ class NodeAgent:
                 tail = log.read_text(errors="replace").splitlines()[-15:]
                 out += [f"   | {line}" for line in tail]
         return "\n".join(out)
+
+
+def _apply_capabilities(proc: dict[str, Any], caps: dict[str, Any]) -> None:
+    """securityContext.capabilities on runc's process spec: drop (ALL or names), then add."""
+    drop = {str(c).upper() for c in caps.get("drop") or ()}
+    add = [f"CAP_{str(c).upper().removeprefix('CAP_')}" for c in caps.get("add") or ()]
+    sets = proc.setdefault("capabilities", {})
+    for kind in ("bounding", "effective", "permitted", "ambient", "inheritable"):
+        have = [] if "ALL" in drop else [c for c in sets.get(kind) or ()
+                                         if c.removeprefix("CAP_") not in drop]
+        if kind in sets or add:
+            sets[kind] = have + [c for c in add if c not in have]
 
 
 def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:

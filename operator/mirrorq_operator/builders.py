@@ -22,6 +22,8 @@ from .model import (
 )
 
 DATA_DIR = "/var/lib/mirrorq"
+# The broker image's user and group (Dockerfile: useradd --uid 10001 --gid 10001).
+BROKER_UID = 10001
 CONFIG_DIR = "/etc/mirrorq"
 # The Raft port unpickles what it receives: every member gets the cluster's password
 # from this Secret as MIRRORQ_RAFT_PASSWORD (the chart's key name; never in the
@@ -251,7 +253,7 @@ def build_statefulset(spec: Spec, name: str, namespace: str,
         "livenessProbe": {"tcpSocket": {"port": ADMIN_PORT}, "initialDelaySeconds": 30,
                           "periodSeconds": 10, "failureThreshold": 6},
         "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
-                            "readOnlyRootFilesystem": True},
+                            "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}},
     }
     pvc_spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"],
                                 "resources": {"requests": {"storage": spec.storage_size}}}
@@ -262,7 +264,16 @@ def build_statefulset(spec: Spec, name: str, namespace: str,
         "metadata": {"labels": selector},
         "spec": {
             "terminationGracePeriodSeconds": spec.grace_seconds,
-            "securityContext": {"runAsNonRoot": True, "fsGroup": 1000},
+            # the image's uid; fsGroup: the volume is the broker's group's (the node keeps
+            # its data dir's files 0600 itself); OnRootMismatch: no walk of the whole volume at
+            # every start once its root is the group's (nor a re-loosening of those files)
+            "securityContext": {"runAsNonRoot": True, "runAsUser": BROKER_UID,
+                                "runAsGroup": BROKER_UID, "fsGroup": BROKER_UID,
+                                "fsGroupChangePolicy": "OnRootMismatch",
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            # the broker never calls the API server (peers come from the ConfigMap, the
+            # readiness probe asks the node's admin port): no token in the pod
+            "automountServiceAccountToken": False,
             "affinity": {"podAntiAffinity": {
                 "preferredDuringSchedulingIgnoredDuringExecution": [{
                     "weight": 100,

@@ -108,6 +108,22 @@ def test_template_validates_strict(helm: str, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(set(VALUE_SETS) - {"no-cluster"}))
+def test_operator_built_objects_validate_strict(helm: str, name: str) -> None:
+    """What the operator builds from the chart's MirrorqCluster (the broker pods'
+    securityContext among it) is valid for the API server's schema."""
+    from mirrorq_operator.builders import build_all
+    from mirrorq_operator.model import Spec
+
+    (cr,) = by_kind(docs_of(helm, VALUE_SETS[name]), "MirrorqCluster")
+    for doc in build_all(Spec.from_cr(cr["spec"]), cr["metadata"]["name"], "mq"):
+        try:
+            kv.validate(doc, K8S_VERSION, strict=True)
+        except kv.ValidationError as exc:
+            pytest.fail(f"{name}: {doc['kind']}/{doc['metadata']['name']}: {exc.message} "
+                        f"at {list(exc.path)}")
+
+
+@pytest.mark.parametrize("name", sorted(set(VALUE_SETS) - {"no-cluster"}))
 def test_mirrorqcluster_matches_crd(helm: str, name: str) -> None:
     """What the chart renders is a MirrorqCluster the CRD accepts, unknown fields
     refused (as strict field validation does; the API server would prune them)."""
@@ -218,7 +234,13 @@ def test_operator_deployment(helm: str) -> None:
     assert "--standalone" in c["command"] and "--namespace=mq" in c["command"]
     assert "--verbose" in c["command"]                           # logLevel DEBUG
     assert c["env"] == [{"name": "MIRRORQ_OPERATOR_RECONCILE_SECONDS", "value": "5"}]
-    assert op["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    pod = op["spec"]["template"]["spec"]
+    sec = {**pod["securityContext"], **pod["containers"][0]["securityContext"]}
+    # hardened like the broker pods (issue 26 item 12), but it keeps its API token
+    assert sec["runAsNonRoot"] is True and sec["runAsUser"] == sec["runAsGroup"] == 10001
+    assert sec["capabilities"] == {"drop": ["ALL"]} and sec["allowPrivilegeEscalation"] is False
+    assert sec["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod.get("automountServiceAccountToken", True) is True
     (c,) = by_kind(docs_of(helm, []), "Deployment")[0]["spec"]["template"]["spec"]["containers"]
     assert "env" not in c and "--quiet" not in c["command"] and "--verbose" not in c["command"]
     assert by_kind(docs_of(helm, ["--set", "operator.enabled=false"]), "Deployment") == []

@@ -128,7 +128,7 @@ def test_helm_install_runs_operator_under_its_service_account_and_three_ready_me
                                     "sh", "-c", "id -u; id -G; touch /x 2>&1 || true"],
                                    capture_output=True, text=True, timeout=30).stdout.split("\n")
             assert ident[0] == "10001", ident
-            assert "1000" in ident[1].split(), ident
+            assert "10001" in ident[1].split(), ident  # fsGroup
             assert "Read-only file system" in ident[2], ident
     # AMQP through each pod's own address, with the chart Secret's user
     eps = env.endpoints()

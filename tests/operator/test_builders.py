@@ -431,3 +431,20 @@ def test_ready_probe_falls_back_to_an_older_images_admin_module(monkeypatch):
     with pytest.raises(SystemExit) as done:
         exec(compile(READY_PROBE, "<probe>", "exec"), {})
     assert done.value.code == 0 and calls == ["mq-0.mq-headless.ns1.svc"]
+
+
+def test_broker_pods_run_hardened_without_a_service_account_token():
+    """Issue 26 item 12: no capabilities, seccomp RuntimeDefault, the image's uid 10001
+    (non-root), the volume the pod's group's, and no API token (the broker never calls
+    the API server)."""
+    pod = build_statefulset(SPEC, "mq", "ns1")["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    sec = {**pod["securityContext"], **c["securityContext"]}
+    assert sec["capabilities"] == {"drop": ["ALL"]}
+    assert sec["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert sec["runAsNonRoot"] is True and sec["allowPrivilegeEscalation"] is False
+    assert sec["runAsUser"] == sec["runAsGroup"] == pod["securityContext"]["fsGroup"] == 10001
+    assert sec["readOnlyRootFilesystem"] is True
+    assert pod["automountServiceAccountToken"] is False
+    dockerfile = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text()
+    assert "USER 10001:10001" in dockerfile  # the image's user is the one the pod names
