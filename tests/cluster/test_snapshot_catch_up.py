@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from collections.abc import Callable
 
 from harness.client import declare, drain, pika_conn, uniq_queue
@@ -48,6 +49,10 @@ def test_follower_behind_the_snapshot_installs_it_and_catches_up(
              what="the follower back in sync")
     for n in (leader, c.followers()[1] if c.followers()[0] is lagger else c.followers()[0]):
         assert n.status()["term"] == term
+    # the snapshot pysyncobj received from the leader is private like the rest (issue 26)
+    dump = lagger.data_dir / "raft.dump"
+    assert lagger.status()["installed_snapshots"] >= 1 and dump.exists()
+    assert stat.S_IMODE(dump.stat().st_mode) == 0o600, oct(dump.stat().st_mode)
 
     # the caught-up follower serves every message, intact
     got = [body for body, _redelivered in drain(lagger, queue, idle=2.0)]
