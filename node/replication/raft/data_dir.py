@@ -66,8 +66,8 @@ def make_private_dir(path: str) -> None:
         log.warning("data dir %s: made private (directories 0700, files 0600): %s",
                     path, ", ".join(done.changed[:10]) + (" ..." if len(done.changed) > 10 else ""))
     if done.foreign:
-        log.warning("data dir %s: readable by others and not owned by this user (uid %d), left as "
-                    "is: %s", path, os.geteuid(), ", ".join(done.foreign[:10]))
+        # e.g. a volume's root owned by root, group-writable for the pod's fsGroup
+        log.info("data dir %s: not owned by this user (uid %d), left as is: %s", path, os.geteuid(), ", ".join(done.foreign[:10]))
 
 
 def open_private(path: str) -> int:
