@@ -46,6 +46,11 @@ class HttpConfig:
     # other members' management URLs (node -> http(s)://host:port/): the cluster view
     # and the console link to them; the node knows its own
     member_urls: dict[str, str] = field(default_factory=dict)
+    # issue 26: seconds to get a request's line and headers (first request and
+    # between keep-alive requests), connections open at once in all and per address
+    idle_timeout: float = 10.0
+    max_connections: int = 512
+    max_connections_per_address: int = 64
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if not self.tls_cert or not self.tls_key:
@@ -363,7 +368,8 @@ def _admin_config(table: Any, path: str) -> AdminConfig:
     return admin
 
 
-_HTTP_KEYS = {"port", "tls_cert", "tls_key", "tls_client_ca", "member_urls"}
+_HTTP_KEYS = {"port", "tls_cert", "tls_key", "tls_client_ca", "member_urls", "idle_timeout",
+              "max_connections", "max_connections_per_address"}
 
 
 def _http_config(table: Any, path: str) -> HttpConfig:
@@ -375,6 +381,14 @@ def _http_config(table: Any, path: str) -> HttpConfig:
     http = HttpConfig()
     if "port" in table:
         http.port = _int("http.port", table["port"], 1, 65535)
+    if "idle_timeout" in table:
+        t = table["idle_timeout"]
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0.1 <= t <= 3600:
+            raise ConfigError(f"http.idle_timeout must be seconds in [0.1, 3600], got {t!r}")
+        http.idle_timeout = float(t)
+    for key in ("max_connections", "max_connections_per_address"):
+        if key in table:
+            setattr(http, key, _int(f"http.{key}", table[key], 1, 1_000_000))
     if "member_urls" in table:
         urls = table["member_urls"]
         if not isinstance(urls, dict) or not all(

@@ -79,7 +79,11 @@ class Node:
                                             cfg.wire.users, cfg.wire.loopback_users,
                                             cfg.admin.token, listeners,
                                             member_urls=_member_urls(cfg)))
-            self.http = (HttpServer(api, cfg.http.ssl_context()), api)
+            self.http = (HttpServer(api, cfg.http.ssl_context(), admit=api.admit,
+                                    idle_timeout=cfg.http.idle_timeout,
+                                    max_connections=cfg.http.max_connections,
+                                    max_per_address=cfg.http.max_connections_per_address),
+                         api)
 
     def _dispatch(self, effects: list[Any]) -> None:
         self.amqp.dispatch(effects)

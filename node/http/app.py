@@ -24,7 +24,15 @@ from node.http.context import Context, Handler
 from node.http.query import pick_columns
 from node.http.resources.static import static_file
 from node.http.routes import ROUTES
-from node.http.server import Request, Response, Router, json_response
+from node.http.server import (
+    MAX_BODY,
+    SMALL_BODY,
+    HttpError,
+    Request,
+    Response,
+    Router,
+    json_response,
+)
 from node.http.stats import LATENCY_SAMPLE, SAMPLE_INTERVAL
 
 STATIC_DIR = Path(__file__).with_name("static")
@@ -80,6 +88,20 @@ class ManagementApi:
         return authenticate(req.headers.get("authorization"), req.peer_host, model.users,
                             self.b.configured_users, self.b.loopback_users, self.b.token)
 
+    def admit(self, req: Request) -> int:
+        """Before the body is read (HttpServer's admit hook): the route (404,
+        405), the credentials (401, 403: nothing unauthenticated is read),
+        a cross-site Origin on a write (403); the largest body allowed."""
+        path = req.path
+        if not path.startswith("/api/") and path != "/api":
+            return SMALL_BODY
+        self.router.resolve(req.method, path)
+        self._auth(req)
+        if req.method not in ("GET", "HEAD") and not same_origin(
+                req.headers.get("origin"), req.headers.get("host")):
+            raise HttpError(403, "not_authorised", "cross-origin request refused")
+        return MAX_BODY if is_definitions_import(req.method, path) else SMALL_BODY
+
     async def __call__(self, req: Request) -> Response:
         path = req.path
         if not path.startswith("/api/") and path != "/api":
@@ -94,6 +116,21 @@ class ManagementApi:
             if not ("items" in value and "page" in value):
                 resp = json_response(pick_columns(value, cols))
         return resp
+
+
+def same_origin(origin: str | None, host: str | None) -> bool:
+    """A browser's Origin (scheme://host[:port]) names the Host it was sent to;
+    no Origin (not a browser, or a same-origin GET) passes."""
+    if origin is None:
+        return True
+    _, sep, authority = origin.partition("://")
+    return bool(sep) and host is not None and authority.lower() == host.strip().lower()
+
+
+def is_definitions_import(method: str, path: str) -> bool:
+    """POST /api/definitions[/{vhost}]: the only bodies over SMALL_BODY."""
+    parts = path.strip("/").split("/")
+    return method == "POST" and parts[:2] == ["api", "definitions"] and len(parts) <= 3
 
 
 def make_app(backend: Backend, static_dir: Path | None = STATIC_DIR) -> ManagementApi:

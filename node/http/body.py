@@ -2,6 +2,7 @@
 with the reason), and a published message's properties."""
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,10 +20,29 @@ def boolean(body: Mapping[str, Any], key: str, default: bool) -> bool:
     return value
 
 
+FLOAT_MAX = 3.4028234663852886e38  # AMQP tables carry a JSON float as a 32-bit float
+
+
+def amqp_value(value: Any, where: str) -> None:
+    """400 for a number an AMQP table cannot carry (1e308, nested anywhere),
+    before it reaches the encoder (a 500 and a traceback otherwise)."""
+    if isinstance(value, float) and (not math.isfinite(value) or abs(value) > FLOAT_MAX):
+        raise bad_request(f"{where}: {value!r} is out of range")
+    if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**63:
+        raise bad_request(f"{where}: {value} is out of range")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            amqp_value(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for v in value:
+            amqp_value(v, where)
+
+
 def arguments(body: Mapping[str, Any]) -> dict[str, Any]:
     args = body.get("arguments") or {}
     if not isinstance(args, dict):
         raise bad_request("arguments must be an object")
+    amqp_value(args, "arguments")
     return args
 
 
@@ -50,6 +70,7 @@ def amqp_properties(props: Mapping[str, Any]) -> dict[str, Any]:
         elif key == "headers":
             if not isinstance(value, dict):
                 raise bad_request("headers must be an object")
+            amqp_value(value, "headers")
         elif not isinstance(value, str):
             raise bad_request(f"{key} must be a string")
         out[key] = value

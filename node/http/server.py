@@ -25,9 +25,20 @@ log = logging.getLogger(__name__)
 
 MAX_LINE = 16 * 1024  # request line and each header line
 MAX_HEADERS = 100
-MAX_BODY = 64 * 1024 * 1024  # definitions files can be large
-REQUEST_TIMEOUT = 30.0  # to read one request once its first byte came
-IDLE_TIMEOUT = 60.0  # keep-alive connection without a request
+MAX_BODY = 64 * 1024 * 1024  # definitions files can be large: authenticated imports only
+SMALL_BODY = 1024 * 1024  # any other request's body
+REQUEST_TIMEOUT = 30.0  # to read a request's body once its headers came
+IDLE_TIMEOUT = 10.0  # to get a request line and headers, first request or keep-alive
+MAX_CONNECTIONS = 512  # open at once, all clients
+MAX_PER_ADDRESS = 64  # open at once from one client address
+MAX_LENGTH_DIGITS = 19  # a Content-Length longer than this is nonsense
+# every response: no MIME sniffing, no framing (clickjacking), only the console's own files
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
+                               "frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+}
 REASONS = {200: "OK", 201: "Created", 204: "No Content", 301: "Moved Permanently",
            400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
            405: "Method Not Allowed", 409: "Conflict", 411: "Length Required",
@@ -63,9 +74,17 @@ class Request:
         if not self.body.strip():
             return {}
         try:
-            return json.loads(self.body)
+            return json.loads(self.body, parse_constant=_no_constant)
         except (ValueError, UnicodeDecodeError) as exc:
             raise HttpError(400, "bad_request", f"failed to decode json: {exc}") from None
+        except RecursionError:  # 100,000 '[': json's C decoder recurses
+            raise HttpError(400, "bad_request", "failed to decode json: nested too deeply") \
+                from None
+
+
+def _no_constant(name: str) -> Any:
+    """NaN and Infinity are not JSON (Python's json would take them)."""
+    raise ValueError(f"{name} is not JSON")
 
 
 @dataclass
@@ -135,6 +154,34 @@ class Router:
 
 
 App = Callable[[Request], Awaitable[Response]]
+# called with a request's line and headers before its body is read: raises (401...) or
+# answers the largest body this request may send
+Admit = Callable[[Request], int]
+
+
+def content_length(text: str) -> int:
+    """The Content-Length header's value; 400 unless ASCII digits of sane length
+    (str.isdigit takes '²', int() then fails)."""
+    if not text:
+        return 0
+    if not (text.isascii() and text.isdigit()) or len(text) > MAX_LENGTH_DIGITS:
+        raise HttpError(400, "bad_request", "bad Content-Length")
+    return int(text)
+
+
+def check_target(target: str) -> None:
+    """400 for a request target with control characters (NUL...), raw or
+    percent-encoded: no path or file name holds one."""
+    from urllib.parse import unquote_to_bytes
+    raw = unquote_to_bytes(target)
+    if any(b < 0x20 or b == 0x7F for b in raw):
+        raise HttpError(400, "bad_request", "control character in the request target")
+
+
+def over_limit(total: int, from_address: int, max_total: int, max_per_address: int) -> bool:
+    """Whether one more connection (after `total` open, `from_address` of them
+    from its address) goes over the caps."""
+    return total >= max_total or from_address >= max_per_address
 
 
 class HttpServer:
@@ -142,14 +189,21 @@ class HttpServer:
 
     def __init__(self, app: App, tls: ssl.SSLContext | None = None,
                  request_timeout: float = REQUEST_TIMEOUT, idle_timeout: float = IDLE_TIMEOUT,
-                 max_body: int = MAX_BODY) -> None:
+                 max_body: int = MAX_BODY, admit: Admit | None = None,
+                 max_connections: int = MAX_CONNECTIONS,
+                 max_per_address: int = MAX_PER_ADDRESS) -> None:
         self.app = app
         self.tls = tls
         self.request_timeout = request_timeout
         self.idle_timeout = idle_timeout
         self.max_body = max_body
+        # without an admit hook every request may send up to max_body
+        self.admit: Admit = admit or (lambda _req: max_body)
+        self.max_connections = max_connections
+        self.max_per_address = max_per_address
         self._server: asyncio.base_events.Server | None = None
         self._clients: set[asyncio.Task[None]] = set()
+        self._per_address: dict[str, int] = {}
 
     async def start(self, host: str, port: int) -> None:
         self._server = await asyncio.start_server(self._client, host, port, ssl=self.tls,
@@ -180,26 +234,51 @@ class HttpServer:
             self._clients.add(task)
         peer = writer.get_extra_info("peername")
         peer_host = str(peer[0]) if peer else ""
+        from_address = self._per_address.get(peer_host, 0)
+        if over_limit(len(self._clients) - 1, from_address, self.max_connections,
+                      self.max_per_address):
+            log.warning("HTTP connection from %s refused: %d open from it, %d in all",
+                        peer_host, from_address, len(self._clients) - 1)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._send(writer, error_response(HttpError(
+                    503, "service_unavailable", "too many connections")), False), 2.0)
+            with contextlib.suppress(Exception):
+                writer.close()
+            if task is not None:
+                self._clients.discard(task)
+            return
+        self._per_address[peer_host] = from_address + 1
         try:
             while True:
                 try:
-                    line = await asyncio.wait_for(reader.readline(), self.idle_timeout)
-                except (TimeoutError, ConnectionError):
-                    return
-                except (ValueError, asyncio.LimitOverrunError):
-                    await self._send(writer, error_response(
-                        HttpError(414, "bad_request", "request line too long")), False)
-                    return
-                if not line:
-                    return
-                if not line.strip():
-                    continue  # tolerate blank lines between requests
-                try:
-                    req, keep = await asyncio.wait_for(self._read(reader, line, peer_host),
-                                                       self.request_timeout)
+                    # request line and headers within idle_timeout: an idle or trickling
+                    # socket is closed (first request and between keep-alive requests)
+                    head = await asyncio.wait_for(self._read_head(reader, peer_host),
+                                                  self.idle_timeout)
                 except HttpError as err:
                     await self._send(writer, error_response(err), False)
                     return
+                except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+                    return
+                if head is None:
+                    return
+                req, keep, length = head
+                try:
+                    limit = self.admit(req)  # authenticates on the headers: 401 unread
+                    if length > limit:
+                        raise HttpError(413, "bad_request", f"body over {limit} bytes")
+                except HttpError as err:
+                    # the connection goes on only when no unread body is left on it
+                    keep = keep and not length
+                    await self._send(writer, error_response(err), keep,
+                                     head=req.method == "HEAD")
+                    if keep:
+                        continue
+                    return
+                try:
+                    if length:
+                        req.body = await asyncio.wait_for(reader.readexactly(length),
+                                                          self.request_timeout)
                 except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
                     return
                 resp = await self._dispatch(req)
@@ -215,9 +294,25 @@ class HttpServer:
                 writer.close()
             if task is not None:
                 self._clients.discard(task)
+            left = self._per_address.get(peer_host, 1) - 1
+            if left > 0:
+                self._per_address[peer_host] = left
+            else:
+                self._per_address.pop(peer_host, None)
 
-    async def _read(self, reader: asyncio.StreamReader, line: bytes,
-                    peer_host: str) -> tuple[Request, bool]:
+    async def _read_head(self, reader: asyncio.StreamReader,
+                         peer_host: str) -> tuple[Request, bool, int] | None:
+        """The next request without its body, whether to keep the connection
+        and the body's length; None at end of stream."""
+        while True:
+            try:
+                line = await reader.readline()
+            except (ValueError, asyncio.LimitOverrunError):
+                raise HttpError(414, "bad_request", "request line too long") from None
+            if not line:
+                return None
+            if line.strip():
+                break  # tolerate blank lines between requests
         try:
             method, target, version = line.decode("latin-1").rstrip("\r\n").split(" ")
         except ValueError:
@@ -244,18 +339,16 @@ class HttpServer:
         if "chunked" in headers.get("transfer-encoding", "").lower():
             raise HttpError(411, "bad_request", "chunked bodies are not supported; "
                                                 "send Content-Length")
-        length_text = headers.get("content-length", "0") or "0"
-        if not length_text.isdigit():
-            raise HttpError(400, "bad_request", "bad Content-Length")
-        length = int(length_text)
+        length = content_length(headers.get("content-length", ""))
         if length > self.max_body:
             raise HttpError(413, "bad_request", f"body over {self.max_body} bytes")
-        body = await reader.readexactly(length) if length else b""
+        check_target(target)
         path, _, query = target.partition("?")
         conn_hdr = headers.get("connection", "").lower()
         keep = ("close" not in conn_hdr) if version == "HTTP/1.1" else ("keep-alive" in conn_hdr)
         q = dict(parse_qsl(query, keep_blank_values=True))
-        return Request(method.upper(), target, path or "/", q, headers, body, peer_host), keep
+        return (Request(method.upper(), target, path or "/", q, headers, b"", peer_host), keep,
+                length)
 
     async def _dispatch(self, req: Request) -> Response:
         try:
@@ -275,6 +368,7 @@ class HttpServer:
                  f"Content-Length: {len(body)}",
                  "Connection: " + ("keep-alive" if keep else "close"),
                  "Cache-Control: no-cache"]
+        lines += [f"{name}: {value}" for name, value in SECURITY_HEADERS.items()]
         if body or status not in (204, 304):
             lines.append(f"Content-Type: {resp.content_type}")
         for name, value in resp.headers.items():

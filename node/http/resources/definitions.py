@@ -5,7 +5,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from node.http.auth import Principal, parse_tags, require_admin
-from node.http.body import json_object
+from node.http.body import arguments, json_object
 from node.http.context import Context
 from node.http.errors import bad_request, not_found
 from node.http.format import HASHING, definitions
@@ -39,10 +39,12 @@ async def definitions_get(ctx: Context, _r: Request, params: dict[str, str],
 async def definitions_post(ctx: Context, req: Request, _p: dict[str, str],
                            p: Principal) -> Response:
     require_admin(p)
-    body = req.json()
-    if req.headers.get("content-type", "").startswith("multipart/form-data"):
+    # RabbitMQ's handler accepts only declared types (cowboy: 415 otherwise); a
+    # browser's cross-site form can send text/plain without a preflight, never JSON
+    ctype = req.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "application/json":
         raise HttpError(415, "bad_request", "send the definitions as application/json")
-    d = json_object(body)
+    d = json_object(req.json())
     await import_definitions(ctx, d, p)
     return Response(204)
 
@@ -106,7 +108,7 @@ async def import_definitions(ctx: Context, d: dict[str, Any], p: Principal) -> N
 
 
 async def declare_item(s: Any, kind: str, item: Mapping[str, Any]) -> None:
-    args = item.get("arguments") or {}
+    args = arguments(item)
     if kind == "exchanges":
         await s.call("Exchange.Declare", {
             "exchange": str(item["name"]), "exchange_type": str(item.get("type", "direct")),
