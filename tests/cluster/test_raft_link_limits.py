@@ -1,0 +1,117 @@
+"""Issue 26 item 5: a stranger on the Raft port cannot hold sockets.
+
+- A ping before authentication closes the link at once (pings used to
+  refresh the silence timer, so a pinging stranger kept its socket forever).
+- A handshake trickled a byte at a time is closed HANDSHAKE_DEADLINE after
+  accept (each byte used to refresh the silence timer too).
+- Past MAX_UNAUTHENTICATED held sockets the oldest are closed at once, and
+  meanwhile AMQP logins work and a restarted member rejoins through the flood.
+"""
+from __future__ import annotations
+
+import contextlib
+import socket
+import ssl
+import struct
+import threading
+import time
+
+from harness.client import pika_conn
+from harness.process import Cluster, wait_for
+from node.replication.codec import encode
+from node.replication.raft.transport import (
+    HANDSHAKE_DEADLINE,
+    K_HELLO,
+    K_PING,
+    MAX_UNAUTHENTICATED,
+    PROTOCOL,
+)
+
+
+def _frame(kind: int, payload: bytes) -> bytes:
+    return struct.pack("<IB", 1 + len(payload), kind) + payload
+
+
+def _is_closed(sock: socket.socket) -> bool:
+    """Non-blocking: has the peer closed (EOF or reset)?"""
+    sock.setblocking(False)
+    try:
+        return sock.recv(65536) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except (ConnectionResetError, BrokenPipeError, ssl.SSLError, OSError):
+        return True
+
+
+def _feed_until_closed(sock: socket.socket, chunks: list[bytes], every: float, timeout: float) -> float | None:
+    """Send one chunk every `every` seconds; seconds until the peer closed, or None."""
+    t0 = time.monotonic()
+    i = 0
+    while time.monotonic() - t0 < timeout:
+        if _is_closed(sock):
+            return time.monotonic() - t0
+        try:
+            sock.sendall(chunks[i % len(chunks)])
+        except OSError:
+            return time.monotonic() - t0
+        i += 1
+        time.sleep(every)
+    return None
+
+
+def test_pings_before_authentication_close_the_link(cluster: Cluster) -> None:
+    target = cluster.followers()[0]
+    with socket.create_connection((target.host, target.raft_port), timeout=5) as s:
+        took = _feed_until_closed(s, [_frame(K_PING, b"\x00")], every=0.3, timeout=HANDSHAKE_DEADLINE + 3)
+    assert took is not None, "a stranger that only pings kept its Raft socket"
+    assert took < 3, f"a pre-auth ping closed the link only after {took:.1f}s"
+
+
+def test_a_trickled_handshake_is_closed_at_the_deadline(cluster: Cluster) -> None:
+    target = cluster.followers()[0]
+    hello = _frame(K_HELLO, encode({"protocol": PROTOCOL, "address": "127.0.0.1:1", "nonce": b"n" * 32}))
+    bytewise = [hello[i:i + 1] for i in range(len(hello))]
+    with socket.create_connection((target.host, target.raft_port), timeout=5) as s:
+        took = _feed_until_closed(s, bytewise, every=0.5, timeout=HANDSHAKE_DEADLINE + 5)
+    assert took is not None, "a handshake trickled a byte at a time kept its socket"
+    assert took >= HANDSHAKE_DEADLINE - 1, took
+    assert "no handshake within" in target.tail_log(400)
+
+
+def test_a_flood_of_unauthenticated_sockets_locks_out_no_member_and_no_client(cluster: Cluster) -> None:
+    leader = cluster.leader()
+    member = cluster.followers()[0]
+    addr = (leader.host, leader.raft_port)
+    flood = 2 * MAX_UNAUTHENTICATED + 20
+    held = [socket.create_connection(addr, timeout=5) for _ in range(flood)]
+    stop = threading.Event()
+    extra: list[socket.socket] = []
+
+    def keep_flooding() -> None:  # new strangers all along the member's restart
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                extra.append(socket.create_connection(addr, timeout=5))
+            time.sleep(0.02)
+
+    flooder = threading.Thread(target=keep_flooding, daemon=True)
+    try:
+        # the oldest are evicted as soon as the cap is passed, long before any timeout
+        wait_for(lambda: sum(map(_is_closed, held)) >= flood - MAX_UNAUTHENTICATED, timeout=1.5,
+                 what=f"{flood - MAX_UNAUTHENTICATED} of {flood} held sockets closed")
+        flooder.start()
+        conn = pika_conn(leader)  # AMQP logins still work
+        conn.close()
+        member.stop()
+        wait_for(lambda: member.node_id not in (leader.status()["in_sync"] or ()), timeout=20,
+                 what=f"{member.node_id} out of sync")
+        member.start(wait=False)
+        wait_for(lambda: member.node_id in (leader.status()["in_sync"] or ()), timeout=30,
+                 what=f"{member.node_id} back in sync through the flood")
+        conn = pika_conn(leader)
+        conn.close()
+    finally:
+        stop.set()
+        if flooder.is_alive():
+            flooder.join(timeout=5)
+        for s in held + extra:
+            s.close()
