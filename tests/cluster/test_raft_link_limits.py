@@ -15,9 +15,12 @@ import ssl
 import struct
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 from harness.client import pika_conn
 from harness.process import Cluster, wait_for
+from node.app.pki import make_ca, make_member
 from node.replication.codec import encode
 from node.replication.raft.transport import (
     HANDSHAKE_DEADLINE,
@@ -76,6 +79,36 @@ def test_a_trickled_handshake_is_closed_at_the_deadline(cluster: Cluster) -> Non
     assert took is not None, "a handshake trickled a byte at a time kept its socket"
     assert took >= HANDSHAKE_DEADLINE - 1, took
     assert "no handshake within" in target.tail_log(400)
+
+
+def _client_hello() -> bytes:
+    """The first flight of a TLS client: what a stranger would trickle."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ctx.wrap_bio(inc, out)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return out.read()
+
+
+def test_a_trickled_tls_handshake_is_closed_at_the_deadline(
+        cluster_factory: Callable[..., Cluster], tmp_path: Path) -> None:
+    tls = tmp_path / "tls"
+    make_ca(tls)
+    c = cluster_factory(1)
+    c.config_path.write_text('loopback_users = ["guest"]\n')
+    node = c.nodes[0]
+    cert, key = make_member(tls, node.node_id, [node.host])
+    node.extra_args = ["--raft-tls-cert", str(cert), "--raft-tls-key", str(key),
+                       "--raft-tls-ca", str(tls / "ca.pem")]
+    c.start()
+    hello = _client_hello()
+    bytewise = [hello[i:i + 1] for i in range(len(hello))]
+    with socket.create_connection((node.host, node.raft_port), timeout=5) as s:
+        took = _feed_until_closed(s, bytewise, every=0.5, timeout=HANDSHAKE_DEADLINE + 5)
+    assert took is not None, "a TLS handshake trickled a byte at a time kept its socket"
+    assert took >= HANDSHAKE_DEADLINE - 1, took
 
 
 def test_a_flood_of_unauthenticated_sockets_locks_out_no_member_and_no_client(cluster: Cluster) -> None:
