@@ -1,4 +1,5 @@
-"""Issue 26 item 5: a stranger on the Raft port cannot hold sockets.
+"""Issue 26 items 5 and 10: a stranger on the Raft port cannot hold sockets,
+and a node whose Raft links are not authenticated is not reachable.
 
 - A ping before authentication closes the link at once (pings used to
   refresh the silence timer, so a pinging stranger kept its socket forever).
@@ -6,20 +7,33 @@
   accept (each byte used to refresh the silence timer too).
 - Past MAX_UNAUTHENTICATED held sockets the oldest are closed at once, and
   meanwhile AMQP logins work and a restarted member rejoins through the flood.
+- No Raft password and no TLS: the Raft port listens on loopback only, and
+  AddMember (HTTP and gRPC) refuses an address that is not loopback.
 """
 from __future__ import annotations
 
+import base64
 import contextlib
+import ipaddress
+import json
 import socket
 import ssl
 import struct
+import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
+import pika
+import pytest
+
 from harness.client import pika_conn
 from harness.process import Cluster, wait_for
+from node.admin.client import call_add_member
 from node.app.pki import make_ca, make_member
 from node.replication.codec import encode
 from node.replication.raft.transport import (
@@ -29,6 +43,7 @@ from node.replication.raft.transport import (
     MAX_UNAUTHENTICATED,
     PROTOCOL,
 )
+from tests.broker_proc import NodeProcess, start_http_node
 
 
 def _frame(kind: int, payload: bytes) -> bytes:
@@ -148,3 +163,63 @@ def test_a_flood_of_unauthenticated_sockets_locks_out_no_member_and_no_client(cl
             flooder.join(timeout=5)
         for s in held + extra:
             s.close()
+
+
+# ---------------------------------------------- item 10: no password, no TLS
+
+def _non_loopback_ipv4() -> str | None:
+    """An address of this machine other than loopback (None if it has none)."""
+    try:
+        out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for a in out.split():
+        if "." in a and not ipaddress.ip_address(a).is_loopback:
+            return a
+    return None
+
+
+def _connects(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=3):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("own_host", ["loopback", "routable"])
+def test_without_password_or_tls_raft_listens_on_loopback_only(tmp_path: Path, own_host: str) -> None:
+    ip = _non_loopback_ipv4()
+    if ip is None:
+        pytest.skip("this machine has no non-loopback address to probe")
+    extra: tuple[str, ...] = ("--host", ip) if own_host == "routable" else ()
+    n = NodeProcess(tmp_path / "n1", extra_args=extra)
+    n.start()
+    try:
+        wait_for(lambda: _connects("127.0.0.1", n.raft_port), timeout=15, what="Raft port on loopback")
+        assert not _connects(ip, n.raft_port), f"an unauthenticated Raft port answers on {ip}"
+    finally:
+        n.stop()
+
+
+def test_without_password_or_tls_add_member_of_a_routable_address_is_refused(tmp_path: Path) -> None:
+    n = start_http_node(tmp_path / "n1")
+    try:
+        http_port = n.http_port  # type: ignore[attr-defined]
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{http_port}/api/mirrorq/members/n9", method="PUT",
+            data=json.dumps({"address": "192.0.2.9:25672"}).encode(),
+            headers={"Content-Type": "application/json",
+                     "Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=20)
+        assert err.value.code == 409, err.value.code
+        assert "not authenticated" in err.value.read().decode()
+        with pytest.raises(grpc.RpcError) as rpc:
+            call_add_member("127.0.0.1", n.admin_port, "n9", "192.0.2.9:25672", timeout=20)
+        assert rpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT, rpc.value
+        assert "not authenticated" in (rpc.value.details() or "")
+        conn = pika.BlockingConnection(pika.URLParameters(n.url))  # still serves, alone
+        conn.close()
+    finally:
+        n.stop()
