@@ -11,6 +11,7 @@ import asyncio
 import time
 from typing import Protocol
 
+from node.app.config import is_loopback
 from node.broker.password import hash_password, password_hash_ok
 from node.broker.permission import check_patterns
 from node.broker.vhost import vhost_name_error
@@ -45,11 +46,24 @@ class Replica(Protocol):
     def status(self) -> NodeStatus: ...
 
 
+def member_address_refusal(address: str, links_authenticated: bool) -> str | None:
+    """Why a member at `address` (HOST:PORT) cannot be added, or None."""
+    host = address.rpartition(":")[0]
+    if links_authenticated or is_loopback(host):
+        return None
+    return (f"refusing to add a member at {address}: this cluster's Raft links are not "
+            "authenticated (no [raft] password and no TLS), so anyone could claim that "
+            "address; set a Raft password or TLS on every member first")
+
+
 class Administrator:
     """Implements node.admin.service.Membership."""
 
-    def __init__(self, replica: Replica) -> None:
+    def __init__(self, replica: Replica, links_authenticated: bool = True) -> None:
         self.replica = replica
+        # no Raft password and no TLS: a member elsewhere than loopback could be
+        # impersonated by anyone who claims its address (issue 26)
+        self.links_authenticated = links_authenticated
         # one change at a time, whichever API it came from (pysyncobj's own guard of
         # membership changes is dead code): a node has exactly one Administrator
         self._changing = asyncio.Lock()
@@ -60,6 +74,9 @@ class Administrator:
     # ------------------------------------------------------------ membership
     async def add_member(self, node_id: str, address: str, timeout: float = 30.0) -> None:
         """Record the member (out of sync), then change the Raft config."""
+        refused = member_address_refusal(address, self.links_authenticated)
+        if refused:
+            raise ValueError(refused)
         async with self._changing:
             await self.replica.commit([SetMember(node_id, address, False)], timeout)
             await self.replica.change_member(address, add=True, timeout=timeout)

@@ -5,6 +5,7 @@ message (the CLI prints it and exits 2).
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import ssl
 import tomllib
@@ -291,6 +292,35 @@ def check_cluster_password(cfg: NodeConfig) -> None:
             raise ConfigError(f"raft TLS files do not load: {e}") from None
     if (r.peers or r.join) and not r.password and not all(tls) and not cfg.insecure_dev:
         raise ConfigError(NO_CLUSTER_PASSWORD)
+
+
+def is_loopback(host: str) -> bool:
+    """`host` (an IP or "localhost", IPv6 with or without brackets) is on loopback."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def raft_bind_host(host: str, bind_host: str | None, authenticated: bool) -> str | None:
+    """Where the Raft port listens. With authenticated links (password or
+    TLS): where the operator said (--raft-listen), else every address (None).
+    Without: a stranger must not be able to speak to it, so loopback only,
+    the node's own --host if that is loopback (clusters on 127.0.0.x), unless
+    --raft-listen says otherwise (main logs a warning then)."""
+    if authenticated or bind_host:
+        return bind_host
+    if is_loopback(host):
+        return host.strip("[]")
+    return "::1" if ":" in host else "127.0.0.1"
+
+
+def raft_authenticated(cfg: NodeConfig) -> bool:
+    """Raft links prove who they are: a password, or mutual TLS."""
+    return bool(cfg.raft.password or cfg.raft.tls_ca)
 
 
 def check_tls(cfg: NodeConfig) -> None:

@@ -24,7 +24,10 @@ from node.app.config import (
     check_data_dir,
     check_listen,
     check_tls,
+    is_loopback,
     parse_peers,
+    raft_authenticated,
+    raft_bind_host,
     validate,
 )
 
@@ -134,6 +137,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         cfg.raft.unsafe_early_confirm = True
     validate(cfg)
     check_cluster_password(cfg)
+    cfg.raft.bind_host = raft_bind_host(cfg.raft.host, cfg.raft.bind_host, raft_authenticated(cfg))
     check_tls(cfg)
     amqp_ports = [p for p in (cfg.amqp_port, cfg.tls.port) if p]
     ports = amqp_ports + [p for p in (cfg.raft.port, cfg.admin_port, cfg.metrics_port,
@@ -214,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
                     "reaches the Raft port %s:%d can take part in the log. Throwaway development "
                     "clusters only.",
                     cfg.raft.host, cfg.raft.port)
+    if not raft_authenticated(cfg) and cfg.raft.bind_host and not is_loopback(cfg.raft.bind_host):
+        log.warning("INSECURE: the Raft port listens on %s (--raft-listen) with neither a [raft] "
+                    "password nor TLS: anyone who reaches %s:%d can take part in the log",
+                    cfg.raft.bind_host, cfg.raft.bind_host, cfg.raft.port)
     if cfg.raft.unsafe_early_confirm:
         log.critical("MIRRORQ_UNSAFE_EARLY_CONFIRM=1: confirming publishes BEFORE replication; "
                      "confirmed messages WILL be lost on failures (chaos-suite self-test only)")

@@ -19,7 +19,7 @@ from node.admin.service import AdminServer
 from node.amqp.config import default_listen
 from node.amqp.server import AmqpServer
 from node.app.administrator import Administrator
-from node.app.config import NodeConfig
+from node.app.config import NodeConfig, raft_authenticated
 from node.broker.password import hash_password
 from node.replication.raft_node import RaftNode
 from node.replication.status import NodeStatus
@@ -54,7 +54,7 @@ class Node:
         cfg.wire.data_dir = cfg.data_dir
         self.amqp = AmqpServer(self.raft, cfg.node_id, cfg.wire)
         self.raft.on_removed = self._removed
-        self.administrator = Administrator(self.raft)
+        self.administrator = Administrator(self.raft, links_authenticated=raft_authenticated(cfg))
         # queue rows are built on the raft thread at its next tick (read_model.ModelPublisher)
         self.admin = AdminServer(self.status_dict, self.administrator, queues=self.raft.queue_rows,
                                  token=cfg.admin.token, tls=cfg.admin.tls()) \

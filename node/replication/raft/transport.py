@@ -9,8 +9,11 @@ arrives. Here instead:
 - a link is authenticated once when it opens: mutual TLS from one cluster CA
   when configured, and/or an HMAC challenge-response over the Raft password;
   nothing but the handshake is read from a peer until it has proved itself
-  (pre-auth frames are at most 4 KiB), and a peer that fails gets its
-  connection closed and a log line;
+  (pre-auth frames are at most 4 KiB, no ping), and a peer that fails gets its
+  connection closed and a log line; an inbound link has HANDSHAKE_DEADLINE
+  from accept to prove itself, and at most MAX_UNAUTHENTICATED of them are
+  open at once (a new one evicts the oldest, so strangers cannot lock a
+  member out by holding sockets);
 - writes are bounded (a peer that stops reading is dropped past
   MAX_UNSENT), reads are bounded per poll event (the Raft thread returns to
   its tick), and a link that has been silent for connectionTimeout is
@@ -53,6 +56,11 @@ MAX_UNSENT = 256 * 1024 * 1024  # a peer this far behind on reading is dropped
 READ_CHUNK = 256 * 1024
 READ_PER_EVENT = 4 * 1024 * 1024  # then back to the tick: heartbeats never starve
 PING_AFTER = 1.0
+# An inbound link must finish the handshake this long after accept; until then
+# nothing it sends (not even a ping) keeps it open. Authenticated links only
+# ever time out on silence (connectionTimeout): a slow follower is never cut.
+HANDSHAKE_DEADLINE = 10.0
+MAX_UNAUTHENTICATED = 64  # inbound links still in their handshake; past it the oldest goes
 LOST_REASONS = ("eof", "error", "refused")  # PeerLink.close_reason: the peer's end is gone
 _LEN = struct.Struct("<I")
 _HDR = struct.Struct("<IB")
@@ -127,6 +135,7 @@ class PeerLink:
         self.peer_label = peer_label
         self.last_read = clock()
         self.last_write = clock()
+        self.opened_at = clock()  # accept (server side) or dial: the handshake deadline's start
         self.sent_bytes = 0
         self._on_connected: Any = None
         self._on_message: Any = None
@@ -222,7 +231,7 @@ class PeerLink:
         self._sock = sock
         self._fileno = sock.fileno()
         self._state = CONNECTION_STATE.CONNECTING
-        self.last_read = self.last_write = clock()
+        self.last_read = self.last_write = self.opened_at = clock()
         events = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
         if not self._server_side:
             events |= POLL_EVENT_TYPE.WRITE  # writable = connected
@@ -353,10 +362,18 @@ class PeerLink:
         if self._sock is not None:
             del buf[:off]
 
+    @property
+    def server_side(self) -> bool:
+        return self._server_side
+
+    @property
+    def authenticated(self) -> bool:
+        return self._authed
+
     def _on_frame(self, kind: int, payload: bytes) -> None:
-        if kind == K_PING:
+        if kind == K_PING and self._authed:
             return
-        if not self._authed:
+        if not self._authed:  # a ping here too: it would only keep a stranger's socket open
             self._on_handshake(kind, payload)
             return
         if kind == K_MSG:
@@ -495,6 +512,18 @@ class PeerLink:
         self._poller.subscribe(self._fileno, self._on_event, events)
 
 
+def handshake_overdue(server_side: bool, authenticated: bool, opened_at: float, now: float,
+                      deadline: float) -> bool:
+    """An inbound link that has not proved itself `deadline` after accept.
+    Outbound links are bounded by connectionTimeout; authenticated ones never by this."""
+    return server_side and not authenticated and now - opened_at > deadline
+
+
+def evictions(strangers: list[Any], keep: int) -> list[Any]:
+    """Which of `strangers` (oldest first) to close so that at most `keep` remain."""
+    return strangers[:max(0, len(strangers) - keep)]
+
+
 def _first(q: deque[bytes | memoryview], n: int) -> list[bytes | memoryview]:
     out = []
     for item in q:
@@ -543,6 +572,7 @@ class _PeerServer:
                 return
             except OSError:
                 return
+            self._transport._make_room_for_stranger()
             self._transport._onNewIncomingConnection(self._transport._new_link(
                 sock=sock, peer_label=f"{addr[0]}:{addr[1]}"))
 
@@ -574,6 +604,20 @@ class PeerTransport(TCPTransport):  # type: ignore[misc]
         if now - self._last_reject_log > 1.0:  # a flood must not flood the log
             self._last_reject_log = now
             log.warning("raft peer %s refused: %s (%d refused so far)", peer, why, self.peer_rejects)
+
+    def _strangers(self) -> list[PeerLink]:
+        """Inbound links still in their handshake, oldest first."""
+        links = [c for c in self._unknownConnections if c.server_side and not c.authenticated
+                 and c.state != CONNECTION_STATE.DISCONNECTED]
+        return sorted(links, key=lambda c: c.opened_at)
+
+    def _make_room_for_stranger(self) -> None:
+        """Called before a new inbound link is adopted: keep at most
+        MAX_UNAUTHENTICATED - 1 strangers, dropping the oldest. A member's
+        handshake takes one round trip, so it outruns a flood of held sockets."""
+        for conn in evictions(self._strangers(), MAX_UNAUTHENTICATED - 1):
+            self._on_reject(conn.peer_label, f"too many unauthenticated links (cap {MAX_UNAUTHENTICATED})")
+            conn.disconnect("rejected")
 
     # ---------------------------------------------------- TCPTransport's hooks
     def _createServer(self) -> None:  # noqa: N802
@@ -628,7 +672,11 @@ class PeerTransport(TCPTransport):  # type: ignore[misc]
         for conn in list(self._connections.values()) + list(self._unknownConnections):
             if conn.state == CONNECTION_STATE.DISCONNECTED:
                 continue
-            if now - conn.last_read > timeout:
+            if handshake_overdue(conn.server_side, conn.authenticated, conn.opened_at, now,
+                                 HANDSHAKE_DEADLINE):
+                self._on_reject(conn.peer_label, f"no handshake within {HANDSHAKE_DEADLINE:g}s of accept")
+                conn.disconnect("timeout")
+            elif now - conn.last_read > timeout:
                 if conn.state == CONNECTION_STATE.CONNECTING and conn in self._unknownConnections:
                     self._on_reject(conn.peer_label, "no handshake in time")
                 conn.disconnect("timeout")

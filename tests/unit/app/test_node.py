@@ -91,6 +91,7 @@ def test_http_and_grpc_membership_changes_on_one_node_are_serialized(
         cfg = NodeConfig(node_id="n1", data_dir=str(tmp_path), admin_port=admin_port)
         cfg.http.port = http_port
         cfg.admin.token = TOKEN
+        cfg.raft.password = "unit"  # authenticated links: AddMember takes any address
         node = node_module.Node(cfg, asyncio.get_running_loop())
         assert node.admin is not None and node.http is not None
         raft = node.raft
