@@ -84,7 +84,8 @@ class NodeStatus:
     in_sync_size: int
     confirm_latency: dict[str, Any]  # metric.Histogram.snapshot()
     peers: tuple[PeerStatus, ...]
-    # filled by the app (node/app/node.py): absent from to_dict() until it has
+    # filled by the app (node/app/node.py), all three at once: absent from to_dict() until
+    # it has (connections is then an int; either port may be None: TLS only, no TLS)
     connections: int | None = None
     amqp_port: int | None = None
     amqps_port: int | None = None
@@ -97,7 +98,7 @@ class NodeStatus:
         out: dict[str, Any] = {}
         for f in fields(self):
             name = f.name
-            if name in _APP_FIELDS and self.amqp_port is None:
+            if name in _APP_FIELDS and self.connections is None:
                 continue
             if name == "member_addresses" and self.member_addresses is None:
                 continue

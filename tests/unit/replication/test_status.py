@@ -36,6 +36,10 @@ def test_app_fields_follow_once_filled_even_when_none() -> None:
     d = st.to_dict()
     assert list(d) == [*RAFT_KEYS, "connections", "amqp_port", "amqps_port"]
     assert d["amqps_port"] is None  # no TLS listener: still reported, as before
+    # TLS only: no plain port, still the app's three fields (the amqps port among them)
+    d = replace(st, amqp_port=None, amqps_port=5671).to_dict()
+    assert list(d)[-3:] == ["connections", "amqp_port", "amqps_port"]
+    assert d["amqp_port"] is None and d["amqps_port"] == 5671
     d = replace(st, member_addresses={"n1": "h:1"}).to_dict()
     assert list(d)[-1] == "member_addresses" and d["member_addresses"] == {"n1": "h:1"}
 
