@@ -80,7 +80,8 @@ class ManagementApi:
         async def handler(req: Request, params: dict[str, str]) -> Response:
             if public:
                 return await fn(ctx, req, params, Principal("", ()))
-            return await fn(ctx, req, params, self._auth(req))
+            p = req.principal if req.principal is not None else self._auth(req)
+            return await fn(ctx, req, params, p)
         self.router.add(method, pattern, handler)
 
     def _auth(self, req: Request) -> Principal:
@@ -96,7 +97,7 @@ class ManagementApi:
         if not path.startswith("/api/") and path != "/api":
             return SMALL_BODY
         self.router.resolve(req.method, path)
-        self._auth(req)
+        req.principal = self._auth(req)
         if req.method not in ("GET", "HEAD") and not same_origin(
                 req.headers.get("origin"), req.headers.get("host")):
             raise HttpError(403, "not_authorised", "cross-origin request refused")

@@ -372,3 +372,36 @@ def test_http_config_table(tmp_path: Any) -> None:
                                       str(tmp_path / "d"), "--http-port", "1"])
     with pytest.raises(ConfigError, match="ports must differ"):
         config_from_args(args)
+
+
+def test_credentials_are_checked_once_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's admit hook authenticates on the headers before the body; the
+    handler takes that principal instead of hashing the password a second time."""
+    from types import SimpleNamespace
+
+    import node.http.app as app_module
+
+    class Backend:
+        node_id, product_version, token = "n1", "0", "tok"
+        configured_users: dict[str, str] = {}
+        loopback_users: list[str] = []
+
+        def read_model(self) -> Any:
+            return SimpleNamespace(users={})
+
+    checks: list[str | None] = []
+    real = app_module.authenticate
+
+    def counting(header: str | None, *rest: Any) -> Any:
+        checks.append(header)
+        return real(header, *rest)
+    monkeypatch.setattr(app_module, "authenticate", counting)
+    api = ManagementApi(Backend(), None)  # type: ignore[arg-type]
+    req = Request("GET", "/api/whoami", "/api/whoami", {}, {"authorization": "Bearer tok"})
+    api.admit(req)
+    resp = asyncio.run(api(req))
+    assert resp.status == 200 and checks == ["Bearer tok"]
+    # without the admit hook (HttpServer built without one) the handler still checks
+    asyncio.run(api(Request("GET", "/api/whoami", "/api/whoami", {},
+                            {"authorization": "Bearer tok"})))
+    assert checks == ["Bearer tok"] * 2
