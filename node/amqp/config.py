@@ -18,10 +18,20 @@ class WireConfig:
     users: dict[str, str] = field(default_factory=_default_users)
     # users who may connect only from loopback (RabbitMQ's loopback_users)
     loopback_users: list[str] = field(default_factory=_default_loopback_users)
-    # failed logins per client address before it is refused for a while (0 = off)
-    max_connections: int = 0  # per node; 0 = unlimited; beyond it connection.open gets 530
-    login_failure_limit: int = 20
-    login_failure_window: float = 10.0
+    # opened connections per node (0 = unlimited): connection.open beyond it gets 530;
+    # sockets still in the handshake count against max_handshakes instead
+    max_connections: int = 0
+    # sockets between accept and connection.open: beyond max_handshakes the oldest is
+    # closed, beyond max_handshakes_per_address a new one from that address is refused
+    max_handshakes: int = 1024
+    max_handshakes_per_address: int = 64
+    # login throttle (node/amqp/throttle.py), shared with HTTP basic auth: failed logins
+    # per client address free within the window (0 = off), then each answer is withheld
+    # login_failure_delay seconds, doubling per failure up to login_failure_max_delay
+    login_failure_limit: int = 10
+    login_failure_window: float = 60.0
+    login_failure_delay: float = 1.0
+    login_failure_max_delay: float = 10.0
     frame_max: int = 131072
     channel_max: int = 2047
     heartbeat: int = 60

@@ -26,6 +26,7 @@ from node.amqp.channel import (
     WireChannel,
 )
 from node.amqp.config import WireConfig
+from node.amqp.throttle import LoginGate
 from node.broker.ids import ChanId, ConnId
 from node.broker.password import check_password
 from node.broker.permission import FULL, KIND_NAMES, permitted
@@ -90,12 +91,18 @@ def is_loopback(host: str | None) -> bool:
 class Connection:
     def __init__(self, proposer: Proposer, conn_id: ConnId, config: WireConfig,
                  clock: Callable[[], float] = time.monotonic, peer_host: str | None = None,
-                 refuse_login: str | None = None, refuse_open: str | None = None) -> None:
+                 login_gate: LoginGate | None = None,
+                 open_gate: Callable[[], str | None] | None = None) -> None:
         self.proposer = proposer
         self.peer_host = peer_host  # None: unknown (treated as remote)
-        self.refuse_login = refuse_login  # decided at accept time (login throttle)
-        self.refuse_open = refuse_open  # decided at accept time (connection limit)
-        self.login_failed = False  # read by the server once (throttle bookkeeping)
+        # asked at start-ok (the login throttle) and at connection.open (the node's
+        # connection limit: why not, or None), not at accept: a client that opened
+        # its sockets first is judged when it logs in
+        self.login_gate = login_gate
+        self.open_gate = open_gate
+        # output is withheld until then (a throttled login's answer); the shell
+        # writes it out when the clock gets there
+        self.hold_until = 0.0
         self.id = conn_id
         self.config = config
         self.clock = clock
@@ -130,6 +137,7 @@ class Connection:
         self.dirty: set[WireChannel] = set()  # channels with confirms/credit to flush
         now = clock()
         self.created = now
+        self.handshake_deadline = now + config.handshake_timeout  # pushed back by a hold
         self.last_recv = now
         self.last_send = now
         self.close_deadline = 0.0
@@ -140,8 +148,13 @@ class Connection:
     def write(self, data: bytes) -> None:
         self.out.append(data)
 
+    def held(self) -> bool:
+        """A throttled login's answer (and the hang-up after a refusal) is still
+        withheld: the shell writes nothing and closes nothing until hold_until."""
+        return self.hold_until > 0.0 and self.clock() < self.hold_until
+
     def take_output(self) -> bytes:
-        if not self.out:
+        if not self.out or self.held():
             return b""
         data = b"".join(self.out)
         self.out = []
@@ -306,8 +319,9 @@ class Connection:
             if self._patterns() is None:
                 raise ConnectionException(530, f"NOT_ALLOWED - access to vhost '{vhost}' refused "
                                           f"for user '{self.user}'", 10, 40)
-            if self.refuse_open is not None:
-                raise ConnectionException(530, f"NOT_ALLOWED - {self.refuse_open}", 10, 40)
+            full = self.open_gate() if self.open_gate is not None else None
+            if full is not None:
+                raise ConnectionException(530, f"NOT_ALLOWED - {full}", 10, 40)
             self.phase = RUNNING
             self.write(frame.encode_method(0, "Connection.OpenOk"))
         elif phase == RUNNING and name in ("Connection.CloseOk", "Connection.Blocked",
@@ -348,17 +362,25 @@ class Connection:
                 pw = pw.decode("utf-8", "replace")
             if isinstance(login, str) and isinstance(pw, str):
                 user, password = login, pw
-        if self.refuse_login is not None:
-            self.connection_error(403, f"ACCESS_REFUSED - {self.refuse_login}", 10, 11)
+        gate, host, now = self.login_gate, self.peer_host or "", self.clock()
+        wait = gate.wait(host, now) if gate is not None else 0.0
+        if wait is None:  # this address's queue of held answers is full: not even checked
+            self.connection_error(403, f"ACCESS_REFUSED - too many login attempts from {host}, "
+                                       "retry later", 10, 11)
             return
+        if wait > 0:
+            self.hold_until = now + wait
+            self.handshake_deadline += wait
         if password is not None and user in self.config.loopback_users \
                 and not is_loopback(self.peer_host):
             # RabbitMQ's loopback_users rule: guest only from this machine
             self.connection_error(403, f"ACCESS_REFUSED - user '{user}' can only connect via localhost",
                                   10, 11)
             return
-        if password is None or not self._authenticate(user, password):
-            self.login_failed = True
+        ok = password is not None and self._authenticate(user, password)
+        if gate is not None:
+            gate.record(host, ok, now)
+        if not ok:
             if self.auth_failure_close:
                 self.connection_error(
                     403, f"ACCESS_REFUSED - Login was refused using authentication mechanism {mech}.",
@@ -456,7 +478,8 @@ class Connection:
             "reply_code": code, "reply_text": err.text,
             "class_id": class_id, "method_id": method_id}))
         self.phase = CLOSING
-        self.close_deadline = self.clock() + self.config.close_timeout
+        # from when the Close goes out (a throttled login's is held)
+        self.close_deadline = max(self.clock(), self.hold_until) + self.config.close_timeout
         self._release()
 
     def _fatal(self, code: int, text: str) -> None:
@@ -515,6 +538,7 @@ class Connection:
         return None
 
     def force_close(self, code: int = 320, text: str = "CONNECTION_FORCED - broker shutdown") -> None:
+        self.hold_until = 0.0  # drain or shutdown: no login answer is worth waiting for
         if self.phase in (RUNNING, AWAIT_OPEN, AWAIT_TUNE_OK, AWAIT_START_OK):
             self.write(frame.encode_method(0, "Connection.Close", {
                 "reply_code": code, "reply_text": text, "class_id": 0, "method_id": 0}))
@@ -527,6 +551,8 @@ class Connection:
     def tick(self) -> None:
         """Heartbeats and timeouts; call about once a second."""
         now = self.clock()
+        if now < self.hold_until:  # a held login answer: its deadlines start once it is out
+            return
         phase = self.phase
         if phase == CLOSED:
             if self.linger_until and now >= self.linger_until:
@@ -537,7 +563,7 @@ class Connection:
                 self._finish()
             return
         if phase != RUNNING:
-            if now - self.created > self.config.handshake_timeout:
+            if now > self.handshake_deadline:
                 self._finish()
             return
         hb = self.heartbeat

@@ -35,6 +35,7 @@ class _Protocol(asyncio.Protocol):
         self.reading_paused = False
         self.peer_host = ""
         self.peer_cn: str | None = None  # subject CN of a verified client certificate (amqps)
+        self._hold: asyncio.TimerHandle | None = None  # a throttled login's answer is due
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -48,15 +49,13 @@ class _Protocol(asyncio.Protocol):
         self.peer_host = str(peer[0]) if peer else ""
         # amqps: called once the handshake is done (a failed one never gets here)
         self.peer_cn = peer_common_name(transport.get_extra_info("peercert"))
-        refuse = None
-        if srv.throttle.blocked(self.peer_host, time.monotonic()):
-            refuse = f"too many failed logins from {self.peer_host}, retry later"
-        limit = srv.config.max_connections
-        full = None
-        if limit and len(srv.conns) >= limit:
-            full = f"connection limit ({limit}) of node {srv.node_id} is reached"
+        if not srv.admit_handshake(self):
+            transport.abort()
+            return
+        # throttle and connection limit are asked when the client logs in and opens
         conn = Connection(srv.proposer, ConnId(srv.node_id, next_serial()), srv.config,
-                          peer_host=self.peer_host or None, refuse_login=refuse, refuse_open=full)
+                          peer_host=self.peer_host or None, login_gate=srv.throttle,
+                          open_gate=lambda: srv.admit_open(self))
         self.conn = conn
         srv.conns[conn.id.serial] = self
 
@@ -69,9 +68,6 @@ class _Protocol(asyncio.Protocol):
         except Exception:  # never let one client take the node down
             log.exception("internal error on connection %s", conn.id)
             conn.connection_error(541, "INTERNAL_ERROR")
-        if conn.login_failed:
-            conn.login_failed = False
-            self.server.throttle.failed(self.peer_host, time.monotonic())
         self.flush()
         if conn.published and not self.reading_paused and self.server.publishers_must_wait():
             self.pause_reading()
@@ -81,13 +77,30 @@ class _Protocol(asyncio.Protocol):
         transport = self.transport
         if conn is None or transport is None:
             return
+        if conn.held():  # a throttled login: its answer, and any hang-up, wait
+            if self._hold is None and not transport.is_closing():
+                transport.pause_reading()
+                self._hold = asyncio.get_running_loop().call_later(
+                    max(0.0, conn.hold_until - conn.clock()), self._release)
+            return
         data = conn.take_output()
         if data and not transport.is_closing():
             transport.write(data)
         if conn.close_transport and not transport.is_closing():
             transport.close()
 
+    def _release(self) -> None:
+        self._hold = None
+        transport = self.transport
+        if transport is not None and not transport.is_closing() and not self.reading_paused:
+            transport.resume_reading()
+        self.flush()
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._hold is not None:
+            self._hold.cancel()
+            self._hold = None
+        self.server.forget(self)
         conn = self.conn
         if conn is not None:
             try:
@@ -120,13 +133,21 @@ class _Protocol(asyncio.Protocol):
 
 
 class AmqpServer:
-    def __init__(self, proposer: Proposer, node_id: str, config: WireConfig) -> None:
+    def __init__(self, proposer: Proposer, node_id: str, config: WireConfig,
+                 throttle: LoginThrottle | None = None) -> None:
         self.proposer = proposer
         self.node_id = node_id
         self.config = config
         self.conns: dict[int, _Protocol] = {}
+        # sockets between accept and connection.open, oldest first, and per address
+        self.handshaking: dict[int, _Protocol] = {}
+        self._handshaking_from: dict[str, int] = {}
+        self.opened: set[int] = set()  # ids of protocols past connection.open (max_connections)
+        self.refused_handshakes = 0  # sockets closed by the handshake caps (logged, debug)
+        self._refusal_logged = float("-inf")
         self.alarm: str | None = None
-        self.throttle = LoginThrottle(config.login_failure_limit, config.login_failure_window)
+        # one per node, shared with the management API's basic auth (node/app/node.py)
+        self.throttle = throttle or throttle_from(config)
         self._disk_checked = float("-inf")
         self._disk_low_flag = False
         self._servers: list[asyncio.base_events.Server] = []
@@ -206,6 +227,61 @@ class AmqpServer:
 
     def connection_count(self) -> int:
         return len(self.conns)
+
+    # ------------------------------------------------------------ connection caps
+
+    def admit_handshake(self, proto: _Protocol) -> bool:
+        """A new socket, before any byte: at most max_handshakes_per_address from
+        one address (a new one beyond is refused) and max_handshakes in all (the
+        oldest is closed: idle sockets cannot keep a real client, whose handshake
+        takes a few round trips, out). The handshake timeout closes the rest."""
+        cfg, host = self.config, proto.peer_host
+        from_host = self._handshaking_from.get(host, 0)
+        if cfg.max_handshakes_per_address and from_host >= cfg.max_handshakes_per_address:
+            self._refused(f"{from_host} sockets from {host} are in the AMQP handshake "
+                          f"(max_handshakes_per_address): a new one is refused")
+            return False
+        if cfg.max_handshakes and len(self.handshaking) >= cfg.max_handshakes:
+            oldest = next(iter(self.handshaking.values()))
+            self._refused(f"{len(self.handshaking)} sockets are in the AMQP handshake "
+                          f"(max_handshakes): the oldest, from {oldest.peer_host}, is closed")
+            self.handshake_done(oldest)
+            if oldest.transport is not None:
+                oldest.transport.abort()
+        self.handshaking[id(proto)] = proto
+        self._handshaking_from[host] = from_host + 1
+        return True
+
+    def handshake_done(self, proto: _Protocol) -> None:
+        """The socket left the handshake (opened, evicted or gone)."""
+        if self.handshaking.pop(id(proto), None) is not None:
+            left = self._handshaking_from.get(proto.peer_host, 1) - 1
+            if left > 0:
+                self._handshaking_from[proto.peer_host] = left
+            else:
+                self._handshaking_from.pop(proto.peer_host, None)
+
+    def forget(self, proto: _Protocol) -> None:
+        """The socket is gone: it counts against no cap any more."""
+        self.handshake_done(proto)
+        self.opened.discard(id(proto))
+
+    def admit_open(self, proto: _Protocol) -> str | None:
+        """At connection.open (RabbitMQ checks connection_max there too): why it
+        may not open, or None and it counts against max_connections from now on."""
+        limit = self.config.max_connections
+        if limit and len(self.opened) >= limit:
+            return f"connection limit ({limit}) of node {self.node_id} is reached"
+        self.handshake_done(proto)
+        self.opened.add(id(proto))
+        return None
+
+    def _refused(self, what: str) -> None:
+        self.refused_handshakes += 1
+        now = time.monotonic()
+        if now - self._refusal_logged >= 10.0:  # at most one line per 10 s under a flood
+            self._refusal_logged = now
+            log.warning("%s (%d refused so far)", what, self.refused_handshakes)
 
     # ------------------------------------------------------------ effects
 
@@ -344,4 +420,10 @@ class AmqpServer:
         self._servers = []
 
     def _debug(self) -> dict[str, Any]:
-        return {"connections": len(self.conns), "alarm": self.alarm}
+        return {"connections": len(self.conns), "opened": len(self.opened),
+                "handshaking": len(self.handshaking), "alarm": self.alarm}
+
+
+def throttle_from(config: WireConfig) -> LoginThrottle:
+    return LoginThrottle(config.login_failure_limit, config.login_failure_window,
+                         config.login_failure_delay, config.login_failure_max_delay)

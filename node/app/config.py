@@ -91,7 +91,11 @@ class NodeConfig:
 
 _WIRE_KEYS = {"frame_max", "channel_max", "heartbeat", "memory_high_watermark", "consumer_credit",
               "max_message_size", "inflight_publish_bytes", "login_failure_limit",
-              "max_connections", "disk_free_limit", "default_queue_max_length"}
+              "max_connections", "disk_free_limit", "default_queue_max_length",
+              "max_handshakes", "max_handshakes_per_address"}
+# seconds (positive numbers)
+_WIRE_SECONDS = {"login_failure_window", "login_failure_delay", "login_failure_max_delay",
+                 "handshake_timeout"}
 _RAFT_KEYS = {"password", "password_file", "batch_max_commands", "batch_max_bytes", "max_inflight_batches",
               "max_inflight_bytes", "election_min", "election_max", "leader_fallback",
               "compaction_min_entries", "compaction_min_time", "tick_interval",
@@ -102,7 +106,7 @@ _RAFT_KEYS = {"password", "password_file", "batch_max_commands", "batch_max_byte
 
 # node.toml keys (dotted) whose values are numbers: what a string-only source
 # (a Kubernetes CR's spec.config) must write as TOML numbers
-NUMERIC_KEYS = frozenset(_WIRE_KEYS | {"login_failure_window"}
+NUMERIC_KEYS = frozenset(_WIRE_KEYS | _WIRE_SECONDS
                          | {f"raft.{k}" for k in _RAFT_KEYS
                             if k not in ("password", "password_file", "tls_cert", "tls_key", "tls_ca")})
 
@@ -138,10 +142,10 @@ def apply_file(cfg: NodeConfig, path: str) -> None:
                                                       for k, v in value.items()) or not value:
                 raise ConfigError("users must be a table of user = \"password\" strings")
             cfg.wire.users = dict(value)
-        elif key == "login_failure_window":
+        elif key in _WIRE_SECONDS:
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise ConfigError("login_failure_window must be a positive number of seconds")
-            cfg.wire.login_failure_window = float(value)
+                raise ConfigError(f"{key} must be a positive number of seconds")
+            setattr(cfg.wire, key, float(value))
         elif key == "loopback_users":
             if not isinstance(value, list) or not all(isinstance(u, str) for u in value):
                 raise ConfigError("loopback_users must be a list of user names ([] = none)")

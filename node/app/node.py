@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from node.admin.metric import MetricsServer
 from node.admin.service import AdminServer
 from node.amqp.config import default_listen
-from node.amqp.server import AmqpServer
+from node.amqp.server import AmqpServer, throttle_from
 from node.app.administrator import Administrator
 from node.app.config import NodeConfig, raft_authenticated
 from node.broker.password import hash_password
@@ -52,7 +52,9 @@ class Node:
         self.raft = RaftNode(cfg.node_id, cfg.data_dir, loop, self._dispatch, cfg.raft)
         self.raft.seed_users = {name: hash_password(pw) for name, pw in cfg.wire.users.items()}
         cfg.wire.data_dir = cfg.data_dir
-        self.amqp = AmqpServer(self.raft, cfg.node_id, cfg.wire)
+        # one login throttle per node: AMQP logins and HTTP basic auth share its budget
+        self.throttle = throttle_from(cfg.wire)
+        self.amqp = AmqpServer(self.raft, cfg.node_id, cfg.wire, self.throttle)
         self.raft.on_removed = self._removed
         self.administrator = Administrator(self.raft, links_authenticated=raft_authenticated(cfg))
         # queue rows are built on the raft thread at its next tick (read_model.ModelPublisher)
@@ -78,7 +80,8 @@ class Node:
                                             self.administrator, self.status,
                                             cfg.wire.users, cfg.wire.loopback_users,
                                             cfg.admin.token, listeners,
-                                            member_urls=_member_urls(cfg)))
+                                            member_urls=_member_urls(cfg)),
+                                throttle=self.throttle)
             self.http = (HttpServer(api, cfg.http.ssl_context(), admit=api.admit,
                                     idle_timeout=cfg.http.idle_timeout,
                                     max_connections=cfg.http.max_connections,

@@ -18,6 +18,7 @@ import json
 import time
 from pathlib import Path
 
+from node.amqp.throttle import LoginGate
 from node.http.auth import Principal, authenticate
 from node.http.backend import Backend
 from node.http.context import Context, Handler
@@ -39,8 +40,10 @@ STATIC_DIR = Path(__file__).with_name("static")
 
 
 class ManagementApi:
-    def __init__(self, backend: Backend, static_dir: Path | None = STATIC_DIR) -> None:
+    def __init__(self, backend: Backend, static_dir: Path | None = STATIC_DIR,
+                 throttle: LoginGate | None = None) -> None:
         self.b = backend
+        self.throttle = throttle  # the node's login throttle, shared with AMQP logins
         self.static_dir = static_dir
         self.ctx = Context(backend)
         self.router = Router()
@@ -97,11 +100,37 @@ class ManagementApi:
         if not path.startswith("/api/") and path != "/api":
             return SMALL_BODY
         self.router.resolve(req.method, path)
-        req.principal = self._auth(req)
+        req.principal = self._throttled_auth(req)
         if req.method not in ("GET", "HEAD") and not same_origin(
                 req.headers.get("origin"), req.headers.get("host")):
             raise HttpError(403, "not_authorised", "cross-origin request refused")
         return MAX_BODY if is_definitions_import(req.method, path) else SMALL_BODY
+
+    def _throttled_auth(self, req: Request) -> Principal:
+        """Every request with credentials is a login: the shared throttle may hold
+        its answer (req.hold), right or wrong, and a 401 counts as a failure. A
+        keep-alive connection's requests repeating credentials that already
+        passed on it are no new guess: not throttled (the console stays usable
+        from an address a guesser shares)."""
+        authorization = req.headers.get("authorization")
+        gate = self.throttle
+        if gate is None or not authorization or req.session.get("proven") == authorization:
+            return self._auth(req)
+        now = time.monotonic()
+        wait = gate.wait(req.peer_host, now)
+        if wait is None:
+            raise HttpError(429, "too_many_requests",
+                            f"too many login attempts from {req.peer_host}, retry later",
+                            {"Retry-After": "10"})
+        req.hold = wait
+        try:
+            principal = self._auth(req)
+        except HttpError as err:
+            gate.record(req.peer_host, err.status != 401, now)
+            raise
+        gate.record(req.peer_host, True, now)
+        req.session["proven"] = authorization
+        return principal
 
     async def __call__(self, req: Request) -> Response:
         path = req.path
@@ -134,5 +163,6 @@ def is_definitions_import(method: str, path: str) -> bool:
     return method == "POST" and parts[:2] == ["api", "definitions"] and len(parts) <= 3
 
 
-def make_app(backend: Backend, static_dir: Path | None = STATIC_DIR) -> ManagementApi:
-    return ManagementApi(backend, static_dir)
+def make_app(backend: Backend, static_dir: Path | None = STATIC_DIR,
+             throttle: LoginGate | None = None) -> ManagementApi:
+    return ManagementApi(backend, static_dir, throttle)

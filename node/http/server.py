@@ -43,6 +43,7 @@ REASONS = {200: "OK", 201: "Created", 204: "No Content", 301: "Moved Permanently
            400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
            405: "Method Not Allowed", 409: "Conflict", 411: "Length Required",
            413: "Payload Too Large", 414: "URI Too Long", 415: "Unsupported Media Type",
+           429: "Too Many Requests",
            431: "Request Header Fields Too Large", 500: "Internal Server Error",
            501: "Not Implemented", 503: "Service Unavailable"}
 
@@ -71,6 +72,11 @@ class Request:
     # who the app's admit hook authenticated on the headers (before the body): the
     # handler takes it instead of checking the credentials a second time
     principal: Any = None
+    # seconds the server withholds the answer, whatever it is (set by the admit hook
+    # for a throttled login: the answer's timing must not tell a right password)
+    hold: float = 0.0
+    # what the app keeps for the rest of the connection (keep-alive requests)
+    session: dict[str, Any] = field(default_factory=dict)
 
     def json(self) -> Any:
         """The body as JSON (an empty body is {}); 400 when it is not JSON."""
@@ -251,6 +257,7 @@ class HttpServer:
                 self._clients.discard(task)
             return
         self._per_address[peer_host] = from_address + 1
+        session: dict[str, Any] = {}
         try:
             while True:
                 try:
@@ -266,8 +273,13 @@ class HttpServer:
                 if head is None:
                     return
                 req, keep, length = head
+                req.session = session
                 try:
-                    limit = self.admit(req)  # authenticates on the headers: 401 unread
+                    try:
+                        limit = self.admit(req)  # authenticates on the headers: 401 unread
+                    finally:
+                        if req.hold > 0:  # a throttled login: the answer waits, the loop not
+                            await asyncio.sleep(req.hold)
                     if length > limit:
                         raise HttpError(413, "bad_request", f"body over {limit} bytes")
                 except HttpError as err:

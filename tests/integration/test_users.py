@@ -91,27 +91,21 @@ def test_users_seeded_added_used_deleted(own_node: NodeProcess) -> None:
     assert_usage_error(run_cli("users", "list"), "--admin-port")
 
 
-def test_failed_logins_are_throttled_per_address(tmp_path: Path) -> None:
+def test_failed_logins_slow_down_without_locking_out(tmp_path: Path) -> None:
+    """After the free failures a login's answer is held (tests/integration/
+    test_login_throttle.py has the figures): pika, a real client, waits it out and
+    the right password gets in."""
     cfg = tmp_path / "node.toml"
-    cfg.write_text("login_failure_limit = 3\nlogin_failure_window = 4\n")
+    cfg.write_text("login_failure_limit = 3\nlogin_failure_window = 60\n"
+                   "login_failure_delay = 1\nlogin_failure_max_delay = 1\n")
     node = NodeProcess(tmp_path / "data", extra_args=("--config", str(cfg)))
     try:
         node.start()
         for _ in range(3):
             assert refused(node, "guest", "wrong")
         t0 = time.monotonic()
-        with pytest.raises(pika.exceptions.ProbableAuthenticationError) as err:
-            connect(node, "guest", "guest")  # the right password, but throttled
-        assert "too many failed logins" in str(err.value), str(err.value)
-
-        def lets_in() -> bool:
-            try:
-                connect(node, "guest", "guest").close()
-            except pika.exceptions.ProbableAuthenticationError:
-                return False
-            return True
-        wait_for(lets_in, timeout=15, interval=0.5, what="the throttle window to pass")
-        assert time.monotonic() - t0 > 2.0, "throttle lifted much earlier than its window"
+        connect(node, "guest", "guest").close()  # the right password, held ~1 s
+        assert time.monotonic() - t0 >= 0.9
     finally:
         node.kill9()
 

@@ -62,7 +62,7 @@ written "1.0" there. Any other whole number is written as an integer ("60", neve
 "60.0" nor Go's "4.194304e+08" for values.yaml's float64 419430400), which the node
 refuses for none of its number keys. tests/k8s/test_chart.py checks this list. */}}
 {{- define "mirrorq.floatKeys" -}}
-login_failure_window raft.election_min raft.election_max raft.leader_fallback raft.tick_interval raft.out_of_sync_after raft.block_after raft.nack_after raft.compaction_min_time raft.compaction_min_gap
+login_failure_window login_failure_delay login_failure_max_delay handshake_timeout raft.election_min raft.election_max raft.leader_fallback raft.tick_interval raft.out_of_sync_after raft.block_after raft.nack_after raft.compaction_min_time raft.compaction_min_gap
 {{- end -}}
 
 {{/* One spec.config value as a string. Call with (list KEY VALUE ROOT). */}}

@@ -16,6 +16,7 @@ from node.amqp import frame
 from node.amqp.channel import ConfirmTracker
 from node.amqp.config import WireConfig
 from node.amqp.connection import CLOSED, CLOSING, RUNNING, Connection
+from node.amqp.throttle import LoginThrottle
 from node.broker.ids import ConnId
 from node.replication import command as C
 from node.replication import effect as E
@@ -203,36 +204,93 @@ def test_guest_only_from_loopback(peer: str | None, ok: bool) -> None:
         assert "can only connect via localhost" in close.reply_text
 
 
-def test_throttled_login_refused_even_with_the_right_password() -> None:
-    c = Client()
-    c.conn = Connection(c.p, ConnId("n1", 2), WireConfig(), c.clock, peer_host="127.0.0.1",
-                        refuse_login="too many failed logins from 127.0.0.1, retry later")
+def _throttled(t: LoginThrottle, clock: Clock, peer: str = "10.0.0.5",
+               caps: dict[str, Any] | None = None, pw: str = "guest") -> Client:
+    c = Client(WireConfig(loopback_users=[]), caps=caps, peer=peer)
+    c.clock = clock  # one node clock for all of its connections
+    c.conn = Connection(c.p, ConnId("n1", 2), c.conn.config, clock, peer_host=peer,
+                        login_gate=t)
     c.start()
-    c.login()
-    close = c.recv()[0][1]
-    assert close.reply_code == 403 and "too many failed logins" in close.reply_text
-    assert not c.conn.login_failed  # refusing is not a new failure
+    c.login(pw=pw)
+    return c
 
 
-def test_connection_limit_refuses_open_with_530() -> None:
+def test_throttled_login_answer_is_held_then_the_right_password_gets_in() -> None:
+    """Decided at login time through the gate the shell passes in: after the free
+    failures the answer (right or wrong) is withheld; the right password still
+    opens the connection once the hold is over (NATed users are not locked out)."""
+    t, clk = LoginThrottle(limit=2, window=60.0, delay=1.0, max_delay=10.0), Clock()
+    for _ in range(2):
+        c = _throttled(t, clk, pw="wrong")
+        assert c.names() == ["Connection.Close"] and not c.conn.held()
+    c = _throttled(t, clk, pw="wrong")  # the third failure: held 1 s
+    assert c.conn.held() and c.recv() == []
+    c.clock.t += 1.0
+    assert not c.conn.held()
+    [(_, close)] = c.recv()
+    assert close.reply_code == 403
+    c = _throttled(t, clk)  # right password, 3 failures: held 2 s
+    assert c.recv() == []
+    c.clock.t += 1.9
+    c.conn.tick()  # no deadline runs while held
+    assert c.recv() == []
+    c.clock.t += 0.1
+    [(_, tune)] = c.recv()
+    assert isinstance(tune, pc.Connection.Tune)
+    assert t.failures("10.0.0.5", c.clock.t) == 3  # a success resets nothing
+
+
+def test_failed_login_without_close_capability_hangs_up_only_after_the_hold() -> None:
+    t, clk = LoginThrottle(limit=1, window=60.0, delay=1.0), Clock()
+    _throttled(t, clk, caps={}, pw="wrong")
+    c = _throttled(t, clk, caps={}, pw="wrong")
+    assert c.conn.close_transport and c.conn.held()  # the shell must not close yet
+    c.clock.t += 1.0
+    assert not c.conn.held()
+
+
+def test_refused_unchecked_when_the_address_queue_is_full() -> None:
+    t, clk = LoginThrottle(limit=1, window=60.0, delay=5.0, max_delay=5.0, max_wait=6.0), Clock()
+    _throttled(t, clk, pw="wrong")
+    _throttled(t, clk, pw="wrong")  # held 5 s
+    c = _throttled(t, clk)  # would be answered in 10 s > max_wait: refused at once
+    [(_, close)] = c.recv()
+    assert close.reply_code == 403 and "too many login attempts" in close.reply_text
+    assert t.failures("10.0.0.5", c.clock.t) == 2  # not counted: the password was not looked at
+
+
+def test_handshake_deadline_moves_with_the_hold() -> None:
+    t, clk = LoginThrottle(limit=1, window=60.0, delay=8.0, max_delay=8.0), Clock()
+    _throttled(t, clk, pw="wrong")
+    c = _throttled(t, clk)  # held 8 s, then the client has handshake_timeout (10 s) to open
+    c.clock.t += 8.0
+    c.recv()
+    c.clock.t += 9.0
+    c.conn.tick()
+    assert not c.conn.close_transport
+    c.clock.t += 1.5
+    c.conn.tick()
+    assert c.conn.close_transport
+
+
+def test_connection_limit_is_asked_at_open() -> None:
+    asked: list[int] = []
+
+    def gate() -> str | None:
+        asked.append(1)
+        return "connection limit (2) of node n1 is reached"
     c = Client()
     c.conn = Connection(c.p, ConnId("n1", 3), WireConfig(), c.clock, peer_host="127.0.0.1",
-                        refuse_open="connection limit (2) of node n1 is reached")
+                        open_gate=gate)
     c.start()
     c.login()
     c.recv()
+    assert not asked  # not at accept nor at login
     c.send(0, pc.Connection.TuneOk(channel_max=0, frame_max=131072, heartbeat=0),
            pc.Connection.Open(virtual_host="/"))
     close = c.recv()[-1][1]
     assert close.name == "Connection.Close" and close.reply_code == 530
-    assert "connection limit (2)" in close.reply_text
-
-
-def test_wrong_password_is_reported_to_the_throttle() -> None:
-    c = Client()
-    c.start()
-    c.login(pw="nope")
-    assert c.conn.login_failed
+    assert "connection limit (2)" in close.reply_text and asked == [1]
 
 
 def test_loopback_users_configurable() -> None:

@@ -1,36 +1,105 @@
-"""Failed-login throttling per client address (issue 7)."""
+"""The login throttle (issue 26 item 7), folded through by hand: pure, the
+clock is an argument. Slow down rather than lock out: free failures, then
+every answer from the address is held, doubling up to a cap, one after
+another; a right password still gets in; memory stays bounded."""
 from __future__ import annotations
 
 from node.amqp.throttle import LoginThrottle
 
+H = "10.0.0.5"
 
-def test_blocks_after_limit_within_window_then_recovers() -> None:
+
+def fail(t: LoginThrottle, host: str, now: float, n: int = 1) -> None:
+    for _ in range(n):
+        assert t.wait(host, now) is not None
+        t.record(host, False, now)
+
+
+def test_free_failures_then_delays_double_up_to_the_cap() -> None:
+    t = LoginThrottle(limit=3, window=60.0, delay=1.0, max_delay=8.0, max_wait=1e9)
+    for _ in range(3):
+        assert t.wait(H, 0.0) == 0.0  # the first `limit` failures cost nothing
+        t.record(H, False, 0.0)
+    now, waits = 0.0, []
+    for _ in range(6):
+        w = t.wait(H, now)
+        assert w is not None
+        waits.append(w)
+        t.record(H, False, now)
+        now += w  # a sequential guesser asks again when the answer came
+    assert waits == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    assert t.wait("10.0.0.6", now) == 0.0  # other addresses unaffected
+
+
+def test_parallel_attempts_are_answered_one_after_another() -> None:
+    """60 connections opened first, all guessing at once: the answers are spaced
+    out (the old accept-time check let all of them through at once)."""
+    t = LoginThrottle(limit=3, window=60.0, delay=1.0, max_delay=2.0, max_wait=1e9)
+    fail(t, H, 0.0, 3)
+    waits = []
+    for _ in range(57):
+        w = t.wait(H, 0.0)
+        assert w is not None
+        waits.append(w)
+        t.record(H, False, 0.0)
+    assert waits[:3] == [1.0, 3.0, 5.0]  # 1, then +2 each (the cap)
+    assert waits[-1] == 1.0 + 2.0 * 56  # about one guess per max_delay
+    assert t.pending(0.0) == 57
+
+
+def test_right_password_still_gets_in_after_the_delay_and_resets_nothing() -> None:
+    t = LoginThrottle(limit=2, window=60.0, delay=1.0, max_delay=10.0)
+    fail(t, H, 0.0, 4)
+    w = t.wait(H, 100.0)  # failures aged out of the window: no delay
+    assert w == 0.0
+    fail(t, H, 100.0, 3)
+    w = t.wait(H, 101.0)
+    assert w == 2.0  # 3 failures, limit 2: 1 * 2**1
+    t.record(H, True, 101.0)  # the NATed user got in, after the wait...
+    assert t.failures(H, 101.0) == 3  # ...and a guesser who owns an account resets nothing
+
+
+def test_full_queue_refuses_at_once() -> None:
+    t = LoginThrottle(limit=1, window=60.0, delay=1.0, max_delay=4.0, max_wait=10.0)
+    fail(t, H, 0.0)
+    got = []
+    for _ in range(6):
+        w = t.wait(H, 0.0)
+        got.append(w)
+        if w is not None:  # a refused attempt is not checked: no failure either
+            t.record(H, False, 0.0)
+    assert got == [1.0, 3.0, 7.0, None, None, None]  # 1, +2, +4, then 15 > 10 s
+    assert t.wait(H, 9.0) is not None  # the queue drained: accepted again
+    g = LoginThrottle(limit=1, window=60.0, max_pending=2, max_wait=1e9)
+    for h in ("a", "b", "c"):
+        fail(g, h, 0.0)
+    assert g.wait("a", 0.0) is not None and g.wait("b", 0.0) is not None
+    assert g.wait("c", 0.0) is None  # the node holds max_pending answers already
+    assert g.wait("c", 1.5) is not None  # once they went out
+
+
+def test_memory_is_bounded() -> None:
+    t = LoginThrottle(limit=3, window=60.0, delay=1.0, max_delay=8.0, max_tracked=100)
+    for i in range(1000):
+        t.record(f"10.1.{i // 256}.{i % 256}", False, 0.0)
+    assert t.tracked() == 100  # the least recently seen are forgotten
+    for _ in range(10_000):
+        t.record(H, False, 0.0)
+    assert len(t._addresses[H].failures) == 3 + 3 + 1  # limit + doublings to the cap + 1
+    assert t.failures("10.1.0.0", 0.0) == 0  # evicted
+
+
+def test_forgets_an_address_once_its_failures_age_out() -> None:
     t = LoginThrottle(limit=3, window=10.0)
-    for now in (0.0, 1.0, 2.0):
-        assert not t.blocked("10.0.0.5", now)
-        t.failed("10.0.0.5", now)
-    assert t.blocked("10.0.0.5", 2.5)
-    assert not t.blocked("10.0.0.6", 2.5)  # other addresses unaffected
-    assert t.blocked("10.0.0.5", 9.9)
-    assert not t.blocked("10.0.0.5", 10.0)  # the first failure aged out
-    t.failed("10.0.0.5", 10.5)
-    assert t.blocked("10.0.0.5", 10.6)
-    assert not t.blocked("10.0.0.5", 22.0)
-    assert t.tracked() == 0  # forgotten once all failures aged out
-
-
-def test_failures_spread_out_never_block_and_memory_is_bounded() -> None:
-    t = LoginThrottle(limit=3, window=1.0)
-    for i in range(100):
-        t.failed("h", i * 0.6)
-        assert not t.blocked("h", i * 0.6 + 0.01)
-    for _ in range(1000):
-        t.failed("h", 1000.0)
-    assert len(t._failures["h"]) == 3
+    fail(t, H, 0.0, 3)
+    assert t.wait(H, 5.0) == 1.0
+    assert t.tracked() == 1
+    assert t.wait(H, 20.0) == 0.0 and t.tracked() == 0
 
 
 def test_zero_limit_is_off() -> None:
     t = LoginThrottle(limit=0, window=10.0)
     for _ in range(100):
-        t.failed("h", 0.0)
-    assert not t.blocked("h", 0.0) and t.tracked() == 0
+        t.record(H, False, 0.0)
+        assert t.wait(H, 0.0) == 0.0
+    assert t.tracked() == 0
