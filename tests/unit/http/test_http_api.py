@@ -405,3 +405,55 @@ def test_credentials_are_checked_once_per_request(monkeypatch: pytest.MonkeyPatc
     asyncio.run(api(Request("GET", "/api/whoami", "/api/whoami", {},
                             {"authorization": "Bearer tok"})))
     assert checks == ["Bearer tok"] * 2
+
+
+def test_admit_asks_the_shared_login_throttle() -> None:
+    """Every request with credentials is a login: a 401 is a failure, a right
+    password (even one without management tags: 403) is not; past the free
+    failures the answer is held (req.hold, the server sleeps it); a full queue
+    is 429 unchecked; credentials already proven on the connection are not held."""
+    import time
+    from types import SimpleNamespace
+
+    from node.amqp.throttle import LoginThrottle
+
+    class Backend:
+        node_id, product_version, token = "n1", "0", None
+        configured_users: dict[str, str] = {}
+        loopback_users: list[str] = []
+
+        def read_model(self) -> Any:
+            return SimpleNamespace(users={"app": (hash_password("pw"), ()),
+                                          "ops": (hash_password("pw"), ("administrator",))})
+
+    t = LoginThrottle(limit=2, window=600.0, delay=5.0, max_delay=5.0, max_wait=12.0)
+    api = ManagementApi(Backend(), None, throttle=t)  # type: ignore[arg-type]
+
+    def req(user: str, pw: str, session: dict[str, Any] | None = None) -> Request:
+        auth = "Basic " + base64.b64encode(f"{user}:{pw}".encode()).decode()
+        r = Request("GET", "/api/whoami", "/api/whoami", {}, {"authorization": auth},
+                    peer_host="10.0.0.9")
+        if session is not None:
+            r.session = session
+        return r
+
+    with pytest.raises(HttpError) as err:
+        api.admit(req("app", "pw"))
+    assert err.value.status == 403  # right password, no management tag: not a failure
+    for _ in range(2):
+        r = req("ops", "nope")
+        with pytest.raises(HttpError):
+            api.admit(r)
+        assert r.hold == 0.0
+    session: dict[str, Any] = {}
+    r = req("ops", "pw", session)
+    api.admit(r)
+    assert 4.0 < r.hold <= 5.0 and r.principal.name == "ops"
+    r = req("ops", "pw", session)  # same connection, same credentials: no new guess
+    api.admit(r)
+    assert r.hold == 0.0
+    api.admit(req("ops", "pw"))  # another connection: held again (next slot)
+    with pytest.raises(HttpError) as err:
+        api.admit(req("ops", "pw"))  # would wait past max_wait
+    assert err.value.status == 429
+    assert t.failures("10.0.0.9", time.monotonic()) == 2  # only the two 401s counted
