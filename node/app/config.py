@@ -38,9 +38,13 @@ class AdminConfig:
 
 @dataclass
 class HttpConfig:
-    """[http]: the management HTTP API (issue 15): its port and optional TLS
-    (PEM file paths, checked when the config is loaded)."""
+    """[http]: the management HTTP API (issue 15): its plain port, its HTTPS port
+    (issue 26; RabbitMQ's management.ssl: 15671) and their TLS files (PEM paths,
+    checked when the config is loaded; without any, the HTTPS port serves [tls]
+    cert/key: one certificate for amqps and the console)."""
     port: int | None = None
+    tls_port: int | None = None
+    tls_only: bool = False  # no plain HTTP listener: `port` is not opened
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None  # set: clients need a certificate it signed
@@ -53,16 +57,28 @@ class HttpConfig:
     max_connections: int = 512
     max_connections_per_address: int = 64
 
+    def plain_port(self) -> int | None:
+        """Where plain HTTP listens. Without tls_port, [http] tls_cert makes
+        `port` itself HTTPS (as before the HTTPS port existed)."""
+        if self.tls_only or (self.tls_cert and not self.tls_port):
+            return None
+        return self.port
+
+    def https_port(self) -> int | None:
+        """Where HTTPS listens (None: nowhere)."""
+        if self.tls_port:
+            return self.tls_port
+        return self.port if self.tls_cert else None
+
     def ssl_context(self) -> ssl.SSLContext | None:
+        """The HTTPS context (node.amqp.tls owns the ssl set-up); TlsConfigError
+        when the files do not load."""
         if not self.tls_cert or not self.tls_key:
             return None
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.load_cert_chain(self.tls_cert, self.tls_key)
-        if self.tls_client_ca:
-            ctx.load_verify_locations(self.tls_client_ca)
-            ctx.verify_mode = ssl.CERT_REQUIRED
-        return ctx
+        from node.amqp.tls import HTTPS_KEYS, server_context
+        ca = self.tls_client_ca or ""
+        return server_context(TlsConfig(cert=self.tls_cert, key=self.tls_key, ca=ca,
+                                        verify="required" if ca else "none"), HTTPS_KEYS)
 
 
 @dataclass
@@ -87,6 +103,8 @@ class NodeConfig:
     insecure_dev: bool = False
     # built from `tls` by check_tls() at start-up (so a bad [tls] is exit 2, not a crash)
     amqps_context: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
+    # built by check_http_tls(): the management HTTPS listener's
+    https_context: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
 
 
 _WIRE_KEYS = {"frame_max", "channel_max", "heartbeat", "memory_high_watermark", "consumer_credit",
@@ -402,7 +420,7 @@ def _admin_config(table: Any, path: str) -> AdminConfig:
     return admin
 
 
-_HTTP_KEYS = {"port", "tls_cert", "tls_key", "tls_client_ca", "member_urls", "idle_timeout",
+_HTTP_KEYS = {"port", "tls_port", "tls_only", "tls_cert", "tls_key", "tls_client_ca", "member_urls", "idle_timeout",
               "max_connections", "max_connections_per_address"}
 
 
@@ -415,6 +433,12 @@ def _http_config(table: Any, path: str) -> HttpConfig:
     http = HttpConfig()
     if "port" in table:
         http.port = _int("http.port", table["port"], 1, 65535)
+    if "tls_port" in table:
+        http.tls_port = _int("http.tls_port", table["tls_port"], 1, 65535)
+    if "tls_only" in table:
+        if not isinstance(table["tls_only"], bool):
+            raise ConfigError("http.tls_only must be true or false")
+        http.tls_only = table["tls_only"]
     if "idle_timeout" in table:
         t = table["idle_timeout"]
         if isinstance(t, bool) or not isinstance(t, int | float) or not 0.1 <= t <= 3600:
@@ -448,11 +472,33 @@ def _http_config(table: Any, path: str) -> HttpConfig:
                 raise ConfigError(f"http.{key} {full} is not a PEM file")
             setattr(http, key, full)
     if http.tls_cert:
+        from node.amqp.tls import TlsConfigError
         try:
             http.ssl_context()
-        except (OSError, ssl.SSLError) as exc:
+        except TlsConfigError as exc:
             raise ConfigError(f"http TLS: {exc}") from exc
     return http
+
+
+def check_http_tls(cfg: NodeConfig) -> None:
+    """[http]'s HTTPS is consistent and loads (after check_tls, whose [tls]
+    cert/key the HTTPS port falls back on); builds cfg.https_context."""
+    from node.amqp.tls import TlsConfigError
+    h = cfg.http
+    if h.tls_only and not h.tls_port:
+        raise ConfigError("http.tls_only needs an HTTPS port ([http] tls_port or --https-port)")
+    if h.tls_port and not h.tls_cert:
+        if not (cfg.tls.cert and cfg.tls.key):
+            raise ConfigError("the HTTPS port ([http] tls_port / --https-port) needs "
+                              "[http] tls_cert and tls_key, or [tls] cert and key")
+        h.tls_cert, h.tls_key = cfg.tls.cert, cfg.tls.key
+        source = " (from [tls] cert/key)"
+    else:
+        source = ""
+    try:
+        cfg.https_context = h.ssl_context()
+    except TlsConfigError as exc:
+        raise ConfigError(f"http TLS{source}: {exc}") from exc
 
 
 def validate(cfg: NodeConfig) -> None:

@@ -22,6 +22,7 @@ from node.app.config import (
     apply_file,
     check_cluster_password,
     check_data_dir,
+    check_http_tls,
     check_listen,
     check_tls,
     is_loopback,
@@ -82,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--http-port", type=_port,
                        help="management HTTP API, RabbitMQ's (overrides [http] port; 15672 is "
                             "RabbitMQ's)")
+    serve.add_argument("--https-port", type=_port,
+                       help="management API over HTTPS (overrides [http] tls_port; [http] "
+                            "tls_cert/tls_key, else [tls] cert/key; 15671 is RabbitMQ's)")
     serve.add_argument("--http-member-url", action="append", default=[], metavar="NODE=URL",
                        help="another member's management URL (repeatable), so that "
                             "/api/mirrorq/cluster and the console link to it "
@@ -106,6 +110,8 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
                                        "--listen")
     if getattr(args, "http_port", None) is not None:
         cfg.http.port = args.http_port
+    if getattr(args, "https_port", None) is not None:
+        cfg.http.tls_port = args.https_port
     for item in getattr(args, "http_member_url", None) or []:
         name, sep, url = item.partition("=")
         if not sep or not name or not url.startswith(("http://", "https://")):
@@ -139,9 +145,10 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
     check_cluster_password(cfg)
     cfg.raft.bind_host = raft_bind_host(cfg.raft.host, cfg.raft.bind_host, raft_authenticated(cfg))
     check_tls(cfg)
+    check_http_tls(cfg)
     amqp_ports = [p for p in (cfg.amqp_port, cfg.tls.port) if p]
     ports = amqp_ports + [p for p in (cfg.raft.port, cfg.admin_port, cfg.metrics_port,
-                                      cfg.http.port) if p]
+                                      cfg.http.plain_port(), cfg.http.https_port()) if p]
     if len(set(ports)) != len(ports):
         raise ConfigError(f"ports must differ, got {ports}")
     for port in ports:

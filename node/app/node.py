@@ -35,10 +35,11 @@ def _member_urls(cfg: NodeConfig) -> dict[str, str]:
     """The members' management URLs this node knows: its own, and the others'
     from [http] member_urls / --http-member-url."""
     urls = dict(cfg.http.member_urls)
-    if cfg.http.port:
+    https, plain = cfg.http.https_port(), cfg.http.plain_port()
+    if https or plain:
         host = f"[{cfg.amqp_host}]" if ":" in cfg.amqp_host else cfg.amqp_host
-        scheme = "https" if cfg.http.tls_cert else "http"
-        urls[cfg.node_id] = f"{scheme}://{host}:{cfg.http.port}/"
+        scheme = "https" if https else "http"  # HTTPS when there is one
+        urls[cfg.node_id] = f"{scheme}://{host}:{https or plain}/"
     return urls
 
 
@@ -63,8 +64,11 @@ class Node:
             if cfg.admin_port else None
         self.metrics = MetricsServer(self.status_dict, self.raft.queue_rows) \
             if cfg.metrics_port else None
-        self.http: tuple[HttpServer, ManagementApi] | None = None
-        if cfg.http.port:
+        # the management API, and its listeners (port, server): plain HTTP, HTTPS or both
+        self.http: tuple[list[tuple[int, HttpServer]], ManagementApi] | None = None
+        http_ports = [(p, tls) for p, tls in ((cfg.http.plain_port(), None),
+                                              (cfg.http.https_port(), cfg.https_context)) if p]
+        if http_ports:
             from node.app.management import NodeBackend
             from node.http.app import ManagementApi
             from node.http.server import HttpServer
@@ -74,19 +78,19 @@ class Node:
                           for a in (cfg.amqp_listen or default_listen()) if cfg.tls.port]
             listeners.append({"protocol": "clustering", "ip_address": cfg.raft.bind_host or "::",
                               "port": cfg.raft.port})
-            listeners.append({"protocol": "https" if cfg.http.tls_cert else "http",
-                              "ip_address": cfg.amqp_host, "port": cfg.http.port})
+            listeners += [{"protocol": "https" if tls else "http", "ip_address": cfg.amqp_host,
+                           "port": p} for p, tls in http_ports]
             api = ManagementApi(NodeBackend(cfg.node_id, self.raft, self.amqp,
                                             self.administrator, self.status,
                                             cfg.wire.users, cfg.wire.loopback_users,
                                             cfg.admin.token, listeners,
                                             member_urls=_member_urls(cfg)),
                                 throttle=self.throttle)
-            self.http = (HttpServer(api, cfg.http.ssl_context(), admit=api.admit,
-                                    idle_timeout=cfg.http.idle_timeout,
-                                    max_connections=cfg.http.max_connections,
-                                    max_per_address=cfg.http.max_connections_per_address),
-                         api)
+            self.http = ([(p, HttpServer(api, tls, admit=api.admit,
+                                         idle_timeout=cfg.http.idle_timeout,
+                                         max_connections=cfg.http.max_connections,
+                                         max_per_address=cfg.http.max_connections_per_address))
+                          for p, tls in http_ports], api)
 
     def _dispatch(self, effects: list[Any]) -> None:
         self.amqp.dispatch(effects)
@@ -118,8 +122,9 @@ class Node:
             await raft.wait_ready()
             if metrics is not None and cfg.metrics_port:
                 await metrics.start(cfg.amqp_host, cfg.metrics_port)
-            if http is not None and cfg.http.port:
-                await http[0].start(cfg.amqp_host, cfg.http.port)
+            if http is not None:
+                for port, server in http[0]:
+                    await server.start(cfg.amqp_host, port)
                 http[1].start_sampling()
             listen = cfg.amqp_listen or default_listen()
             await amqp.start(listen, cfg.amqp_port, cfg.tls.port, cfg.amqps_context)
@@ -134,7 +139,8 @@ class Node:
             log.info("node %s shutting down", cfg.node_id)
         finally:
             if http is not None:  # no new management writes while the wire closes
-                await http[0].stop()
+                for _, server in http[0]:
+                    await server.stop()
             await amqp.close(self._why)
             if admin is not None:
                 await admin.stop()
@@ -142,7 +148,8 @@ class Node:
                 await metrics.stop()
             if http is not None:
                 await http[1].stop()
-                await http[0].stop()
+                for _, server in http[0]:
+                    await server.stop()
             raft.stop()
 
 

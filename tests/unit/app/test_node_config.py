@@ -13,6 +13,7 @@ from node.app.config import (
     apply_env,
     apply_file,
     check_cluster_password,
+    check_http_tls,
     check_tls,
 )
 
@@ -160,6 +161,36 @@ def test_tls_needs_a_port_and_a_port_needs_files() -> None:
     cfg.tls.cert, cfg.tls.port = "", 5671
     with pytest.raises(ConfigError, match="needs tls.cert"):
         check_tls(cfg)
+
+
+def test_https_listener_ports_and_certificate(tmp_path: Path) -> None:
+    """Issue 26: [http] tls_port is HTTPS beside the plain port (tls_only: alone),
+    on [http]'s certificate or else [tls]'s; [http] tls_cert without tls_port
+    keeps making `port` itself HTTPS (as before)."""
+    from node.app.pki import make_ca, make_member
+    make_ca(tmp_path / "pki")
+    cert, key = make_member(tmp_path / "pki", "s", ["127.0.0.1"])
+    cfg = cfg_from(tmp_path, "[http]\nport = 15672\ntls_port = 15671\n")
+    with pytest.raises(ConfigError, match=r"needs \[http\] tls_cert and tls_key, or \[tls\]"):
+        check_http_tls(cfg)
+    cfg.tls.cert, cfg.tls.key = str(cert), str(key)
+    check_http_tls(cfg)
+    assert cfg.https_context is not None and cfg.http.tls_cert == str(cert)
+    assert (cfg.http.plain_port(), cfg.http.https_port()) == (15672, 15671)
+    cfg.http.tls_only = True
+    assert (cfg.http.plain_port(), cfg.http.https_port()) == (None, 15671)
+    legacy = cfg_from(tmp_path, f'[http]\nport = 15672\ntls_cert = "{cert}"\ntls_key = "{key}"\n')
+    check_http_tls(legacy)
+    assert (legacy.http.plain_port(), legacy.http.https_port()) == (None, 15672)
+    only = cfg_from(tmp_path, "[http]\nport = 15672\ntls_only = true\n")
+    with pytest.raises(ConfigError, match="tls_only needs an HTTPS port"):
+        check_http_tls(only)
+    with pytest.raises(ConfigError, match="tls_only must be true or false"):
+        cfg_from(tmp_path, '[http]\ntls_only = "yes"\n')
+    bad = cfg_from(tmp_path, "[http]\ntls_port = 15671\n")
+    bad.tls.cert, bad.tls.key = str(cert), str(tmp_path / "missing.key")
+    with pytest.raises(ConfigError, match=r"http TLS \(from \[tls\] cert/key\): cannot read http.tls_key"):
+        check_http_tls(bad)
 
 
 def test_peer_common_name() -> None:
