@@ -14,6 +14,7 @@ from .model import (
     AMQP_PORT,
     AMQPS_PORT,
     HTTP_PORT,
+    HTTPS_PORT,
     METRICS_PORT,
     RAFT_PORT,
     Spec,
@@ -38,8 +39,11 @@ RAFT_PASSWORD_ENV = "MIRRORQ_RAFT_PASSWORD"
 RAFT_TLS_DIR = "/etc/mirrorq-raft-tls"
 RAFT_TLS_VOLUME = "raft-tls"
 RAFT_TLS_FILES = {"tls_cert": "tls.crt", "tls_key": "tls.key", "tls_ca": "ca.crt"}
-# spec.tls.secretName: the amqps listener (port 5671). The kubernetes.io/tls Secret
-# is mounted here and mirrorq.toml's [tls] names its files.
+# spec.tls.secretName: the amqps listener (port 5671) and the management API over
+# HTTPS (15671; [http] tls_port serves [tls]'s certificate): the kubernetes.io/tls
+# Secret is mounted here and mirrorq.toml's [tls] names its files. HTTPS only
+# unless spec.tls.managementTlsOnly is false: the console's logins and the admin
+# token never cross the network in clear.
 TLS_DIR = "/etc/mirrorq-tls"
 TLS_VOLUME = "tls"
 # The broker's credentials, like RabbitMQ's cluster operator: spec.auth.secretName,
@@ -183,10 +187,20 @@ def raft_tls_config() -> dict[str, str]:
     return {f"raft.{key}": f"{RAFT_TLS_DIR}/{file}" for key, file in RAFT_TLS_FILES.items()}
 
 
-def tls_config() -> dict[str, Any]:
-    """The [tls] keys (dotted, for _toml) of the amqps listener on the mounted Secret."""
+def tls_config(spec: Spec) -> dict[str, Any]:
+    """The [tls] keys (dotted, for _toml) of the amqps listener on the mounted
+    Secret, and [http]'s HTTPS port on the same certificate."""
     return {"tls.port": AMQPS_PORT, "tls.cert": f"{TLS_DIR}/tls.crt",
-            "tls.key": f"{TLS_DIR}/tls.key"}
+            "tls.key": f"{TLS_DIR}/tls.key", "http.tls_port": HTTPS_PORT,
+            "http.tls_only": spec.management_tls_only}
+
+
+def _management_ports(spec: Spec) -> list[tuple[str, int]]:
+    """(name, port) of the management API's listeners: plain HTTP unless spec.tls
+    makes it HTTPS only, HTTPS with spec.tls."""
+    https = [("management-tls", HTTPS_PORT)] if spec.tls_secret else []
+    plain = [] if spec.tls_secret and spec.management_tls_only else [("management", HTTP_PORT)]
+    return plain + https
 
 
 def build_configmap(spec: Spec, name: str, namespace: str, members: list[str] | None = None,
@@ -196,7 +210,7 @@ def build_configmap(spec: Spec, name: str, namespace: str, members: list[str] | 
     if spec.raft_tls_secret:
         config.update(raft_tls_config())
     if spec.tls_secret:
-        config.update(tls_config())
+        config.update(tls_config(spec))
     return {
         "apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(name, namespace),
         "data": {"mirrorq.toml": _toml(config), "start.sh": START_SCRIPT,
@@ -210,7 +224,7 @@ def _ports(spec: Spec) -> list[dict[str, Any]]:
             {"name": "raft", "containerPort": RAFT_PORT},
             {"name": "admin", "containerPort": ADMIN_PORT},
             {"name": "metrics", "containerPort": METRICS_PORT},
-            {"name": "management", "containerPort": HTTP_PORT}]
+            *({"name": n, "containerPort": p} for n, p in _management_ports(spec))]
 
 
 def _secret_env(env: str, secret: str, key: str, optional: bool = False) -> dict[str, Any]:
@@ -316,16 +330,38 @@ def build_headless_service(spec: Spec, name: str, namespace: str) -> dict[str, A
 
 
 def build_client_service(spec: Spec, name: str, namespace: str) -> dict[str, Any]:
+    """What applications and people reach: AMQP(S) and the management API. Not
+    metrics (NAME-metrics) nor admin and Raft (the headless Service)."""
     amqps = ([{"name": "amqps", "port": AMQPS_PORT, "targetPort": AMQPS_PORT}]
              if spec.tls_secret else [])
     return {
         "apiVersion": "v1", "kind": "Service", "metadata": _meta(name, namespace),
         "spec": {"type": spec.service_type, "selector": labels(name),
                  "ports": [{"name": "amqp", "port": AMQP_PORT, "targetPort": AMQP_PORT}, *amqps,
-                           {"name": "metrics", "port": METRICS_PORT,
-                            "targetPort": METRICS_PORT},
-                           {"name": "management", "port": HTTP_PORT,
-                            "targetPort": HTTP_PORT}]},
+                           *({"name": n, "port": p, "targetPort": p}
+                             for n, p in _management_ports(spec))]},
+    }
+
+
+METRICS_COMPONENT = {"app.kubernetes.io/component": "metrics"}
+
+
+def metrics_service_name(name: str) -> str:
+    return f"{name}-metrics"
+
+
+def build_metrics_service(spec: Spec, name: str, namespace: str) -> dict[str, Any]:
+    """The scrape target (the chart's ServiceMonitor selects its extra label):
+    headless, so that Prometheus scrapes every pod, and never a LoadBalancer
+    whatever spec.service.type says."""
+    # the cluster's labels (instance = the cluster, as the ServiceMonitor selects)
+    meta = {**_meta(metrics_service_name(name), namespace),
+            "labels": {**labels(name), **METRICS_COMPONENT}}
+    return {
+        "apiVersion": "v1", "kind": "Service", "metadata": meta,
+        "spec": {"clusterIP": "None", "selector": labels(name),
+                 "ports": [{"name": "metrics", "port": METRICS_PORT,
+                            "targetPort": METRICS_PORT}]},
     }
 
 
@@ -348,9 +384,20 @@ def build_pdb(spec: Spec, name: str, namespace: str, api_version: str = "policy/
 
 
 def build_network_policy(spec: Spec, name: str, namespace: str) -> dict[str, Any]:
-    members = {"podSelector": {"matchLabels": labels(name)}}
-    operator = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "mirrorq-operator"}}}
+    """Who may reach which port (issue 26; enforced only where the CNI enforces
+    NetworkPolicy): Raft from the members only; admin from the members (the
+    readiness probe dials its own pod's admin port) and spec.networkPolicy.adminFrom
+    (default: the operator's pods); metrics from metricsFrom (default: pods
+    labelled app.kubernetes.io/name=prometheus, any namespace); AMQP(S) and the
+    management API from clientFrom, default anywhere (both authenticate every
+    client themselves)."""
+    members: dict[str, Any] = {"podSelector": {"matchLabels": labels(name)}}
     amqps = [{"port": AMQPS_PORT, "protocol": "TCP"}] if spec.tls_secret else []
+    client: dict[str, Any] = {"ports": [{"port": AMQP_PORT, "protocol": "TCP"}, *amqps,
+                                        *({"port": p, "protocol": "TCP"}
+                                          for _, p in _management_ports(spec))]}
+    if spec.client_from is not None:
+        client = {"from": [dict(p) for p in spec.client_from], **client}
     return {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
         "metadata": _meta(name, namespace),
@@ -359,11 +406,11 @@ def build_network_policy(spec: Spec, name: str, namespace: str) -> dict[str, Any
             "policyTypes": ["Ingress"],
             "ingress": [
                 {"from": [members], "ports": [{"port": RAFT_PORT, "protocol": "TCP"}]},
-                {"from": [members, operator], "ports": [{"port": ADMIN_PORT, "protocol": "TCP"}]},
-                # the HTTP API authenticates every request itself, as AMQP does
-                {"ports": [{"port": AMQP_PORT, "protocol": "TCP"}, *amqps,
-                           {"port": METRICS_PORT, "protocol": "TCP"},
-                           {"port": HTTP_PORT, "protocol": "TCP"}]},
+                {"from": [members, *(dict(p) for p in spec.admin_from)],
+                 "ports": [{"port": ADMIN_PORT, "protocol": "TCP"}]},
+                {"from": [dict(p) for p in spec.metrics_from],
+                 "ports": [{"port": METRICS_PORT, "protocol": "TCP"}]},
+                client,
             ],
         },
     }
@@ -379,11 +426,13 @@ def build_all(spec: Spec, name: str, namespace: str,
               pdb_version: str | None = "policy/v1",
               owner_uid: str | None = None) -> list[dict[str, Any]]:
     """Everything a cluster needs, the StatefulSet last; no PDB when the
-    server offers no PDB API (pdb_version None); owned by the MirrorqCluster
+    server offers no PDB API (pdb_version None), no NetworkPolicy when
+    spec.networkPolicy.enabled is false; owned by the MirrorqCluster
     `owner_uid` when given."""
     pdb = [] if pdb_version is None else [build_pdb(spec, name, namespace, pdb_version)]
+    np = [build_network_policy(spec, name, namespace)] if spec.network_policy else []
     return owned([build_configmap(spec, name, namespace),
                   build_headless_service(spec, name, namespace),
-                  build_client_service(spec, name, namespace), *pdb,
-                  build_network_policy(spec, name, namespace),
+                  build_client_service(spec, name, namespace),
+                  build_metrics_service(spec, name, namespace), *pdb, *np,
                   build_statefulset(spec, name, namespace)], name, owner_uid)

@@ -11,14 +11,26 @@ AMQPS_PORT = 5671  # spec.tls.secretName set: the amqps listener
 RAFT_PORT = 25672
 ADMIN_PORT = 15682  # mirrorq's gRPC admin API
 HTTP_PORT = 15672  # the management HTTP API and console (RabbitMQ's port)
+HTTPS_PORT = 15671  # spec.tls set: the management API over HTTPS (RabbitMQ's port)
 METRICS_PORT = 15692
 
 # A Secret's name: a DNS-1123 subdomain (lower case alphanumerics, '-' and '.').
 _SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 # [raft] keys that spec.raftTls sets: spec.config may not set them itself.
 RAFT_TLS_CONFIG_KEYS = ("raft.tls_cert", "raft.tls_key", "raft.tls_ca")
-# [tls] keys that spec.tls sets (the amqps listener): likewise.
-TLS_CONFIG_KEYS = ("tls.port", "tls.cert", "tls.key")
+# [tls] keys that spec.tls sets (the amqps listener and management HTTPS): likewise.
+TLS_CONFIG_KEYS = ("tls.port", "tls.cert", "tls.key", "http.tls_port", "http.tls_only",
+                   "http.tls_cert", "http.tls_key")
+# spec.networkPolicy's peer lists (NetworkPolicyPeer objects, passed through)
+# and their defaults. Prometheus: prometheus-operator's and the Prometheus
+# chart's pods carry this label, in whatever namespace. The operator: the
+# chart's operator pods (any namespace: --all-namespaces installs watch others).
+DEFAULT_METRICS_FROM: tuple[Mapping[str, Any], ...] = (
+    {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},)
+DEFAULT_ADMIN_FROM: tuple[Mapping[str, Any], ...] = (
+    {"namespaceSelector": {},
+     "podSelector": {"matchLabels": {"app.kubernetes.io/name": "mirrorq-operator"}}},)
+_PEER_KEYS = {"podSelector", "namespaceSelector", "ipBlock"}
 DEFAULT_GRACE_SECONDS = 120
 
 
@@ -35,6 +47,9 @@ class Spec:
     storage_size: str = "10Gi"
     service_type: str = "ClusterIP"
     tls_secret: str | None = None
+    # spec.tls.managementTlsOnly (default true): with spec.tls, the management API
+    # is HTTPS only (15671); false keeps plain HTTP on 15672 beside it
+    management_tls_only: bool = True
     # spec.raftTls.secretName: a kubernetes.io/tls Secret with tls.crt, tls.key and
     # ca.crt (cert-manager's layout); set = mutual TLS on the Raft links
     raft_tls_secret: str | None = None
@@ -43,6 +58,12 @@ class Spec:
     # admin-token; None = the operator's own NAME-default-user Secret
     auth_secret: str | None = None
     grace_seconds: int = DEFAULT_GRACE_SECONDS  # spec.terminationGracePeriodSeconds
+    # spec.networkPolicy: the NetworkPolicy (on by default) and who may reach what.
+    # Raft is always members only; client_from None = AMQP/management from anywhere
+    network_policy: bool = True
+    metrics_from: tuple[Mapping[str, Any], ...] = DEFAULT_METRICS_FROM
+    admin_from: tuple[Mapping[str, Any], ...] = DEFAULT_ADMIN_FROM
+    client_from: tuple[Mapping[str, Any], ...] | None = None
 
     @classmethod
     def from_cr(cls, spec: Mapping[str, Any]) -> Spec:
@@ -60,6 +81,17 @@ class Spec:
             if reserved:
                 raise SpecError(f"spec.config: {', '.join(reserved)} cannot be set in config; "
                                 f"name a kubernetes.io/tls Secret in {owner} instead")
+        tls = spec.get("tls") or {}
+        tls_only = tls.get("managementTlsOnly", True)
+        if not isinstance(tls_only, bool):
+            raise SpecError(f"spec.tls.managementTlsOnly must be true or false, got {tls_only!r}")
+        np = spec.get("networkPolicy") or {}
+        if not isinstance(np, Mapping):
+            raise SpecError(f"spec.networkPolicy must be an object, got {np!r}")
+        enabled = np.get("enabled", True)
+        if not isinstance(enabled, bool):
+            raise SpecError(f"spec.networkPolicy.enabled must be true or false, got {enabled!r}")
+        client_from = _peers(np, "clientFrom")
         return cls(
             replicas=int(spec.get("replicas", 3)),
             image=str(spec.get("image", cls.image)),
@@ -67,12 +99,30 @@ class Spec:
             storage_class=persistence.get("storageClassName"),
             storage_size=str(persistence.get("size", "10Gi")),
             service_type=str((spec.get("service") or {}).get("type", "ClusterIP")),
-            tls_secret=(spec.get("tls") or {}).get("secretName"),
+            tls_secret=tls.get("secretName"),
+            management_tls_only=tls_only,
             raft_tls_secret=raft_tls_secret,
             config=config,
             auth_secret=auth_secret,
             grace_seconds=_grace_seconds(spec.get("terminationGracePeriodSeconds")),
+            network_policy=enabled,
+            metrics_from=_peers(np, "metricsFrom") or DEFAULT_METRICS_FROM,
+            admin_from=_peers(np, "adminFrom") or DEFAULT_ADMIN_FROM,
+            client_from=client_from,
         )
+
+
+def _peers(np: Mapping[str, Any], key: str) -> tuple[Mapping[str, Any], ...] | None:
+    """spec.networkPolicy.KEY: absent = None (the default); else a non-empty list of
+    NetworkPolicyPeer objects (podSelector, namespaceSelector, ipBlock)."""
+    value = np.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value or not all(
+            isinstance(p, Mapping) and p and set(p) <= _PEER_KEYS for p in value):
+        raise SpecError(f"spec.networkPolicy.{key} must be a non-empty list of NetworkPolicy "
+                        "peers (podSelector, namespaceSelector, ipBlock)")
+    return tuple(dict(p) for p in value)
 
 
 def _secret_ref(ref: Any, path: str, what: str) -> str | None:

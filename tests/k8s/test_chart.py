@@ -35,6 +35,11 @@ VALUE_SETS = {
     "minimal": ["--set", "replicas=1", "--set", "operator.enabled=false"],
     "tls": ["--set", "tls.secretName=mirrorq-tls", "--set", "raftTls.secretName=mirrorq-raft-tls",
             "--set", "auth.existingSecret=my-users"],
+    "netpol": ["--set", "tls.secretName=mirrorq-tls", "--set", "tls.managementTlsOnly=false",
+               "--set-json", 'networkPolicy.metricsFrom=[{"namespaceSelector": {"matchLabels": '
+                             '{"team": "monitoring"}}, "podSelector": {}}]',
+               "--set-json", 'networkPolicy.clientFrom=[{"ipBlock": {"cidr": "10.0.0.0/8", '
+                             '"except": ["10.9.0.0/16"]}}]'],
     "extra": ["--set", "config.raft.batch_max_commands=64", "--set", "operator.logLevel=DEBUG",
               "--set-json", 'extraConfig={"login_failure_window": 30, "raft.tick_interval": 0.05,'
                             ' "raft": {"compaction_min_entries": 1000}}',
@@ -163,7 +168,7 @@ def test_mirrorqcluster_from_values(helm: str) -> None:
     spec = cr["spec"]
     assert spec["image"] == "ghcr.io/mirrorq/mirrorq:9.9"
     assert spec["persistence"] == {"size": "50Gi", "storageClassName": "fast-ssd"}
-    assert spec["tls"] == {"secretName": "mirrorq-tls"}
+    assert spec["tls"] == {"secretName": "mirrorq-tls", "managementTlsOnly": True}
     assert spec["raftTls"] == {"secretName": "mirrorq-raft-tls"}
     assert spec["auth"] == {"secretName": "my-users"}     # auth.existingSecret
     assert spec["terminationGracePeriodSeconds"] == 300
@@ -286,18 +291,60 @@ def test_operator_rbac(helm: str, all_namespaces: bool) -> None:
     assert not any("peering" in res for role in (main, scan) for _, res in _rules(role))
 
 
-def test_service_monitor_selects_the_operators_client_service(helm: str) -> None:
-    from mirrorq_operator.builders import build_client_service, build_headless_service
+def test_service_monitor_selects_the_operators_metrics_service(helm: str) -> None:
+    """Issue 26 item 11: the ServiceMonitor scrapes NAME-metrics, the only Service
+    with a metrics port (not the client Service applications reach)."""
+    from mirrorq_operator.builders import (
+        build_client_service,
+        build_headless_service,
+        build_metrics_service,
+    )
     from mirrorq_operator.model import Spec
     (sm,) = by_kind(docs_of(helm, ["--set", "serviceMonitor.enabled=true"]), "ServiceMonitor")
     selector = sm["spec"]["selector"]["matchLabels"]
-    client = build_client_service(Spec(), "mirrorq", "mq")
-    headless = build_headless_service(Spec(), "mirrorq", "mq")
-    assert selector == client["metadata"]["labels"]
+    metrics = build_metrics_service(Spec(), "mirrorq", "mq")
+    assert selector == metrics["metadata"]["labels"]
     (endpoint,) = sm["spec"]["endpoints"]
     assert endpoint["port"] == "metrics"
-    assert "metrics" in {p["name"] for p in client["spec"]["ports"]}
-    assert "metrics" not in {p["name"] for p in headless["spec"]["ports"]}  # scraped once
+    assert "metrics" in {p["name"] for p in metrics["spec"]["ports"]}
+    for other in (build_client_service(Spec(), "mirrorq", "mq"),
+                  build_headless_service(Spec(), "mirrorq", "mq")):
+        assert not selector.items() <= other["metadata"]["labels"].items()  # not selected
+        assert "metrics" not in {p["name"] for p in other["spec"]["ports"]}
+
+
+def test_network_policy_and_management_tls_values(helm: str) -> None:
+    """networkPolicy.* and tls.managementTlsOnly reach the MirrorqCluster, and the
+    operator builds the NetworkPolicy and HTTPS listener they ask for."""
+    from mirrorq_operator.builders import build_all
+    from mirrorq_operator.model import Spec
+    (cr,) = by_kind(docs_of(helm, ["--set", "tls.secretName=mq-tls"]), "MirrorqCluster")
+    spec = cr["spec"]
+    assert spec["tls"] == {"secretName": "mq-tls", "managementTlsOnly": True}
+    # admin: this release's operator pods by default
+    (peer,) = spec["networkPolicy"]["adminFrom"]
+    assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+    assert spec["networkPolicy"]["enabled"] is True and "metricsFrom" not in spec["networkPolicy"]
+    objs = build_all(Spec.from_cr(spec), "mirrorq", "mq")
+    (np,) = by_kind(objs, "NetworkPolicy")
+    (admin,) = [r for r in np["spec"]["ingress"] if r["ports"][0]["port"] == 15682]
+    assert peer in admin["from"]
+    (cr,) = by_kind(docs_of(helm, [
+        "--set", "tls.secretName=mq-tls", "--set", "tls.managementTlsOnly=false",
+        "--set", "networkPolicy.enabled=false",
+        "--set-json", 'networkPolicy.metricsFrom=[{"namespaceSelector": {"matchLabels": '
+                      '{"kubernetes.io/metadata.name": "monitoring"}}}]',
+        "--set-json", 'networkPolicy.clientFrom=[{"ipBlock": {"cidr": "10.0.0.0/8"}}]']),
+        "MirrorqCluster")
+    spec = cr["spec"]
+    assert spec["tls"]["managementTlsOnly"] is False
+    assert spec["networkPolicy"]["enabled"] is False
+    assert spec["networkPolicy"]["clientFrom"] == [{"ipBlock": {"cidr": "10.0.0.0/8"}}]
+    built = Spec.from_cr(spec)
+    assert not built.network_policy and built.client_from == ({"ipBlock": {"cidr": "10.0.0.0/8"}},)
+    assert "NetworkPolicy" not in {o["kind"] for o in build_all(built, "mirrorq", "mq")}
+    js = need_jsonschema()
+    js.validate(cr, _strict(_crd_schema()))
 
 
 @pytest.mark.parametrize("bad", [

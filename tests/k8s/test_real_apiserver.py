@@ -112,3 +112,80 @@ print(json.dumps({{"version": version}}))
     assert json.loads(res.stdout.strip().splitlines()[-1]) == {"version": "policy/v1beta1"}
     got = json.loads(cp.kubectl("-n", "op-test", "get", "pdb", "mq", "-o", "json").stdout)
     assert got["apiVersion"] == "policy/v1beta1" and got["spec"]["maxUnavailable"] == 1
+
+
+def test_network_policy_metrics_service_and_https_fields_on_the_real_server(
+        cp: ControlPlane) -> None:
+    """Issue 26 item 11 against the real API server: the CRD keeps spec.tls.
+    managementTlsOnly and spec.networkPolicy (nothing pruned) and refuses a
+    non-boolean; the operator's NetworkPolicy, client, headless and metrics
+    Services and ConfigMap are created as built and read back unchanged. No CNI
+    runs here: the NetworkPolicy is accepted and stored, not enforced."""
+    cp.kubectl("apply", "-f", str(CRDS))
+    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+               "crd/mirrorqclusters.mirrorq.io")
+    spec = {"replicas": 3, "tls": {"secretName": "mq-tls", "managementTlsOnly": False},
+            "networkPolicy": {
+                "enabled": True,
+                "metricsFrom": [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}},
+                                 "podSelector": {"matchLabels": {"app": "prometheus"}}}],
+                "adminFrom": [{"podSelector": {"matchExpressions": [
+                    {"key": "app", "operator": "In", "values": ["ops"]}]}}],
+                "clientFrom": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.9.0.0/16"]}}]}}
+    cr = {"apiVersion": "mirrorq.io/v1alpha1", "kind": "MirrorqCluster",
+          "metadata": {"name": "np", "namespace": "default"}, "spec": spec}
+    cp.kubectl("apply", "-f", "-", input=json.dumps(cr))
+    stored = json.loads(cp.kubectl("get", "mirrorqcluster", "np", "-o", "json").stdout)["spec"]
+    assert stored["tls"] == spec["tls"] and stored["networkPolicy"] == spec["networkPolicy"]
+    defaulted = json.loads(cp.kubectl("apply", "--dry-run=server", "-o", "json", "-f", "-",
+                                      input=cluster_cr("dflt", 3)).stdout)["spec"]
+    assert "networkPolicy" not in defaulted  # absent: the operator's defaults apply
+    for bad in ({"tls": {"secretName": "x", "managementTlsOnly": "yes"}},
+                {"networkPolicy": {"metricsFrom": []}},
+                {"networkPolicy": {"clientFrom": [{"ipBlock": {}}]}}):
+        doc = {**cr, "metadata": {"name": "bad", "namespace": "default"}, "spec": bad}
+        res = cp.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(doc),
+                         check=False)
+        assert res.returncode != 0, bad
+
+    script = f"""
+import json
+from kubernetes import client, config
+config.load_kube_config({str(cp.kubeconfig)!r})
+from mirrorq_operator import kube
+from mirrorq_operator.builders import build_all
+from mirrorq_operator.model import Spec
+client.CoreV1Api().create_namespace({{"metadata": {{"name": "np-test"}}}})
+spec = json.loads({json.dumps(stored)!r})
+built = [m for m in build_all(Spec.from_cr(spec), "mq", "np-test", None)
+         if m["kind"] != "StatefulSet"]
+for m in built:
+    kube._create(m)
+print(json.dumps(built))
+"""
+    import sys
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    built = {(m["kind"], m["metadata"]["name"]): m
+             for m in json.loads(res.stdout.strip().splitlines()[-1])}
+    assert set(built) == {("ConfigMap", "mq"), ("Service", "mq"), ("Service", "mq-headless"),
+                          ("Service", "mq-metrics"), ("NetworkPolicy", "mq")}
+
+    def get(kind: str, name: str) -> dict:
+        return json.loads(cp.kubectl("-n", "np-test", "get", kind, name, "-o", "json").stdout)
+
+    np = get("networkpolicy", "mq")
+    assert np["spec"] == built[("NetworkPolicy", "mq")]["spec"]  # stored as built
+    by_port = {r["ports"][0]["port"]: r for r in np["spec"]["ingress"]}
+    assert by_port[15692]["from"] == spec["networkPolicy"]["metricsFrom"]
+    assert by_port[5672]["from"] == spec["networkPolicy"]["clientFrom"]
+    assert {p["port"] for p in by_port[5672]["ports"]} == {5672, 5671, 15672, 15671}
+    client_ports = {p["name"]: p["port"] for p in get("service", "mq")["spec"]["ports"]}
+    assert client_ports == {"amqp": 5672, "amqps": 5671, "management": 15672,
+                            "management-tls": 15671}
+    metrics = get("service", "mq-metrics")
+    assert metrics["spec"]["clusterIP"] == "None"
+    assert [p["port"] for p in metrics["spec"]["ports"]] == [15692]
+    assert metrics["metadata"]["labels"]["app.kubernetes.io/component"] == "metrics"
+    assert "tls_port = 15671" in get("configmap", "mq")["data"]["mirrorq.toml"]

@@ -21,6 +21,7 @@ from mirrorq_operator.builders import (
     build_configmap,
     build_default_user_secret,
     build_headless_service,
+    build_metrics_service,
     build_network_policy,
     build_pdb,
     build_raft_secret,
@@ -28,7 +29,7 @@ from mirrorq_operator.builders import (
     pdb_api_version,
     raft_secret_name,
 )
-from mirrorq_operator.model import Spec
+from mirrorq_operator.model import Spec, SpecError
 
 SPEC = Spec.from_cr({"replicas": 3, "image": "mirrorq:1.2.3",
                      "resources": {"requests": {"cpu": "500m"}},
@@ -54,8 +55,9 @@ def test_statefulset():
     assert pod["terminationGracePeriodSeconds"] == 120  # the default
     (c,) = pod["containers"]
     assert c["image"] == "mirrorq:1.2.3"
+    # spec.tls: management over HTTPS only (15671), no plain 15672
     assert ports(c) == {"amqp": 5672, "amqps": 5671, "raft": 25672, "admin": 15682,
-                        "metrics": 15692, "management": 15672}
+                        "metrics": 15692, "management-tls": 15671}
     assert c["resources"] == {"requests": {"cpu": "500m"}}
     assert c["readinessProbe"] and c["livenessProbe"]
     assert {"name": "tls", "secret": {"secretName": "mq-tls"}} in pod["volumes"]
@@ -72,11 +74,11 @@ def test_services():
     assert ports(h["spec"])["raft"] == 25672
     c = build_client_service(SPEC, "mq", "ns1")
     assert c["spec"]["type"] == "LoadBalancer"
-    assert ports(c["spec"]) == {"amqp": 5672, "amqps": 5671, "metrics": 15692,
-                                "management": 15672}
+    # no metrics on the client Service (issue 26): NAME-metrics carries it
+    assert ports(c["spec"]) == {"amqp": 5672, "amqps": 5671, "management-tls": 15671}
     plain = Spec.from_cr({"replicas": 3})  # no spec.tls: no amqps anywhere
     assert ports(build_client_service(plain, "mq", "ns1")["spec"]) == {
-        "amqp": 5672, "metrics": 15692, "management": 15672}
+        "amqp": 5672, "management": 15672}
     assert "amqps" not in ports(_pod(plain)["containers"][0])
     sel = build_statefulset(SPEC, "mq", "ns1")["spec"]["selector"]["matchLabels"]
     assert h["spec"]["selector"] == sel == c["spec"]["selector"]
@@ -92,10 +94,85 @@ def test_pdb_and_network_policy():
     assert raft_rules[0]["from"] == [{"podSelector": {"matchLabels": np["spec"]["podSelector"]
                                                       ["matchLabels"]}}]
     open_ports = {p["port"] for r in np["spec"]["ingress"] if "from" not in r for p in r["ports"]}
-    assert open_ports == {5672, 5671, 15692, 15672}  # amqps is let in with spec.tls
+    assert open_ports == {5672, 5671, 15671}  # amqps and HTTPS with spec.tls; not metrics
     plain = build_network_policy(Spec.from_cr({}), "mq", "ns1")
     assert {p["port"] for r in plain["spec"]["ingress"] if "from" not in r
-            for p in r["ports"]} == {5672, 15692, 15672}
+            for p in r["ports"]} == {5672, 15672}
+
+
+def _rule(np: dict, port: int) -> dict:
+    (rule,) = [r for r in np["spec"]["ingress"] if any(p["port"] == port for p in r["ports"])]
+    return rule
+
+
+def test_network_policy_limits_metrics_and_admin():
+    """Issue 26 item 11: metrics only from Prometheus (default: its pods' label,
+    any namespace), admin only from the members and the operator; both
+    configurable, as is where clients may come from; off with enabled: false."""
+    np = build_network_policy(SPEC, "mq", "ns1")
+    members = {"podSelector": {"matchLabels": np["spec"]["podSelector"]["matchLabels"]}}
+    assert np["spec"]["policyTypes"] == ["Ingress"]
+    assert _rule(np, 15692)["from"] == [{"namespaceSelector": {}, "podSelector": {
+        "matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+    assert _rule(np, 15682)["from"] == [members, {"namespaceSelector": {}, "podSelector": {
+        "matchLabels": {"app.kubernetes.io/name": "mirrorq-operator"}}}]
+    assert _rule(np, 25672)["from"] == [members]
+    # every port a container opens is in exactly one rule
+    opened = set(ports(_pod(SPEC)["containers"][0]).values())
+    ruled = [p["port"] for r in np["spec"]["ingress"] for p in r["ports"]]
+    assert sorted(ruled) == sorted(opened)
+
+    prom = {"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}
+    lan = {"ipBlock": {"cidr": "10.1.0.0/16"}}
+    op = {"podSelector": {"matchLabels": {"app": "my-operator"}}}
+    custom = Spec.from_cr({"networkPolicy": {"metricsFrom": [prom], "clientFrom": [lan],
+                                             "adminFrom": [op]}})
+    np = build_network_policy(custom, "mq", "ns1")
+    assert _rule(np, 15692)["from"] == [prom]
+    assert _rule(np, 15682)["from"] == [members, op]
+    assert _rule(np, 5672)["from"] == [lan] and _rule(np, 15672)["from"] == [lan]
+    assert _rule(np, 25672)["from"] == [members]  # never configurable
+
+    off = Spec.from_cr({"networkPolicy": {"enabled": False}})
+    assert "NetworkPolicy" not in [m["kind"] for m in build_all(off, "mq", "ns1")]
+    for bad in ({"enabled": "no"}, {"metricsFrom": []}, {"metricsFrom": [{"pods": {}}]},
+                {"clientFrom": "anywhere"}):
+        with pytest.raises(SpecError, match="spec.networkPolicy"):
+            Spec.from_cr({"networkPolicy": bad})
+
+
+def test_metrics_service_is_separate_and_headless():
+    m = build_metrics_service(Spec.from_cr({"service": {"type": "LoadBalancer"}}), "mq", "ns1")
+    assert m["metadata"]["name"] == "mq-metrics"
+    assert m["spec"]["clusterIP"] == "None" and "type" not in m["spec"]
+    assert ports(m["spec"]) == {"metrics": 15692}
+    # the ServiceMonitor's selector (the chart's): only this Service has the component label
+    assert m["metadata"]["labels"]["app.kubernetes.io/component"] == "metrics"
+    assert m["spec"]["selector"] == build_client_service(SPEC, "mq", "ns1")["spec"]["selector"]
+    for svc in (build_client_service(SPEC, "mq", "ns1"), build_headless_service(SPEC, "mq", "ns1")):
+        assert "app.kubernetes.io/component" not in svc["metadata"]["labels"]
+        assert 15692 not in ports(svc["spec"]).values()
+
+
+def test_management_https_with_spec_tls():
+    """spec.tls: [http] tls_port 15671 on the amqps Secret's files (the node falls
+    back on [tls] cert/key), HTTPS only by default; managementTlsOnly: false keeps
+    plain 15672 beside it; without spec.tls, plain HTTP as before."""
+    toml = tomllib.loads(build_configmap(SPEC, "mq", "ns1")["data"]["mirrorq.toml"])
+    assert toml["http"] == {"tls_port": 15671, "tls_only": True}
+    both = Spec.from_cr({"tls": {"secretName": "mq-tls", "managementTlsOnly": False}})
+    toml = tomllib.loads(build_configmap(both, "mq", "ns1")["data"]["mirrorq.toml"])
+    assert toml["http"] == {"tls_port": 15671, "tls_only": False}
+    assert {"management", "management-tls"} <= set(ports(_pod(both)["containers"][0]))
+    assert {"management", "management-tls"} <= set(
+        ports(build_client_service(both, "mq", "ns1")["spec"]))
+    plain = Spec.from_cr({})
+    assert "http" not in tomllib.loads(build_configmap(plain, "mq", "ns1")["data"]["mirrorq.toml"])
+    assert "management-tls" not in ports(_pod(plain)["containers"][0])
+    with pytest.raises(SpecError, match="managementTlsOnly"):
+        Spec.from_cr({"tls": {"secretName": "x", "managementTlsOnly": "yes"}})
+    with pytest.raises(SpecError, match="http.tls_port"):
+        Spec.from_cr({"config": {"http.tls_port": "1"}})
 
 
 def test_configmap():
@@ -109,8 +186,8 @@ def test_configmap():
 
 def test_build_all_is_pure_and_complete():
     kinds = [m["kind"] for m in build_all(SPEC, "mq", "ns1")]
-    assert sorted(kinds) == sorted(["ConfigMap", "Service", "Service", "PodDisruptionBudget",
-                                    "NetworkPolicy", "StatefulSet"])
+    assert sorted(kinds) == sorted(["ConfigMap", "Service", "Service", "Service",
+                                    "PodDisruptionBudget", "NetworkPolicy", "StatefulSet"])
     assert build_all(SPEC, "mq", "ns1") == build_all(SPEC, "mq", "ns1")
 
 
@@ -146,7 +223,7 @@ def test_raft_tls_secret_is_mounted_and_configured_only_when_set():
         assert RAFT_TLS_VOLUME not in {v["name"] for v in pod["volumes"]}
         assert RAFT_TLS_VOLUME not in {m["name"] for m in pod["containers"][0]["volumeMounts"]}
         assert not any(k.startswith("tls_") for k in _raft_table(spec))
-        assert "tls_" not in build_configmap(spec, "mq", "ns1")["data"]["mirrorq.toml"]
+        assert "raft.tls_" not in build_configmap(spec, "mq", "ns1")["data"]["mirrorq.toml"]
     # on: the Secret's three keys, read-only, and [raft] names them
     pod = _pod(RAFT_TLS_SPEC)
     (vol,) = [v for v in pod["volumes"] if v["name"] == RAFT_TLS_VOLUME]
@@ -306,11 +383,12 @@ def test_amqps_config_loads_in_the_node_with_the_mounted_secret(tmp_path):
     """spec.tls: mirrorq.toml's [tls] names the mounted kubernetes.io/tls Secret's
     files on port 5671; the node's own config code loads it and the listener's
     TLS context builds from a real key pair."""
-    from node.app.config import NodeConfig, apply_file, check_tls
+    from node.app.config import NodeConfig, apply_file, check_http_tls, check_tls
 
     toml = tomllib.loads(build_configmap(SPEC, "mq", "ns1")["data"]["mirrorq.toml"])
     assert toml["tls"] == {"port": 5671, "cert": "/etc/mirrorq-tls/tls.crt",
                            "key": "/etc/mirrorq-tls/tls.key"}
+    assert toml["http"] == {"tls_port": 15671, "tls_only": True}
     assert toml["frame_max"] == 131072  # the rest of the config is kept
     (mount,) = [m for m in _pod(SPEC)["containers"][0]["volumeMounts"] if m["name"] == "tls"]
     assert mount["mountPath"] == TLS_DIR == "/etc/mirrorq-tls"
@@ -332,6 +410,13 @@ def test_amqps_config_loads_in_the_node_with_the_mounted_secret(tmp_path):
         5671, str(secret_dir / "tls.crt"), str(secret_dir / "tls.key"))
     check_tls(cfg)
     assert cfg.amqps_context is not None
+    # management HTTPS from the same files, and no plain HTTP port (the pod's
+    # --http-port 15672 is passed, and ignored)
+    cfg.http.port = 15672
+    check_http_tls(cfg)
+    assert cfg.https_context is not None
+    assert (cfg.http.https_port(), cfg.http.plain_port()) == (15671, None)
+    assert cfg.http.tls_cert == str(secret_dir / "tls.crt")
 
 
 def test_ready_probe_passes_the_pods_admin_token(monkeypatch):
