@@ -85,6 +85,14 @@ def _reconcile(spec: Any, name: str, namespace: str, meta: Any, status: Any,
             error = out["lastError"] = f"{type(action).__name__}: {exc}"
         if not isinstance(action, UpdateStatus):
             done.append(describe(action))
+    generation = int(meta.get("generation") or 0)
+    if error is None and obs.exists and generation != status.get("observedGeneration"):
+        # the first pass after a spec change: Services and NetworkPolicy follow it
+        # even when the pods' config did not change (no roll-out)
+        try:
+            kube.sync_exposure(cr_spec, name, namespace, meta.get("uid"))
+        except Exception as exc:
+            out["lastError"] = f"sync_exposure: {exc}"
     _stamp(out, dict(status))
     patch.status.update(out)
     if logger is not None and (done or error):  # what this pass changed, and how long it took

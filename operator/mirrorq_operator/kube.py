@@ -28,8 +28,11 @@ from .builders import (
     AUTH_TOKEN_KEY,
     DEFAULT_USERNAME,
     build_all,
+    build_client_service,
     build_configmap,
     build_default_user_secret,
+    build_metrics_service,
+    build_network_policy,
     build_raft_secret,
     build_statefulset,
     config_hash,
@@ -181,6 +184,37 @@ def _roll_out(spec: Spec, name: str, ns: str, replicas: int, uid: str | None) ->
         "mirrorq.toml": data["mirrorq.toml"], "start.sh": data["start.sh"]}})
     apps.patch_namespaced_stateful_set(
         name, ns, owned([build_statefulset(spec, name, ns, replicas)], name, uid)[0])
+    sync_exposure(spec, name, ns, uid)
+
+
+MERGE_PATCH = "application/merge-patch+json"  # lists (ports, ingress) replaced whole
+
+
+def sync_exposure(spec: Spec, name: str, ns: str, uid: str | None) -> None:
+    """The client Service's ports and the NetworkPolicy follow the spec (spec.tls
+    turns management to HTTPS: the old ports would stay open, the new one shut);
+    NAME-metrics is created for a cluster an older operator made; the
+    NetworkPolicy goes when spec.networkPolicy.enabled is false."""
+    core, net = client.CoreV1Api(), client.NetworkingV1Api()
+    _create(owned([build_metrics_service(spec, name, ns)], name, uid)[0])
+    client_svc = build_client_service(spec, name, ns)
+    core.patch_namespaced_service(name, ns, {"spec": {"ports": client_svc["spec"]["ports"]}},
+                                  _content_type=MERGE_PATCH)
+    if not spec.network_policy:
+        try:
+            net.delete_namespaced_network_policy(name, ns)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        return
+    policy = owned([build_network_policy(spec, name, ns)], name, uid)[0]
+    try:
+        net.patch_namespaced_network_policy(name, ns, {"spec": policy["spec"]},
+                                            _content_type=MERGE_PATCH)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        _create(policy)
 
 
 def _settled(pending: str, members: set[str]) -> bool:

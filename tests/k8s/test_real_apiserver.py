@@ -189,3 +189,30 @@ print(json.dumps(built))
     assert [p["port"] for p in metrics["spec"]["ports"]] == [15692]
     assert metrics["metadata"]["labels"]["app.kubernetes.io/component"] == "metrics"
     assert "tls_port = 15671" in get("configmap", "mq")["data"]["mirrorq.toml"]
+
+    # a spec change rolls out to the exposure too (kube.sync_exposure, from _roll_out):
+    # HTTPS only, clients from anywhere, NAME-metrics recreated; then the policy off
+    cp.kubectl("-n", "np-test", "delete", "service", "mq-metrics")
+    sync = f"""
+from kubernetes import config
+config.load_kube_config({str(cp.kubeconfig)!r})
+from mirrorq_operator import kube
+from mirrorq_operator.model import Spec
+kube.sync_exposure(Spec.from_cr({{"tls": {{"secretName": "mq-tls"}}}}), "mq", "np-test", None)
+"""
+    res = subprocess.run([sys.executable, "-c", sync], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    client_ports = {p["name"]: p["port"] for p in get("service", "mq")["spec"]["ports"]}
+    assert client_ports == {"amqp": 5672, "amqps": 5671, "management-tls": 15671}
+    np = get("networkpolicy", "mq")
+    open_ports = {p["port"] for r in np["spec"]["ingress"] if "from" not in r
+                  for p in r["ports"]}
+    assert open_ports == {5672, 5671, 15671}
+    assert get("service", "mq-metrics")["spec"]["clusterIP"] == "None"
+    res = subprocess.run([sys.executable, "-c", sync.replace(
+        '{"tls": {"secretName": "mq-tls"}}', '{"networkPolicy": {"enabled": False}}')],
+        capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    gone = cp.kubectl("-n", "np-test", "get", "networkpolicy", "mq", check=False)
+    assert gone.returncode != 0 and "NotFound" in gone.stderr

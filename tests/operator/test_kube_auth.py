@@ -54,6 +54,14 @@ class FakeCore:
     def patch_namespaced_config_map(self, *args: Any) -> None:
         pass
 
+    def patch_namespaced_service(self, *args: Any, **kw: Any) -> None:
+        pass
+
+
+class FakeNet:
+    def patch_namespaced_network_policy(self, *args: Any, **kw: Any) -> None:
+        pass
+
 
 class FakeApps:
     def read_namespaced_stateful_set(self, name: str, namespace: str) -> Any:
@@ -73,6 +81,7 @@ def core(monkeypatch: pytest.MonkeyPatch) -> FakeCore:
                      "garbage": {"admin-token": "not base64!"}})
     monkeypatch.setattr(kube.client, "CoreV1Api", lambda: fake)
     monkeypatch.setattr(kube.client, "AppsV1Api", FakeApps)
+    monkeypatch.setattr(kube.client, "NetworkingV1Api", FakeNet)
     return fake
 
 
@@ -154,7 +163,8 @@ def test_default_user_secret_only_without_spec_auth(core: FakeCore,
     # a rebuilt StatefulSet may name NAME-default-user for the first time: made (409 = kept)
     made.clear()
     kube.execute(ScaleStatefulSet(2), Spec(), _obs(None), {})
-    assert [m["metadata"]["name"] for m in made] == ["mq-default-user"]
+    # (the rolled-out template brings the exposure along: NAME-metrics, made if missing)
+    assert [m["metadata"]["name"] for m in made if m["kind"] == "Secret"] == ["mq-default-user"]
     made.clear()
     kube.execute(ScaleStatefulSet(2), Spec(auth_secret="orders-creds"), _obs(None), {})
-    assert made == []
+    assert [m["kind"] for m in made] == ["Service"]
