@@ -39,6 +39,7 @@ SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
                                "frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
 }
+HSTS = "max-age=31536000"  # HTTPS responses only (RFC 6797 ignores it over plain HTTP)
 REASONS = {200: "OK", 201: "Created", 204: "No Content", 301: "Moved Permanently",
            400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
            405: "Method Not Allowed", 409: "Conflict", 411: "Length Required",
@@ -384,6 +385,8 @@ class HttpServer:
                  "Connection: " + ("keep-alive" if keep else "close"),
                  "Cache-Control: no-cache"]
         lines += [f"{name}: {value}" for name, value in SECURITY_HEADERS.items()]
+        if self.tls is not None:  # browsers that met HTTPS here never fall back to plain
+            lines.append(f"Strict-Transport-Security: {HSTS}")
         if body or status not in (204, 304):
             lines.append(f"Content-Type: {resp.content_type}")
         for name, value in resp.headers.items():

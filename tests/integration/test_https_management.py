@@ -57,6 +57,7 @@ def test_https_port_serves_tls_certificate_and_plain_port_stays(tmp_path: Path) 
     try:
         r = _wait_https(https_port, ca, n)
         assert r.status_code == 200 and r.json()["node"] == "n1"
+        assert r.headers["Strict-Transport-Security"] == "max-age=31536000"
         listeners = {(x["protocol"], x["port"]) for x in r.json()["listeners"]}
         assert ("https", https_port) in listeners and ("http", http_port) in listeners
         # without the CA the certificate is not trusted
@@ -67,7 +68,7 @@ def test_https_port_serves_tls_certificate_and_plain_port_stays(tmp_path: Path) 
             requests.get(f"http://127.0.0.1:{https_port}/api/overview", auth=GUEST, timeout=T)
         plain = requests.get(f"http://127.0.0.1:{http_port}/api/overview", auth=GUEST,
                              timeout=T)
-        assert plain.status_code == 200
+        assert plain.status_code == 200 and "Strict-Transport-Security" not in plain.headers
         # the cluster view names this node by its HTTPS URL
         cluster = requests.get(f"https://127.0.0.1:{https_port}/api/mirrorq/cluster",
                                auth=GUEST, verify=str(ca), timeout=T)
