@@ -97,7 +97,8 @@ def test_http_and_grpc_membership_changes_on_one_node_are_serialized(
         raft = node.raft
         assert isinstance(raft, SlowRaft)
         await node.admin.start("127.0.0.1", admin_port)
-        await node.http[0].start("127.0.0.1", http_port)
+        (_, http_server), = node.http[0]  # one plain listener: no [http] tls_port here
+        await http_server.start("127.0.0.1", http_port)
         try:
             def reached(name: str) -> Awaitable[Any]:
                 return asyncio.wait_for(arrived.setdefault(name, asyncio.Event()).wait(), 10)
@@ -122,6 +123,6 @@ def test_http_and_grpc_membership_changes_on_one_node_are_serialized(
                 raft.gates.setdefault(address, asyncio.Event()).set()
             await node.admin.stop()
             await node.http[1].stop()
-            await node.http[0].stop()
+            await http_server.stop()
 
     asyncio.run(run())
