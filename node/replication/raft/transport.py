@@ -42,6 +42,7 @@ import socket
 import ssl
 import struct
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,10 +155,30 @@ def frame_mac(key: bytes) -> Any:
     return hmac.new(key, digestmod=hashlib.sha256)
 
 
-def frame_tag(keyed: Any, seq: int, header: bytes, parts: list[bytes]) -> bytes:
+def entries_digest(entries_blob: bytes | memoryview) -> bytes:
+    """SHA-256 of an AppendEntries' encoded entries: the frame MAC covers this
+    digest, so the leader hashes a batch once, not once per follower."""
+    return hashlib.sha256(entries_blob).digest()
+
+
+def mac_parts(kind: int, payload: bytes) -> list[bytes | memoryview] | None:
+    """What a received frame's MAC covers after its header: the payload, or for
+    K_APPEND its header part and the digest of its entries (None: an append
+    whose header length overruns it, which no sender's MAC can cover)."""
+    if kind != K_APPEND:
+        return [payload]
+    if len(payload) < 4:
+        return None
+    split = 4 + _LEN.unpack_from(payload, 0)[0]
+    if split > len(payload):
+        return None
+    return [memoryview(payload)[:split], entries_digest(memoryview(payload)[split:])]
+
+
+def frame_tag(keyed: Any, seq: int, header: bytes, parts: Sequence[bytes | memoryview]) -> bytes:
     """The MAC of one frame under `keyed` (frame_mac): its sequence number in
     its direction (implicit, never sent), its header (length and kind) and
-    its payload."""
+    its payload (mac_parts)."""
     mac = keyed.copy()
     mac.update(_SEQ.pack(seq))
     mac.update(header)
@@ -258,12 +279,17 @@ class PeerLink:
             return
         self._send_frame(K_MSG, encode(message))
 
-    def send_append(self, header: dict[str, Any], entries_blob: bytes) -> None:
-        """AppendEntries whose (shared, already encoded) entries are sent as is."""
+    def send_append(self, header: dict[str, Any], entries_blob: bytes, digest: bytes | None = None) -> None:
+        """AppendEntries whose (shared, already encoded) entries are sent as is;
+        `digest`: their entries_digest if the caller has it (shared too)."""
         if not self._authed:
             return
         head = encode(header)
-        self._write_frame(K_APPEND, [_LEN.pack(len(head)), head, entries_blob])
+        prefix = _LEN.pack(len(head)) + head
+        covered = None
+        if self._send_key is not None:
+            covered = [prefix, digest if digest is not None else entries_digest(entries_blob)]
+        self._write_frame(K_APPEND, [prefix, entries_blob], covered)
 
     def disconnect(self, reason: str = "local") -> None:
         """`reason` (kept in close_reason): "eof" or "error" (the peer's end
@@ -434,7 +460,9 @@ class PeerLink:
                 end -= TAG
             payload = bytes(buf[off + 5:end])
             if key is not None:
-                tag = frame_tag(key, self._recv_seq, bytes(buf[off:off + 5]), [payload])
+                covered = mac_parts(kind, payload)
+                tag = b"" if covered is None else frame_tag(key, self._recv_seq, bytes(buf[off:off + 5]),
+                                                            covered)
                 if not hmac.compare_digest(tag, bytes(buf[end:end + TAG])):
                     self._bad_mac(f"bad MAC on frame {self._recv_seq} (kind {kind}, {n} bytes)")
                     return
@@ -571,14 +599,15 @@ class PeerLink:
     def _send_frame(self, kind: int, payload: bytes) -> None:
         self._write_frame(kind, [payload])
 
-    def _write_frame(self, kind: int, parts: list[bytes]) -> None:
+    def _write_frame(self, kind: int, parts: list[bytes], covered: list[bytes] | None = None) -> None:
+        """`covered`: what the MAC covers after the header, if not `parts` (mac_parts)."""
         size = 1 + sum(len(p) for p in parts)
         key = self._send_key
         if key is None:
             self._write([_HDR.pack(size, kind), *parts])
             return
         header = _HDR.pack(size + TAG, kind)
-        tag = frame_tag(key, self._send_seq, header, parts)
+        tag = frame_tag(key, self._send_seq, header, covered if covered is not None else parts)
         self._send_seq += 1
         self._write([header, *parts, tag])
 
@@ -721,6 +750,7 @@ class PeerTransport(TCPTransport):  # type: ignore[misc]
         self.peer_mac_failures = 0
         self._last_reject_log = 0.0
         self._last_handshake_loss_log = 0.0
+        self._last_digest: tuple[bytes, bytes] | None = None  # (entries blob, its entries_digest)
         super().__init__(syncObj, selfNode, otherNodes)
 
     def _poller(self) -> Any:
@@ -842,7 +872,13 @@ class PeerTransport(TCPTransport):  # type: ignore[misc]
         conn = self.link(node)
         if conn is None:
             return False
-        conn.send_append(header, entries_blob)
+        digest = None
+        if not self.security.tls:  # the same blob goes to every follower: hash it once
+            last = self._last_digest
+            if last is None or last[0] is not entries_blob:
+                last = self._last_digest = (entries_blob, entries_digest(entries_blob))
+            digest = last[1]
+        conn.send_append(header, entries_blob, digest)
         return conn.state == CONNECTION_STATE.CONNECTED
 
     def unsent_bytes(self, node: Any) -> int:

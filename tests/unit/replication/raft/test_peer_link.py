@@ -24,6 +24,7 @@ from node.replication.raft.shim import _Flow
 from node.replication.raft.snapshot import load_snapshot
 from node.replication.raft.transport import (
     CONNECTION_STATE,
+    K_APPEND,
     K_CHALLENGE,
     K_HELLO,
     K_MSG,
@@ -34,6 +35,7 @@ from node.replication.raft.transport import (
     PeerSecurity,
     _proof,
     createPoller,
+    entries_digest,
     frame_mac,
     frame_tag,
     session_keys,
@@ -166,6 +168,15 @@ class _RawServer:
         header = struct.pack("<IB", 1 + len(payload) + TAG, K_MSG)
         return header + payload + frame_tag(self.keyed, seq, header, [payload])
 
+    def framed_append(self, seq: int, header: dict[str, Any], entries: list[Any]) -> bytearray:
+        """A K_APPEND frame as the leader sends it: the MAC covers the header
+        part and the digest of the entries."""
+        head = encode(header)
+        prefix, blob = struct.pack("<I", len(head)) + head, encode(entries)
+        frame_header = struct.pack("<IB", 1 + len(prefix) + len(blob) + TAG, K_APPEND)
+        tag = frame_tag(self.keyed, seq, frame_header, [prefix, entries_digest(blob)])
+        return bytearray(frame_header + prefix + blob + tag)
+
     def run_until(self, cond: Callable[[], bool], rounds: int = 300) -> bool:
         for _ in range(rounds):
             if cond():
@@ -196,6 +207,27 @@ def test_frames_carry_a_mac_over_a_sequence_number(case: str) -> None:
         assert srv.run_until(lambda: srv.client.state == CONNECTION_STATE.DISCONNECTED), case
         assert any("bad MAC" in why for why in srv.rejects), srv.rejects
         assert [m["n"] for m in srv.got] == ([] if case in ("reordered", "dropped") else [0])
+    finally:
+        srv.close()
+
+
+@pytest.mark.parametrize("case", ["intact", "entry altered", "header length overrun"])
+def test_an_append_mac_covers_its_entries_through_their_digest(case: str) -> None:
+    srv = _RawServer(b"a long enough raft password")
+    try:
+        entries = [(os.urandom(2000), i, 2) for i in range(1, 4)]
+        frame = srv.framed_append(0, {"type": "append_entries", "term": 2, "prevLogIdx": 0}, entries)
+        if case == "entry altered":
+            frame[-TAG - 100] ^= 1  # a byte of the last entry's body
+        elif case == "header length overrun":
+            frame[5:9] = struct.pack("<I", 1 << 20)
+        srv.sock.sendall(bytes(frame))
+        if case == "intact":
+            assert srv.run_until(lambda: len(srv.got) == 1), srv.rejects
+            assert srv.got[0]["entries"] == entries
+            return
+        assert srv.run_until(lambda: srv.client.state == CONNECTION_STATE.DISCONNECTED)
+        assert srv.got == [] and any("bad MAC" in why for why in srv.rejects), srv.rejects
     finally:
         srv.close()
 
