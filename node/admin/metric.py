@@ -68,7 +68,7 @@ class MetricsServer:
 COUNTERS = ("published", "confirmed", "nacked", "delivered", "redelivered", "acked",
             "leader_changes", "resends", "journal_flushes", "snapshots", "applied_batches",
             "nacked_publishes", "deferred_elections", "prevote_rounds", "ignored_votes",
-            "fast_elections", "peer_rejects", "encoded_appends", "forced_compactions")
+            "fast_elections", "peer_rejects", "peer_mac_failures", "encoded_appends", "forced_compactions")
 
 
 def _label(value: Any) -> str:

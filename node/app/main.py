@@ -31,6 +31,7 @@ from node.app.config import (
     raft_bind_host,
     validate,
 )
+from node.replication.config import SHORT_RAFT_PASSWORD
 
 EXIT_USAGE = 2
 log = logging.getLogger("mirrorq")
@@ -229,6 +230,13 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("INSECURE: the Raft port listens on %s (--raft-listen) with neither a [raft] "
                     "password nor TLS: anyone who reaches %s:%d can take part in the log",
                     cfg.raft.bind_host, cfg.raft.bind_host, cfg.raft.port)
+    if cfg.raft.password and len(cfg.raft.password) < SHORT_RAFT_PASSWORD and not cfg.raft.tls_ca:
+        # a warning, not a refusal: a running cluster must not fail to restart on
+        # upgrade; local-cluster and the operator generate 32+ random characters
+        log.warning("WEAK: the [raft] password has %d characters (fewer than %d) and the Raft links "
+                    "have no TLS: anyone who sees one handshake on the network can test guesses "
+                    "offline. Use a long random password (e.g. `openssl rand -hex 16`) or Raft TLS.",
+                    len(cfg.raft.password), SHORT_RAFT_PASSWORD)
     if cfg.raft.unsafe_early_confirm:
         log.critical("MIRRORQ_UNSAFE_EARLY_CONFIRM=1: confirming publishes BEFORE replication; "
                      "confirmed messages WILL be lost on failures (chaos-suite self-test only)")

@@ -485,6 +485,7 @@ class RaftNode:
             ignored_votes=shim.ignored_votes,
             fast_elections=shim.fast_elections,
             peer_rejects=shim.peer_rejects(),
+            peer_mac_failures=shim.peer_mac_failures(),
             peer_tls=self.peer_security.tls,
             encoded_appends=shim.encoded_appends,
             longest_raft_stall_ms=round(shim.longest_stall * 1000, 1),

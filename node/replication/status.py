@@ -68,6 +68,7 @@ class NodeStatus:
     ignored_votes: int
     fast_elections: int
     peer_rejects: int
+    peer_mac_failures: int  # authenticated frames whose MAC failed (each closed its link)
     peer_tls: bool
     encoded_appends: int
     longest_raft_stall_ms: float

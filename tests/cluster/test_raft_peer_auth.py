@@ -24,7 +24,7 @@ from harness.client import declare, pika_conn, uniq_queue
 from harness.process import Cluster, ClusterNode, free_port, wait_for
 from node.app.pki import make_ca, make_member
 from node.replication.codec import encode
-from node.replication.raft.transport import K_HELLO, K_PROOF, PROTOCOL, _proof
+from node.replication.raft.transport import K_HELLO, K_PROOF, PROTOCOL, _proof, link_key
 
 
 def _frame(kind: int, payload: bytes) -> bytes:
@@ -104,8 +104,8 @@ def test_garbage_wrong_password_and_stalled_handshakes_are_refused_and_change_no
             rest += s.recv(n - 1 - len(rest))
         from node.replication.codec import decode
         challenge = decode(rest)
-        wrong = _proof(b"not-the-password", b"client", challenge["nonce"], nonce,
-                       leader.raft_address.encode())
+        wrong = _proof(link_key(b"not-the-password"), b"client-proof", nonce, challenge["nonce"],
+                       leader.raft_address.encode(), target.raft_address.encode())
         s.sendall(_frame(K_PROOF, encode({"proof": wrong})))
         assert _closed_by_peer(s), "a wrong password proof was accepted"
 

@@ -69,7 +69,7 @@ def _security(config: RaftConfig) -> PeerSecurity:
             raise ValueError("raft TLS needs tls_cert, tls_key and tls_ca together")
         client, server = tls_contexts(config.tls_cert, config.tls_key, config.tls_ca)
     password = config.password.encode() if config.password else None
-    return PeerSecurity(password=password, client_tls=client, server_tls=server)
+    return PeerSecurity.from_password(password, client_tls=client, server_tls=server)  # the scrypt, once
 
 
 class _Conf(SyncObjConf):  # type: ignore[misc]
@@ -597,6 +597,10 @@ class RaftShim(ElectionMixin, SnapshotMixin):
     def peer_rejects(self) -> int:
         so = self._so
         return 0 if so is None else int(so.transport().peer_rejects)
+
+    def peer_mac_failures(self) -> int:
+        so = self._so
+        return 0 if so is None else int(so.transport().peer_mac_failures)
 
     def raft_status(self) -> dict[str, Any]:
         so = self._so

@@ -7,10 +7,18 @@ arrives. Here instead:
   an AppendEntries batch is encoded once and the same bytes go to every
   follower (sendmsg scatter-gather: no copy per follower in Python);
 - a link is authenticated once when it opens: mutual TLS from one cluster CA
-  when configured, and/or an HMAC challenge-response over the Raft password;
-  nothing but the handshake is read from a peer until it has proved itself
-  (pre-auth frames are at most 4 KiB, no ping), and a peer that fails gets its
-  connection closed and a log line; an inbound link has HANDSHAKE_DEADLINE
+  when configured, and/or an HMAC challenge-response over a key derived from
+  the Raft password with scrypt (once per process, link_key) in which the
+  dialing side proves first and the accepting side answers with its own proof
+  only after checking it (a stranger who connects learns nothing it could
+  test a guess against); nothing but the handshake is read from a peer until
+  it has proved itself (pre-auth frames are at most 4 KiB, no ping), and a
+  peer that fails gets its connection closed and a log line;
+- without TLS every frame after the handshake carries an HMAC-SHA256 tag
+  under a per-direction session key (from the link key and both nonces) over
+  a per-direction sequence number: an injected, altered, replayed, reordered
+  or dropped frame closes the link (TLS links rely on TLS's own integrity);
+- an inbound link has HANDSHAKE_DEADLINE
   from accept to prove itself, and at most MAX_UNAUTHENTICATED of them are
   open at once (a new one evicts the oldest, so strangers cannot lock a
   member out by holding sockets);
@@ -34,6 +42,7 @@ import socket
 import ssl
 import struct
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +56,9 @@ from node.replication.codec import CodecError, decode, decode_from, encode
 
 log = logging.getLogger(__name__)
 
-PROTOCOL = b"MQRAFT01"
+# 02: the dialer proves first, scrypt-derived key, a MAC on every frame.
+# A member speaking 01 is refused with a log line naming both versions.
+PROTOCOL = b"MQRAFT02"
 K_HELLO, K_CHALLENGE, K_PROOF, K_WELCOME = 1, 2, 3, 4
 K_MSG, K_APPEND, K_PING = 16, 17, 32
 PRE_AUTH_MAX = 4096  # bytes of a handshake frame
@@ -61,20 +72,44 @@ PING_AFTER = 1.0
 # ever time out on silence (connectionTimeout): a slow follower is never cut.
 HANDSHAKE_DEADLINE = 10.0
 MAX_UNAUTHENTICATED = 64  # inbound links still in their handshake; past it the oldest goes
+TAG = 32  # HMAC-SHA256 tag after every authenticated frame of a link without TLS
+# scrypt (memory-hard) of the Raft password: ~75 ms and 16 MiB once per
+# process, and the same for every guess of someone who saw a handshake. The
+# salt is a fixed label: every member must derive the same key before it
+# knows anything about the cluster; a long random password (local-cluster and
+# the operator generate them) makes precomputation pointless.
+KDF_SALT = b"mirrorq raft link key v2"
+KDF_N, KDF_R, KDF_P = 1 << 14, 8, 1
 LOST_REASONS = ("eof", "error", "refused")  # PeerLink.close_reason: the peer's end is gone
 _LEN = struct.Struct("<I")
 _HDR = struct.Struct("<IB")
+_SEQ = struct.Struct("<Q")
+
+
+def link_key(password: bytes | None) -> bytes:
+    """The HMAC key of the challenge-response, from the Raft password (slow on
+    purpose: each offline guess costs the same). No password: an empty key
+    (--insecure-dev or TLS alone), which authenticates nothing."""
+    if not password:
+        return b""
+    return hashlib.scrypt(password, salt=KDF_SALT, n=KDF_N, r=KDF_R, p=KDF_P,
+                          maxmem=64 * 1024 * 1024, dklen=32)
 
 
 @dataclass(frozen=True)
 class PeerSecurity:
-    """How links prove who they are. password: HMAC key for the
-    challenge-response (None only with --insecure-dev or TLS); tls: client
-    and server contexts that require a certificate from the cluster CA."""
+    """How links prove who they are. key: link_key(password), computed once
+    (empty only with --insecure-dev or TLS); tls: client and server contexts
+    that require a certificate from the cluster CA."""
 
-    password: bytes | None = None
+    key: bytes = b""
     client_tls: ssl.SSLContext | None = None
     server_tls: ssl.SSLContext | None = None
+
+    @classmethod
+    def from_password(cls, password: bytes | None, client_tls: ssl.SSLContext | None = None,
+                      server_tls: ssl.SSLContext | None = None) -> PeerSecurity:
+        return cls(link_key(password), client_tls, server_tls)
 
     @property
     def tls(self) -> bool:
@@ -98,9 +133,57 @@ def tls_contexts(cert: str, key: str, ca: str) -> tuple[ssl.SSLContext, ssl.SSLC
 
 
 def _proof(key: bytes, role: bytes, *parts: bytes) -> bytes:
+    """HMAC-SHA256 under `key` of a role label and length-prefixed parts. With
+    the link key: the proofs (role client-proof / server-proof) and the session
+    key (role session) over the transcript (both nonces, both addresses)."""
     mac = hmac.new(key, b"mirrorq-raft-" + role, hashlib.sha256)
     for p in parts:
         mac.update(_LEN.pack(len(p)) + p)
+    return mac.digest()
+
+
+def session_keys(key: bytes, transcript: tuple[bytes, ...]) -> tuple[bytes, bytes]:
+    """(client->server, server->client) frame MAC keys of one link: fresh per
+    link (both nonces), one per direction (a frame cannot be reflected)."""
+    session = _proof(key, b"session", *transcript)
+    return _proof(session, b"client-to-server"), _proof(session, b"server-to-client")
+
+
+def frame_mac(key: bytes) -> Any:
+    """A keyed HMAC-SHA256 to copy per frame (a copy skips the key set-up:
+    ~2.5 us a frame instead of ~4)."""
+    return hmac.new(key, digestmod=hashlib.sha256)
+
+
+def entries_digest(entries_blob: bytes | memoryview) -> bytes:
+    """SHA-256 of an AppendEntries' encoded entries: the frame MAC covers this
+    digest, so the leader hashes a batch once, not once per follower."""
+    return hashlib.sha256(entries_blob).digest()
+
+
+def mac_parts(kind: int, payload: bytes) -> list[bytes | memoryview] | None:
+    """What a received frame's MAC covers after its header: the payload, or for
+    K_APPEND its header part and the digest of its entries (None: an append
+    whose header length overruns it, which no sender's MAC can cover)."""
+    if kind != K_APPEND:
+        return [payload]
+    if len(payload) < 4:
+        return None
+    split = 4 + _LEN.unpack_from(payload, 0)[0]
+    if split > len(payload):
+        return None
+    return [memoryview(payload)[:split], entries_digest(memoryview(payload)[split:])]
+
+
+def frame_tag(keyed: Any, seq: int, header: bytes, parts: Sequence[bytes | memoryview]) -> bytes:
+    """The MAC of one frame under `keyed` (frame_mac): its sequence number in
+    its direction (implicit, never sent), its header (length and kind) and
+    its payload (mac_parts)."""
+    mac = keyed.copy()
+    mac.update(_SEQ.pack(seq))
+    mac.update(header)
+    for p in parts:
+        mac.update(p)
     return mac.digest()
 
 
@@ -111,7 +194,8 @@ class PeerLink:
 
     def __init__(self, poller: Any, security: PeerSecurity, self_address: str | None,
                  timeout: float, sock: socket.socket | None = None,
-                 peer_label: str = "?", on_reject: Any = None) -> None:
+                 peer_label: str = "?", on_reject: Any = None, on_bad_mac: Any = None,
+                 peer_address: str | None = None) -> None:
         self._poller = poller
         self._security = security
         self._self_address = self_address  # sent in HELLO (client side)
@@ -131,7 +215,13 @@ class PeerLink:
         self._unsent = 0
         self._nonce = b""
         self._peer_nonce = b""
-        self.peer_address: str | None = None  # what the peer said it is (server side)
+        # server side: what the peer said it is; client side: the member we dial
+        # (the peer must name itself so, and both proofs cover it)
+        self.peer_address = peer_address
+        self._send_key: Any = None  # frame_mac()s: set once authenticated without TLS
+        self._recv_key: Any = None
+        self._send_seq = self._recv_seq = 0
+        self.lost_in_handshake = False  # a dialed link the peer closed before we were in
         self.peer_label = peer_label
         self.last_read = clock()
         self.last_write = clock()
@@ -142,6 +232,7 @@ class PeerLink:
         self._on_disconnected: Any = None
         self.close_reason = ""  # why the link last closed (see disconnect)
         self._on_reject = on_reject
+        self._on_bad_mac = on_bad_mac
         if sock is not None:
             self._adopt(sock)
 
@@ -188,13 +279,17 @@ class PeerLink:
             return
         self._send_frame(K_MSG, encode(message))
 
-    def send_append(self, header: dict[str, Any], entries_blob: bytes) -> None:
-        """AppendEntries whose (shared, already encoded) entries are sent as is."""
+    def send_append(self, header: dict[str, Any], entries_blob: bytes, digest: bytes | None = None) -> None:
+        """AppendEntries whose (shared, already encoded) entries are sent as is;
+        `digest`: their entries_digest if the caller has it (shared too)."""
         if not self._authed:
             return
         head = encode(header)
-        self._write([_HDR.pack(1 + 4 + len(head) + len(entries_blob), K_APPEND),
-                     _LEN.pack(len(head)), head, entries_blob])
+        prefix = _LEN.pack(len(head)) + head
+        covered = None
+        if self._send_key is not None:
+            covered = [prefix, digest if digest is not None else entries_digest(entries_blob)]
+        self._write_frame(K_APPEND, [prefix, entries_blob], covered)
 
     def disconnect(self, reason: str = "local") -> None:
         """`reason` (kept in close_reason): "eof" or "error" (the peer's end
@@ -202,6 +297,8 @@ class PeerLink:
         "rejected" (failed authentication), "local" (our own choice)."""
         self.close_reason = reason
         was = self._state != CONNECTION_STATE.DISCONNECTED
+        self.lost_in_handshake = was and not self._server_side and self._tcp_up and not self._authed \
+            and reason in ("eof", "error")
         if self._fileno is not None:
             self._poller.unsubscribe(self._fileno)
             self._fileno = None
@@ -212,6 +309,8 @@ class PeerLink:
         self._authed = False
         self._tcp_up = self._tls_handshaken = False
         self._nonce = self._peer_nonce = b""
+        self._send_key = self._recv_key = None
+        self._send_seq = self._recv_seq = 0
         self._tls = self._tls_in = self._tls_out = None
         self._rbuf = bytearray()
         self._wq.clear()
@@ -352,7 +451,22 @@ class PeerLink:
                 return
             if len(buf) - off < 4 + n:
                 break
-            payload = bytes(buf[off + 5:off + 4 + n])
+            end = off + 4 + n
+            key = self._recv_key
+            if key is not None:
+                if n <= TAG:
+                    self._bad_mac(f"bad MAC: a frame of {n} bytes has no room for one")
+                    return
+                end -= TAG
+            payload = bytes(buf[off + 5:end])
+            if key is not None:
+                covered = mac_parts(kind, payload)
+                tag = b"" if covered is None else frame_tag(key, self._recv_seq, bytes(buf[off:off + 5]),
+                                                            covered)
+                if not hmac.compare_digest(tag, bytes(buf[end:end + TAG])):
+                    self._bad_mac(f"bad MAC on frame {self._recv_seq} (kind {kind}, {n} bytes)")
+                    return
+                self._recv_seq += 1
             off += 4 + n
             try:
                 self._on_frame(kind, payload)
@@ -397,14 +511,23 @@ class PeerLink:
             self._on_message(message)
 
     def _on_handshake(self, kind: int, payload: bytes) -> None:
-        sec = self._security
-        key = sec.password or b""
+        """HELLO (dialer: protocol, address, nonce) -> CHALLENGE (acceptor:
+        address, nonce; nothing derived from the key) -> PROOF (dialer's proof
+        over both nonces and addresses) -> WELCOME (acceptor's proof, sent only
+        once the dialer's checked out). A stranger who connects gets a nonce;
+        one a member dials gets the member's proof (the trade-off of any
+        challenge-response without a PAKE: each guess costs the scrypt)."""
+        key = self._security.key
         msg = decode(payload)
         if not isinstance(msg, dict):
             raise CodecError("handshake frame is not a table")
         if self._server_side and kind == K_HELLO and not self._peer_nonce:
-            nonce, address = msg.get("nonce"), msg.get("address")
-            if msg.get("protocol") != PROTOCOL or not isinstance(nonce, bytes) or len(nonce) != 32 \
+            protocol, nonce, address = msg.get("protocol"), msg.get("nonce"), msg.get("address")
+            if isinstance(protocol, bytes) and protocol.startswith(b"MQRAFT") and protocol != PROTOCOL:
+                self._reject(f"the peer speaks raft link protocol {protocol.decode(errors='replace')}, "
+                             f"this node {PROTOCOL.decode()}: upgrade every member to the same release")
+                return
+            if protocol != PROTOCOL or not isinstance(nonce, bytes) or len(nonce) != 32 \
                     or not isinstance(address, str):
                 self._reject("not a mirrorq raft peer (bad hello)")
                 return
@@ -412,35 +535,61 @@ class PeerLink:
             self.peer_address = address
             self._nonce = os.urandom(32)
             self._send_frame(K_CHALLENGE, encode({"nonce": self._nonce,
-                                                  "proof": _proof(key, b"server", nonce, self._nonce)}))
+                                                  "address": self._self_address or ""}))
         elif not self._server_side and kind == K_CHALLENGE and self._nonce and not self._peer_nonce:
-            nonce, proof = msg.get("nonce"), msg.get("proof")
-            if not isinstance(nonce, bytes) or len(nonce) != 32 or not isinstance(proof, bytes) or \
-                    not hmac.compare_digest(proof, _proof(key, b"server", self._nonce, nonce)):
-                self._reject("the peer does not know the raft password")
+            nonce, address = msg.get("nonce"), msg.get("address")
+            if not isinstance(nonce, bytes) or len(nonce) != 32 or not isinstance(address, str):
+                self._reject("not a mirrorq raft peer (bad challenge)")
+                return
+            if self.peer_address is not None and address != self.peer_address:
+                # a relay to another member would otherwise pass for the one we dialed
+                self._reject(f"the peer says it is {address!r}, not the member {self.peer_address!r} we dialed")
                 return
             self._peer_nonce = nonce
-            addr = (self._self_address or "").encode()
-            self._send_frame(K_PROOF, encode({"proof": _proof(key, b"client", nonce, self._nonce, addr)}))
+            self.peer_address = address
+            self._send_frame(K_PROOF, encode({"proof": _proof(key, b"client-proof", *self._transcript())}))
         elif self._server_side and kind == K_PROOF and self._peer_nonce:
             proof = msg.get("proof")
-            addr = (self.peer_address or "").encode()
+            transcript = self._transcript()
             if not isinstance(proof, bytes) or \
-                    not hmac.compare_digest(proof, _proof(key, b"client", self._nonce, self._peer_nonce, addr)):
+                    not hmac.compare_digest(proof, _proof(key, b"client-proof", *transcript)):
                 self._reject("wrong raft password")
                 return
-            self._send_frame(K_WELCOME, encode({}))
+            self._send_frame(K_WELCOME, encode({"proof": _proof(key, b"server-proof", *transcript)}))
             self._authenticated()
         elif not self._server_side and kind == K_WELCOME and self._peer_nonce:
+            proof = msg.get("proof")
+            if not isinstance(proof, bytes) or \
+                    not hmac.compare_digest(proof, _proof(key, b"server-proof", *self._transcript())):
+                self._reject("the peer does not know the raft password")
+                return
             self._authenticated()
         else:
             self._reject(f"unexpected handshake frame {kind}")
 
+    def _transcript(self) -> tuple[bytes, bytes, bytes, bytes]:
+        """(dialer's nonce, acceptor's nonce, dialer's address, acceptor's address)."""
+        mine = (self._self_address or "").encode()
+        theirs = (self.peer_address or "").encode()
+        if self._server_side:
+            return self._peer_nonce, self._nonce, theirs, mine
+        return self._nonce, self._peer_nonce, mine, theirs
+
     def _authenticated(self) -> None:
         self._authed = True
         self._state = CONNECTION_STATE.CONNECTED
+        if self._tls is None:  # TLS already protects every record
+            c2s, s2c = session_keys(self._security.key, self._transcript())
+            send, recv = (s2c, c2s) if self._server_side else (c2s, s2c)
+            self._send_key, self._recv_key = frame_mac(send), frame_mac(recv)
+            self._send_seq = self._recv_seq = 0
         if self._on_connected is not None:
             self._on_connected()
+
+    def _bad_mac(self, why: str) -> None:
+        if self._on_bad_mac is not None:
+            self._on_bad_mac(self.peer_label, why)
+        self._reject(why)
 
     def ping_if_idle(self, now: float) -> None:
         if self._authed and now - self.last_write > PING_AFTER:
@@ -448,7 +597,19 @@ class PeerLink:
 
     # ------------------------------------------------------------ writes
     def _send_frame(self, kind: int, payload: bytes) -> None:
-        self._write([_HDR.pack(1 + len(payload), kind), payload])
+        self._write_frame(kind, [payload])
+
+    def _write_frame(self, kind: int, parts: list[bytes], covered: list[bytes] | None = None) -> None:
+        """`covered`: what the MAC covers after the header, if not `parts` (mac_parts)."""
+        size = 1 + sum(len(p) for p in parts)
+        key = self._send_key
+        if key is None:
+            self._write([_HDR.pack(size, kind), *parts])
+            return
+        header = _HDR.pack(size + TAG, kind)
+        tag = frame_tag(key, self._send_seq, header, covered if covered is not None else parts)
+        self._send_seq += 1
+        self._write([header, *parts, tag])
 
     def _write(self, parts: list[bytes]) -> None:
         if self._sock is None:
@@ -586,17 +747,35 @@ class PeerTransport(TCPTransport):  # type: ignore[misc]
 
     def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:  # noqa: N803
         self.peer_rejects = 0
+        self.peer_mac_failures = 0
         self._last_reject_log = 0.0
+        self._last_handshake_loss_log = 0.0
+        self._last_digest: tuple[bytes, bytes] | None = None  # (entries blob, its entries_digest)
         super().__init__(syncObj, selfNode, otherNodes)
 
     def _poller(self) -> Any:
         return self._syncObj._poller
 
-    def _new_link(self, sock: socket.socket | None = None, peer_label: str = "?") -> PeerLink:
+    def _new_link(self, sock: socket.socket | None = None, peer_label: str = "?",
+                  peer_address: str | None = None) -> PeerLink:
         conf = self._syncObj.conf
         address = None if self._selfNode is None else self._selfNode.address
         return PeerLink(self._poller(), self.security, address, conf.connectionTimeout,
-                        sock=sock, peer_label=peer_label, on_reject=self._on_reject)
+                        sock=sock, peer_label=peer_label, on_reject=self._on_reject,
+                        on_bad_mac=self._on_bad_mac, peer_address=peer_address)
+
+    def _on_bad_mac(self, _peer: str, _why: str) -> None:
+        self.peer_mac_failures += 1  # then _on_reject: logged (at most once a second) and counted
+
+    def _onDisconnected(self, conn: PeerLink) -> None:  # noqa: N802
+        if conn.lost_in_handshake:
+            now = clock()
+            if now - self._last_handshake_loss_log > 1.0:
+                self._last_handshake_loss_log = now
+                log.warning("raft peer %s closed the link during the handshake (if it repeats: a wrong "
+                            "raft password, or a member on another link protocol than %s; members "
+                            "are upgraded together)", conn.peer_label, PROTOCOL.decode())
+        super()._onDisconnected(conn)
 
     def _on_reject(self, peer: str, why: str) -> None:
         self.peer_rejects += 1
@@ -659,7 +838,7 @@ class PeerTransport(TCPTransport):  # type: ignore[misc]
         self._nodes.add(node)
         self._nodeAddrToNode[node.address] = node
         if self._shouldConnect(node):
-            conn = self._new_link()
+            conn = self._new_link(peer_address=node.address)
             conn.setOnConnectedCallback(functools.partial(self._onOutgoingConnected, conn))
             conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
             conn.setOnDisconnectedCallback(functools.partial(self._onDisconnected, conn))
@@ -693,7 +872,13 @@ class PeerTransport(TCPTransport):  # type: ignore[misc]
         conn = self.link(node)
         if conn is None:
             return False
-        conn.send_append(header, entries_blob)
+        digest = None
+        if not self.security.tls:  # the same blob goes to every follower: hash it once
+            last = self._last_digest
+            if last is None or last[0] is not entries_blob:
+                last = self._last_digest = (entries_blob, entries_digest(entries_blob))
+            digest = last[1]
+        conn.send_append(header, entries_blob, digest)
         return conn.state == CONNECTION_STATE.CONNECTED
 
     def unsent_bytes(self, node: Any) -> int:

@@ -1,12 +1,16 @@
 """Peer links of the Raft transport, in one process over real sockets: the
 challenge-response (same password: connected both ways; other password: both
-closed, nothing delivered), mutual TLS, a large AppendEntries delivered whole,
-the per-follower byte window (_Flow), and the snapshot unpickler's allowlist."""
+closed, nothing delivered), the frame MACs (a replayed, reordered, dropped or
+altered frame closes the link, nothing delivered past it), a member on the
+old link protocol refused with a line naming both, mutual TLS, a large
+AppendEntries delivered whole, the per-follower byte window (_Flow), and the
+snapshot unpickler's allowlist."""
 from __future__ import annotations
 
 import os
 import pickle
 import socket
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,15 +18,27 @@ from typing import Any
 import pytest
 
 from node.app.pki import make_ca, make_member
-from node.replication.codec import encode
+from node.replication.codec import decode, encode
 from node.replication.machine import default_state
 from node.replication.raft.shim import _Flow
 from node.replication.raft.snapshot import load_snapshot
 from node.replication.raft.transport import (
     CONNECTION_STATE,
+    K_APPEND,
+    K_CHALLENGE,
+    K_HELLO,
+    K_MSG,
+    K_PROOF,
+    K_WELCOME,
+    TAG,
     PeerLink,
     PeerSecurity,
+    _proof,
     createPoller,
+    entries_digest,
+    frame_mac,
+    frame_tag,
+    session_keys,
     tls_contexts,
 )
 
@@ -65,7 +81,7 @@ def _connected(p: _Pair) -> bool:
 
 
 def test_same_password_connects_and_carries_messages_and_large_appends() -> None:
-    sec = PeerSecurity(password=b"s3cret")
+    sec = PeerSecurity.from_password(b"s3cret")
     p = _Pair(sec, sec)
     try:
         assert p.run_until(lambda: _connected(p)), p.rejects
@@ -82,7 +98,7 @@ def test_same_password_connects_and_carries_messages_and_large_appends() -> None
 
 
 def test_other_password_is_refused_before_any_message() -> None:
-    p = _Pair(PeerSecurity(password=b"right"), PeerSecurity(password=b"wrong"))
+    p = _Pair(PeerSecurity.from_password(b"right"), PeerSecurity.from_password(b"wrong"))
     try:
         p.client.send({"type": "request_vote", "term": 99})  # not authenticated: dropped
         assert p.run_until(lambda: p.client.state == CONNECTION_STATE.DISCONNECTED
@@ -91,6 +107,155 @@ def test_other_password_is_refused_before_any_message() -> None:
         assert any("password" in why for why in p.rejects), p.rejects
     finally:
         p.close()
+
+
+class _RawServer:
+    """A member's acceptor written out by hand over a real socket: it runs the
+    handshake with the password, then sends frames as the test builds them."""
+
+    def __init__(self, password: bytes) -> None:
+        self.poller = createPoller("auto")
+        self.sec = PeerSecurity.from_password(password)
+        self.rejects: list[str] = []
+        self.got: list[Any] = []
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        self.client = PeerLink(self.poller, self.sec, "127.0.0.1:1", 5.0,
+                               on_reject=lambda peer, why: self.rejects.append(why),
+                               peer_address="127.0.0.1:2")
+        self.client.setOnMessageReceivedCallback(self.got.append)
+        assert self.client.connect("127.0.0.1", listener.getsockname()[1])
+        self.sock, _ = listener.accept()
+        listener.close()
+        self.sock.settimeout(5)
+        kind, hello = self._read()
+        assert kind == K_HELLO
+        nonce = os.urandom(32)
+        self.sock.sendall(self._plain(K_CHALLENGE, encode({"nonce": nonce, "address": "127.0.0.1:2"})))
+        kind, proof = self._read()
+        assert kind == K_PROOF
+        transcript = (decode(hello)["nonce"], nonce, b"127.0.0.1:1", b"127.0.0.1:2")
+        assert decode(proof)["proof"] == _proof(self.sec.key, b"client-proof", *transcript)
+        self.sock.sendall(self._plain(K_WELCOME, encode({"proof": _proof(self.sec.key, b"server-proof",
+                                                                         *transcript)})))
+        _, s2c = session_keys(self.sec.key, transcript)
+        self.keyed = frame_mac(s2c)
+        assert self.run_until(lambda: self.client.state == CONNECTION_STATE.CONNECTED), self.rejects
+
+    def _poll_read(self, n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            self.poller.poll(0.01)  # the client link writes from the poller
+            self.sock.settimeout(0.01)
+            try:
+                out += self.sock.recv(n - len(out))
+            except TimeoutError:
+                continue
+        return out
+
+    def _read(self) -> tuple[int, bytes]:
+        n, kind = struct.unpack("<IB", self._poll_read(5))
+        return kind, self._poll_read(n - 1)
+
+    @staticmethod
+    def _plain(kind: int, payload: bytes) -> bytes:
+        return struct.pack("<IB", 1 + len(payload), kind) + payload
+
+    def framed(self, seq: int, message: dict[str, Any]) -> bytes:
+        """A K_MSG frame as the acceptor's seq-th frame would be, with its MAC."""
+        payload = encode(message)
+        header = struct.pack("<IB", 1 + len(payload) + TAG, K_MSG)
+        return header + payload + frame_tag(self.keyed, seq, header, [payload])
+
+    def framed_append(self, seq: int, header: dict[str, Any], entries: list[Any]) -> bytearray:
+        """A K_APPEND frame as the leader sends it: the MAC covers the header
+        part and the digest of the entries."""
+        head = encode(header)
+        prefix, blob = struct.pack("<I", len(head)) + head, encode(entries)
+        frame_header = struct.pack("<IB", 1 + len(prefix) + len(blob) + TAG, K_APPEND)
+        tag = frame_tag(self.keyed, seq, frame_header, [prefix, entries_digest(blob)])
+        return bytearray(frame_header + prefix + blob + tag)
+
+    def run_until(self, cond: Callable[[], bool], rounds: int = 300) -> bool:
+        for _ in range(rounds):
+            if cond():
+                return True
+            self.poller.poll(0.01)
+        return cond()
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.sock.close()
+
+
+@pytest.mark.parametrize("case", ["in order", "replayed", "reordered", "dropped", "altered", "unsigned"])
+def test_frames_carry_a_mac_over_a_sequence_number(case: str) -> None:
+    srv = _RawServer(b"a long enough raft password")
+    try:
+        f0, f1 = srv.framed(0, {"type": "m", "n": 0}), srv.framed(1, {"type": "m", "n": 1})
+        unsigned = _RawServer._plain(K_MSG, encode({"type": "m", "n": 9}))
+        altered = bytearray(f1)
+        altered[8] ^= 1
+        stream = {"in order": f0 + f1, "replayed": f0 + f0 + f1, "reordered": f1 + f0,
+                  "dropped": f1, "altered": f0 + bytes(altered), "unsigned": f0 + unsigned}[case]
+        srv.sock.sendall(stream)
+        if case == "in order":
+            assert srv.run_until(lambda: len(srv.got) == 2)
+            assert [m["n"] for m in srv.got] == [0, 1] and not srv.rejects
+            return
+        assert srv.run_until(lambda: srv.client.state == CONNECTION_STATE.DISCONNECTED), case
+        assert any("bad MAC" in why for why in srv.rejects), srv.rejects
+        assert [m["n"] for m in srv.got] == ([] if case in ("reordered", "dropped") else [0])
+    finally:
+        srv.close()
+
+
+@pytest.mark.parametrize("case", ["intact", "entry altered", "header length overrun"])
+def test_an_append_mac_covers_its_entries_through_their_digest(case: str) -> None:
+    srv = _RawServer(b"a long enough raft password")
+    try:
+        entries = [(os.urandom(2000), i, 2) for i in range(1, 4)]
+        frame = srv.framed_append(0, {"type": "append_entries", "term": 2, "prevLogIdx": 0}, entries)
+        if case == "entry altered":
+            frame[-TAG - 100] ^= 1  # a byte of the last entry's body
+        elif case == "header length overrun":
+            frame[5:9] = struct.pack("<I", 1 << 20)
+        srv.sock.sendall(bytes(frame))
+        if case == "intact":
+            assert srv.run_until(lambda: len(srv.got) == 1), srv.rejects
+            assert srv.got[0]["entries"] == entries
+            return
+        assert srv.run_until(lambda: srv.client.state == CONNECTION_STATE.DISCONNECTED)
+        assert srv.got == [] and any("bad MAC" in why for why in srv.rejects), srv.rejects
+    finally:
+        srv.close()
+
+
+def test_a_member_on_the_old_link_protocol_is_refused_with_both_versions_named() -> None:
+    poller = createPoller("auto")
+    rejects: list[str] = []
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    old = socket.create_connection(listener.getsockname(), timeout=5)
+    sock, _ = listener.accept()
+    server = PeerLink(poller, PeerSecurity.from_password(b"pw"), "127.0.0.1:2", 5.0, sock=sock,
+                      on_reject=lambda peer, why: rejects.append(why))
+    try:
+        hello = encode({"protocol": b"MQRAFT01", "address": "127.0.0.1:1", "nonce": os.urandom(32)})
+        old.sendall(struct.pack("<IB", 1 + len(hello), K_HELLO) + hello)
+        for _ in range(200):
+            if server.state == CONNECTION_STATE.DISCONNECTED:
+                break
+            poller.poll(0.01)
+        assert server.state == CONNECTION_STATE.DISCONNECTED
+        assert rejects and "MQRAFT01" in rejects[0] and "MQRAFT02" in rejects[0], rejects
+        old.settimeout(5)
+        assert old.recv(100) == b""  # closed, nothing sent back
+    finally:
+        old.close()
+        listener.close()
 
 
 def _tls(tmp: Path, name: str, ca_dir: Path) -> PeerSecurity:
