@@ -215,6 +215,59 @@ def test_harness_imports_no_tool() -> None:
     _check(_rule("harness"))
 
 
+# ------------------------------------------------------------------ no pickle loader (issue 26)
+# What node/ may take of a pickle module: pysyncobj's journal meta writer (dumps);
+# nothing that loads one (a pickle from a peer or a file can run code).
+_PICKLE_MODULES = ("pickle", "_pickle", "cPickle", "cloudpickle", "dill", "shelve", "pysyncobj.pickle")
+_PICKLE_ALLOWED = ("pysyncobj.pickle.dumps", "pysyncobj.pickle.to_bytes")
+_LOADERS = ("load", "loads", "Unpickler", "find_class")
+
+
+def pickle_loaders(root: Path = REPO) -> list[str]:
+    """`path:line: what` for every pickle import, pickle loader call or
+    Unpickler under node/ (imports by name, by importlib, and attributes
+    such as `pickle.loads` or `x.Unpickler` alike)."""
+    found = []
+    for f in _files(root, ("node/",)):
+        rel = f.relative_to(root).as_posix()
+        source = f.read_text(encoding="utf-8")
+        for imp in imports_in(source, rel):
+            if any(_within(imp.module, m) for m in _PICKLE_MODULES) and imp.module not in _PICKLE_ALLOWED:
+                found.append(f"{rel}:{imp.line}: imports {imp.module}")
+        for node in ast.walk(ast.parse(source, filename=rel)):
+            name = (node.attr if isinstance(node, ast.Attribute)
+                    else node.id if isinstance(node, ast.Name)
+                    else node.name if isinstance(node, ast.FunctionDef | ast.ClassDef) else None)
+            if name in ("Unpickler", "find_class"):
+                found.append(f"{rel}:{node.lineno}: uses {name}")
+            elif (isinstance(node, ast.Attribute) and name in _LOADERS
+                  and "pickle" in ast.unparse(node.value).lower()):
+                found.append(f"{rel}:{node.lineno}: calls {ast.unparse(node)}")
+    return found
+
+
+def test_node_loads_no_pickle() -> None:
+    """Snapshots, the log and peer messages use our own formats (codec.py,
+    snapshot_format.py): nothing under node/ may load a pickle."""
+    found = pickle_loaders()
+    if found:
+        pytest.fail("a pickle loader under node/:\n" + "\n".join(found), pytrace=False)
+
+
+@pytest.mark.parametrize("source", [
+    "import pickle\n", "from pickle import loads\n", "import _pickle as p\n",
+    "from pysyncobj.pickle import loads\n", "import pysyncobj.pickle\n",
+    "importlib.import_module('pickle')\n", "x = mod.Unpickler(f)\n",
+    "class U(Base):\n    def find_class(self, m, n): ...\n", "data = pysyncobj_pickle.loads(b)\n",
+])
+def test_the_pickle_check_can_fail(source: str, tmp_path: Path) -> None:
+    root = _tree(tmp_path, {"node/replication/raft/snapshot.py": source})
+    assert pickle_loaders(root), source
+    ok = _tree(tmp_path / "ok", {"node/replication/raft/journal.py":
+                                 "from pysyncobj.pickle import dumps, to_bytes\nimport json\njson.loads('1')\n"})
+    assert pickle_loaders(ok) == []
+
+
 # ------------------------------------------------------------------ the checker checked
 def _tree(root: Path, files: dict[str, str]) -> Path:
     for rel, text in files.items():

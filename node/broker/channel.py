@@ -1,7 +1,7 @@
 """Per-channel delivery bookkeeping: tags, unacked deliveries, consumers, prefetch."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from node.broker.ids import DeliveryTag
 
@@ -28,12 +28,6 @@ class Consumer:
         self.credit = credit
         # x-priority: higher-priority consumers are served while they can take
         self.priority = priority
-
-    def __setstate__(self, st: Any) -> None:
-        _, slots = st if isinstance(st, tuple) else (st, None)
-        self.priority = 0  # snapshots written before consumer priorities
-        for name, value in (slots or {}).items():
-            setattr(self, name, value)
 
     def can_take(self) -> bool:
         ch = self.channel

@@ -119,15 +119,6 @@ class Exchange:
         self.incoming: dict[tuple[str, BindKey], None] = {}
         self._topic_cache: dict[str, tuple[Dest, ...]] = {}
 
-    # The topic cache is derived data: keep it out of snapshots.
-    def __getstate__(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, s) if s != "_topic_cache" else None for s in self.__slots__)
-
-    def __setstate__(self, state: tuple[Any, ...]) -> None:
-        for s, v in zip(self.__slots__, state, strict=True):
-            setattr(self, s, v)
-        self._topic_cache = {}
-
     def add_binding(self, b: Binding, key: BindKey) -> bool:
         if key in self.bindings:
             return False

@@ -1,6 +1,6 @@
 """Identifier types shared by the wire, the replication layer and the model.
 
-Ids are plain tuples/ints underneath (cheap to pickle into Raft entries) but
+Ids are plain tuples/ints underneath (cheap to encode into Raft entries) but
 get their own names so signatures say what they carry.
 """
 from __future__ import annotations

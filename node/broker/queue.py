@@ -45,18 +45,6 @@ class Message:
         # times returned to the queue (x-delivery-count, x-delivery-limit)
         self.delivery_count = 0
 
-    # Snapshots pickle every held message: a bare tuple keeps them small.
-    def __getstate__(self) -> tuple[Any, ...]:
-        return (self.seq, self.exchange, self.routing_key, self.props, self.body,
-                self.persistent, self.expires_at, self.redelivered, self.delivery_count)
-
-    def __setstate__(self, st: tuple[Any, ...]) -> None:
-        (self.seq, self.exchange, self.routing_key, self.props, self.body,
-         self.persistent, self.expires_at, self.redelivered) = st[:8]
-        # snapshots written before delivery counting have 8 fields
-        self.delivery_count = st[8] if len(st) > 8 else 0
-        self.size = len(self.body)
-
 
 MAX_PRIORITY = 255  # RabbitMQ's limit for x-max-priority
 
@@ -120,25 +108,6 @@ class Queue:
         # same totals; the HTTP API derives rates by sampling them):
         # [published, delivered + got, redelivered, acked]
         self.stats: list[int] = [0, 0, 0, 0]
-
-    def __setstate__(self, st: Any) -> None:
-        """Unpickle; a snapshot written before a slot existed leaves it at its
-        default (derived from the arguments)."""
-        _, slots = st if isinstance(st, tuple) else (st, None)
-        for name, value in (slots or {}).items():
-            setattr(self, name, value)
-        a = self.arguments
-        for name, default in (("max_priority", a.get("x-max-priority")),
-                              ("single_active", a.get("x-single-active-consumer") is True),
-                              ("delivery_limit", a.get("x-delivery-limit")),
-                              ("counts_deliveries", a.get("x-queue-type") == "quorum"
-                               or a.get("x-delivery-limit") is not None),
-                              # older snapshots had no consumer priorities
-                              ("prio_consumers", 0)):
-            if not hasattr(self, name):
-                setattr(self, name, default)
-        if not hasattr(self, "stats"):  # snapshots written before message counters
-            self.stats = [0, 0, 0, 0]
 
     def _key(self, m: Message) -> int:
         """Heap order: sequence, or (max - priority, sequence) in a priority queue."""

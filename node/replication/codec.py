@@ -62,6 +62,11 @@ def encode(value: Any) -> bytes:
     return b"".join(out)
 
 
+def encode_into(value: Any, out: list[bytes]) -> None:
+    """Append the encoding of `value` to `out` (for formats built of many values)."""
+    _enc(value, out)
+
+
 def _enc(v: Any, out: list[bytes]) -> None:
     fn = _ENCODERS.get(type(v))
     if fn is None:

@@ -1,8 +1,8 @@
 """Commands: what a node proposes to the replicated log.
 
 Every change of broker state is one of these, applied by
-node.replication.machine.apply_batch on every node in log order. They are NamedTuples so
-they pickle small and fast. Field tables (arguments, headers) are plain dicts
+node.replication.machine.apply_batch on every node in log order. They are NamedTuples,
+encoded by node/replication/codec.py (one registered record each). Field tables (arguments, headers) are plain dicts
 as decoded from the wire; message properties are a dict keyed by pamqp's
 Basic.Properties attribute names (content_type, delivery_mode, headers,
 expiration, ...) holding only the properties that were set.

@@ -194,10 +194,10 @@ class RaftNode:
             self.failed_batches[why] = self.failed_batches.get(why, 0) + 1
         self._out_done.append((seq, why if ok else f"fail:{why}"))
 
-    def snapshot_state(self) -> Any:
+    def snapshot_state(self) -> BrokerState:
         return self.state
 
-    def restore_state(self, state: Any, index: int) -> None:
+    def restore_state(self, state: BrokerState, index: int) -> None:
         old, self.state = self.state, state
         if not old.members:
             return  # our own dump at start: no client has seen anything yet

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from typing import Any
 
 from node.broker.channel import Channel
 from node.broker.exchange import Exchange
@@ -19,7 +18,8 @@ DEFAULT_EXCHANGES = (("", "direct"), ("amq.direct", "direct"), ("amq.fanout", "f
 
 
 class BrokerState:
-    """The whole replicated state (picklable: plain objects, dicts as ordered sets)."""
+    """The whole replicated state: plain objects, dicts as ordered sets
+    (node/replication/snapshot_format.py writes and reads it)."""
 
     __slots__ = ("now", "exchanges", "queues", "channels", "conns", "exclusive",
                  "ttl_index", "expires_index", "dedup", "counter", "message_bytes",
@@ -61,18 +61,6 @@ class BrokerState:
         # bumped whenever members, in_sync, draining, users, vhosts or
         # permissions change: the read model rebuilds those parts only then
         self.config_version = 0
-
-    def __setstate__(self, state: Any) -> None:
-        """Unpickle (snapshots): a snapshot written before a slot existed
-        leaves it at its default."""
-        self.config_version = 0
-        if isinstance(state, tuple):  # (__dict__ or None, slots) as pickle gives it
-            dict_state, slot_state = state
-        else:
-            dict_state, slot_state = state, None
-        for part in (dict_state, slot_state):
-            for name, value in (part or {}).items():
-                setattr(self, name, value)
 
 
 def _config_changed(s: BrokerState) -> None:

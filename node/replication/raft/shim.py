@@ -51,12 +51,14 @@ from node.broker.ids import NodeId
 from node.replication.codec import CodecError, decode, decode_batch, encode, encode_batch
 from node.replication.command import Batch
 from node.replication.config import RaftConfig
+from node.replication.machine.state import BrokerState
 from node.replication.raft.data_dir import make_private_dir, tighten
 from node.replication.raft.election import ElectionMixin, quiet_timeouts
 from node.replication.raft.journal import FsyncMetaStorer, _Journal, _PreallocFile
 from node.replication.raft.messages import MIRRORED, PREVOTE, PREVOTE_REPLY, TERM_NOTICE
-from node.replication.raft.snapshot import SnapshotMixin
+from node.replication.raft.snapshot import SnapshotMixin, SnapshotReceiver
 from node.replication.raft.transport import LOST_REASONS, PeerSecurity, PeerTransport, tls_contexts
+from node.replication.snapshot_format import RaftMeta, SnapshotFormatError
 from node.replication.view import PeerView, RaftView
 
 log = logging.getLogger(__name__)
@@ -204,6 +206,9 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
             journal._FileJournal__journalFile.__class__ = _PreallocFile  # no SIGBUS on a full disk
             old = journal._FileJournal__metaStorer
             journal._FileJournal__metaStorer = FsyncMetaStorer(old.getPath())
+        receiver = self._SyncObj__serializer
+        receiver.__class__ = SnapshotReceiver  # a leader's snapshot: private, checked before it is ours
+        receiver.accept = owner._accept_snapshot
 
     def propose(self, batch: Batch, callback: Callable[[Any, int], None]) -> None:
         self._applyCommand(encode_batch(batch), callback, _COMMAND_TYPE.REGULAR)
@@ -397,8 +402,8 @@ class Owner(Protocol):
     def on_tick(self, view: RaftView) -> int | None: ...  # returns a mirrored index to announce
     def on_result(self, seq: int, ok: bool, why: str) -> None: ...
     def membership(self) -> tuple[tuple[tuple[NodeId, str], ...], tuple[NodeId, ...], tuple[NodeId, ...]]: ...
-    def snapshot_state(self) -> Any: ...
-    def restore_state(self, state: Any, index: int) -> None: ...
+    def snapshot_state(self) -> BrokerState: ...
+    def restore_state(self, state: BrokerState, index: int) -> None: ...
 
 
 Done = Callable[[bool, str], None]  # (succeeded, reason), on the raft thread
@@ -419,6 +424,7 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         self._restore_timeouts: tuple[float, float] | None = None
         self._dump_path = os.path.join(data_dir, "raft.dump")
         self._snap_pid: int | None = None
+        self._loaded: tuple[str, BrokerState, RaftMeta] | None = None
         self._snap_started = 0.0
         self._flushed_index = 0
         self._mirrored = 0  # follower: as told by the leader
@@ -453,6 +459,7 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         self.journal_write_errors = 0  # appends the journal refused (OSError, e.g. ENOSPC)
         self.installed_snapshots = 0  # snapshots installed from the leader
         self.refused_snapshots = 0  # snapshot chunks dropped: we had applied past them
+        self.refused_damaged_snapshots = 0  # leader's snapshots that did not read back (checksum, format)
         self.journal_flush_errors = 0  # failed journal flushes (msync)
         self.last_journal_error = ""
         self._journal_error_logged = 0.0
@@ -495,6 +502,13 @@ class RaftShim(ElectionMixin, SnapshotMixin):
             bindAddress=f"{c.bind_host}:{c.port}" if c.bind_host else None,
         )
         self._so = _BrokerLog(self, self.address, list(c.peers.values()), conf)
+        journal = self._so._SyncObj__raftLog
+        try:  # before the first tick, where pysyncobj would load it
+            self.load_own_snapshot(int(journal[0][1]) if len(journal) else 1)
+        except SnapshotFormatError as exc:
+            log.critical("%s", exc)
+            self._so.destroy()
+            raise
         tighten(self.data_dir)  # the journal pysyncobj has just created with the default mode
         self._so.addOnTickCallback(self._on_tick)
         self._thread = threading.Thread(target=self._run, name=f"raft-{self.node_id}", daemon=True)

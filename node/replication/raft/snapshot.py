@@ -1,35 +1,45 @@
 """Snapshots: the whole replicated state in one file, written by a forked child.
 
 pysyncobj compacts its journal through a serializer we give it: the state is
-pickled (SNAPSHOT_PROTOCOL) by a child forked between two applies, so the raft
-thread never stalls on a large state; a snapshot that arrives from the leader
-is read by an unpickler that builds only the broker's own types. A follower
-drops snapshot chunks at or below what it has applied (_snapshot_moves_forward).
+written in our own format (node/replication/snapshot_format.py: versioned,
+checksummed, no pickle) by a child forked between two applies, so the raft
+thread never stalls on a large state. pysyncobj's part (the last two entries
+and the cluster's nodes) goes in as plain values and comes back as TCPNodes
+here. A snapshot from the leader is received into a private file and read in
+full before it replaces ours (SnapshotReceiver); a follower drops snapshot
+chunks at or below what it has applied (_snapshot_moves_forward). Our own
+snapshot is read before pysyncobj starts (load_own_snapshot): pysyncobj would
+log a bad one and go on from the journal's tail with an empty state.
 SnapshotMixin is the snapshot half of RaftShim (shim.py).
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import io
 import logging
 import os
-import pickle
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import IO, TYPE_CHECKING, Any
 
 from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.monotonic import monotonic as clock
+from pysyncobj.node import TCPNode
+from pysyncobj.serializer import Serializer
 
-from node.replication.raft.data_dir import PRIVATE_FILE, open_private
+from node.replication.machine.state import BrokerState
+from node.replication.raft.data_dir import open_private
 from node.replication.raft.journal import _fsync_dir
+from node.replication.snapshot_format import (
+    RaftMeta,
+    SnapshotFormatError,
+    read_snapshot,
+    write_snapshot,
+)
 
 if TYPE_CHECKING:
     from node.replication.raft.shim import Owner, _BrokerLog
 
 log = logging.getLogger(__name__)
-
-SNAPSHOT_PROTOCOL = pickle.HIGHEST_PROTOCOL  # protocol 5: bodies as raw bytes
-
 
 _PR_SET_PDEATHSIG = 1
 try:  # resolved here: no dlopen in a child forked from a threaded process
@@ -49,37 +59,77 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-class _SnapshotUnpickler(pickle.Unpickler):
-    """A snapshot may arrive from the leader: build only the broker's own
-    types and plain containers, never an arbitrary callable."""
-
-    _ALLOWED = {
-        ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "bytearray"),
-        ("collections", "deque"), ("collections", "OrderedDict"), ("collections", "defaultdict"),
-        ("datetime", "datetime"), ("datetime", "date"), ("datetime", "timedelta"),
-        ("datetime", "timezone"), ("decimal", "Decimal"),
-        ("pysyncobj.node", "TCPNode"), ("pysyncobj.node", "Node"),
-    }
-
-    # the state's own modules: the pure model and the replicated state (no I/O in any of them)
-    _MODULES = ("node.broker.", "node.replication.machine.state", "node.broker.ids",
-                "node.replication.command", "node.replication.effect")
-    # where a snapshot written by an older build names a type that has moved since
-    _MOVED = {"node.replication.state_machine": "node.replication.machine.state"}
-
-    def find_class(self, module: str, name: str) -> Any:
-        module = self._MOVED.get(module, module)
-        ours = module.startswith(self._MODULES) and not name.startswith("_")
-        if (module, name) in self._ALLOWED or ours:
-            obj = super().find_class(module, name)
-            if ours and not isinstance(obj, type):
-                raise pickle.UnpicklingError(f"snapshot refers to {module}.{name}, not a type")
-            return obj
-        raise pickle.UnpicklingError(f"snapshot refers to {module}.{name}: not allowed")
+def raft_meta(raft_data: Any) -> RaftMeta:
+    """pysyncobj's part of a snapshot, (last entry, entry before it, cluster
+    as a set of nodes), as plain values."""
+    last, prev, cluster = raft_data
+    members = sorted(str(getattr(n, "address", n)) for n in cluster)
+    return RaftMeta(_entry(last), _entry(prev), tuple(members))
 
 
-def load_snapshot(data: bytes) -> Any:
-    return _SnapshotUnpickler(io.BytesIO(data)).load()
+def _entry(e: Any) -> tuple[bytes, int, int]:
+    return bytes(e[0]), int(e[1]), int(e[2])
+
+
+def pysyncobj_raft_data(meta: RaftMeta) -> tuple[Any, Any, list[Any]]:
+    """The tuple pysyncobj's loader takes, rebuilt from plain values."""
+    return meta.last, meta.prev, [TCPNode(a) for a in meta.members]
+
+
+class SnapshotReceiver(Serializer):  # type: ignore[misc]
+    """pysyncobj's Serializer, swapped in by the shim, receiving a snapshot
+    from the leader: the file is created 0600 (pysyncobj's open() gave 0644
+    while it arrived), synced, and read in full (checksum, format) before it
+    replaces our own snapshot; a bad one is deleted and refused (the leader
+    sends it again from its first chunk)."""
+
+    accept: Callable[[str, str], bool]  # (received file, dump path) -> install it?
+    _incoming: IO[bytes] | None = None
+
+    def setTransmissionData(self, data: Any) -> bool:  # noqa: N802 - pysyncobj's name
+        if not (isinstance(data, list | tuple) and len(data) == 3 and isinstance(data[0], bytes)):
+            return False
+        chunk, first, last = data
+        path: str = self._Serializer__fileName
+        tmp = path + ".1.tmp"
+        if first:
+            self._drop_incoming(None)
+            try:
+                self._incoming = os.fdopen(open_private(tmp), "wb")
+            except OSError as exc:
+                log.error("cannot receive the leader's snapshot: %s", exc)
+                return False
+        f = self._incoming
+        if f is None:
+            return False  # a chunk after a failure or without the first one
+        try:
+            f.write(chunk)
+            if not last:
+                return False
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+        except OSError as exc:
+            log.error("cannot receive the leader's snapshot: %s", exc)
+            self._drop_incoming(tmp)
+            return False
+        self._incoming = None
+        if not self.accept(tmp, path):
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            return False
+        os.replace(tmp, path)
+        _fsync_dir(os.path.dirname(path) or ".")
+        return True
+
+    def _drop_incoming(self, tmp: str | None) -> None:
+        f, self._incoming = self._incoming, None
+        if f is not None:
+            with contextlib.suppress(OSError):
+                f.close()
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 class SnapshotMixin:
@@ -98,6 +148,9 @@ class SnapshotMixin:
     longest_fork: float
     installed_snapshots: int
     refused_snapshots: int
+    refused_damaged_snapshots: int
+    # a snapshot read ahead (at start, or received whole): (path, state, position)
+    _loaded: tuple[str, BrokerState, RaftMeta] | None
 
     def _snapshot_moves_forward(self, node: Any, msg: dict[str, Any]) -> bool:
         """False: a snapshot chunk at or below what we have applied (drop it
@@ -151,7 +204,7 @@ class SnapshotMixin:
                 # machine into missed heartbeats and an election
                 os.nice(19)
                 with os.fdopen(open_private(part), "wb") as f:  # 0600: private data dir
-                    pickle.dump((self.owner.snapshot_state(), raft_data), f, protocol=SNAPSHOT_PROTOCOL)
+                    write_snapshot(f, self.owner.snapshot_state(), raft_meta(raft_data))
                     f.flush()
                     os.fsync(f.fileno())
                 code = 0
@@ -182,17 +235,69 @@ class SnapshotMixin:
         return SERIALIZER_STATE.SUCCESS
 
     def _deserialize(self, filename: str) -> Any:
-        # a snapshot from the leader: pysyncobj wrote it with the default mode
-        with contextlib.suppress(OSError):
-            os.chmod(filename, PRIVATE_FILE)
-        with open(filename, "rb") as f:
-            state, raft_data = load_snapshot(f.read())
+        """pysyncobj loads a snapshot: ours at start (read by load_own_snapshot)
+        or the leader's just received (read by _accept_snapshot)."""
+        loaded, self._loaded = self._loaded, None
+        if loaded is not None and loaded[0] == filename:
+            state, meta = loaded[1], loaded[2]
+        else:  # not read ahead (not expected): read it now, refuse it loudly if bad
+            with open(filename, "rb") as f:
+                data = f.read()
+            try:
+                state, meta = read_snapshot(data)
+            except SnapshotFormatError as exc:
+                log.error("snapshot %s refused, not loaded: %s", filename, exc)
+                raise
         so = self._so
-        index = int(raft_data[1][1])
+        index = meta.prev[1]
         applied = int(so.raftLastApplied) if so is not None else 0
         if applied:  # from the leader, not our own dump at start
             self.installed_snapshots += 1
             log.warning("installing the leader's snapshot at index %d (applied here: %d)", index, applied)
         self.owner.restore_state(state, index)
-        return raft_data
+        return pysyncobj_raft_data(meta)
 
+    def _accept_snapshot(self, received: str, dump_path: str) -> bool:
+        """A snapshot from the leader has arrived whole (SnapshotReceiver):
+        install it only if it reads back in full."""
+        try:
+            with open(received, "rb") as f:
+                state, meta = read_snapshot(f.read())
+        except (OSError, SnapshotFormatError) as exc:
+            self.refused_damaged_snapshots += 1
+            log.error("refusing the snapshot the leader sent (%s): nothing installed, the "
+                      "leader sends it again", exc)
+            return False
+        self._loaded = (dump_path, state, meta)
+        return True
+
+    def load_own_snapshot(self, journal_first_index: int) -> None:
+        """Read our snapshot file before pysyncobj does. A file this build
+        cannot load (damaged, a pickle of an older build, another format
+        version) is never loaded: when the journal still holds every entry
+        from index 1 it is moved aside and the node starts from the journal;
+        otherwise the node refuses to start, saying what to do."""
+        path = self._dump_path
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return
+        try:
+            state, meta = read_snapshot(data)
+        except SnapshotFormatError as exc:
+            aside = path + (".pickle" if data[:1] == b"\x80" else ".refused")
+            if journal_first_index <= 1:
+                os.replace(path, aside)
+                log.warning("snapshot %s not loaded (%s); the journal holds every entry from "
+                            "index 1, so the state is rebuilt from it (the file is kept as %s)",
+                            path, exc, aside)
+                return
+            raise SnapshotFormatError(
+                f"snapshot {path} not loaded ({exc}), and the journal starts at index "
+                f"{journal_first_index}, after entries only the snapshot held: this node cannot "
+                "rebuild its state. A member of a running cluster: stop it, move its data "
+                "directory aside and start it again; it rejoins and installs the leader's "
+                "snapshot. A single node: restore the data directory from a backup "
+                "(docs/operations.md, Snapshots and restart).") from None
+        self._loaded = (path, state, meta)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import pickle
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -35,6 +34,7 @@ from tests.support.machine import (
     pub,
     qdecl,
 )
+from tests.support.snapshot import snapshot_copy
 
 
 def _setup() -> tuple[Harness, Any, Any, Any]:
@@ -50,7 +50,7 @@ def _setup() -> tuple[Harness, Any, Any, Any]:
 
 
 def _copy(st: BrokerState) -> BrokerState:
-    return pickle.loads(pickle.dumps(st))  # what a snapshot is: the state pickled
+    return snapshot_copy(st)  # what a snapshot is: the state written and read back
 
 
 def test_skipped_delivery_closes_only_the_consuming_connection() -> None:

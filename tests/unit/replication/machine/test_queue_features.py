@@ -2,11 +2,10 @@
 single active consumer, consumer priorities and the delivery limit.
 
 Each is replicated state: the tests also fold the same batches into a second
-replica and compare, and take a snapshot (pickle) midway where order matters.
+replica and compare, and take a snapshot (written and read back) midway where order matters.
 """
 from __future__ import annotations
 
-import pickle
 from typing import Any
 
 from node.broker.ids import ChanId
@@ -35,6 +34,7 @@ from tests.support.machine import (
     qdecl,
     reject,
 )
+from tests.support.snapshot import snapshot_copy
 
 
 def consume_args(c: ChanId, q: str, tag: str, arguments: dict[str, Any],
@@ -102,7 +102,7 @@ def test_requeue_keeps_priority_and_position_across_a_snapshot() -> None:
     tags = [g.delivery_tag for g in gets(fx)]
     h.run(nack(c, tags[1]), nack(c, tags[0]))  # out of order on purpose
     # a snapshot taken now restores the same order
-    h.state = pickle.loads(pickle.dumps(h.state))
+    h.state = snapshot_copy(h.state)
     h.run(pub(c, "pq", b"5-late", props=prio(5)))
     fx = h.run(*[get(c, "pq", no_ack=True) for _ in range(5)])
     got = gets(fx)
@@ -313,7 +313,7 @@ def test_delivery_count_survives_failover_and_matches_on_every_replica() -> None
     h.run(pub(c2, "w", b"m"), node="n2")
     h.run(consume(c2, "w", "t2"), node="n2")  # delivered on n2, never acked
     h.run(NodeDown("n2"), node="n1")
-    h.state = pickle.loads(pickle.dumps(h.state))  # a snapshot in between
+    h.state = snapshot_copy(h.state)  # a snapshot in between
     fx = h.run(consume(c3, "w", "t3"), node="n3")
     [d] = delivers(fx)
     assert (d.redelivered, d.props["headers"]["x-delivery-count"]) == (True, 1)

@@ -4,7 +4,6 @@ The helpers (Harness, chan, pub, ...) live in tests/support/machine.py.
 """
 from __future__ import annotations
 
-import pickle
 from typing import Any
 
 from node.broker.ids import ChanId
@@ -41,6 +40,7 @@ from node.replication.effect import (
     Return,
 )
 from node.replication.machine import apply_batch, default_state, failure_effects
+from node.replication.snapshot_format import encode_snapshot
 from tests.support.machine import (
     Harness,
     ack,
@@ -61,6 +61,7 @@ from tests.support.machine import (
     xbind,
     xdecl,
 )
+from tests.support.snapshot import META, assert_same_state, snapshot_copy
 
 C1 = chan(1)
 C2 = chan(2)
@@ -877,9 +878,10 @@ def test_determinism_same_batches_same_state_and_effects() -> None:
     fx1 = [apply_batch(s1, b) for b in batches]
     fx2 = [apply_batch(s2, b) for b in batches]
     assert fx1 == fx2
-    assert pickle.dumps(s1) == pickle.dumps(s2)
-    s3 = pickle.loads(pickle.dumps(s1))
-    assert pickle.dumps(s3) == pickle.dumps(s1)
+    assert encode_snapshot(s1, META) == encode_snapshot(s2, META)
+    s3 = snapshot_copy(s1)
+    assert_same_state(s1, s3)
+    assert encode_snapshot(s3, META) == encode_snapshot(s1, META)
     assert any(isinstance(e, Deliver) for fx in fx1 for e in fx)
 
 
@@ -993,10 +995,10 @@ def test_message_bytes_tracks_ready_and_unacked() -> None:
 def test_snapshot_roundtrip_keeps_behaviour() -> None:
     h = setup("q")
     h.run(consume(C1, "q", "t", credit=1), pub(C1, "q", b"a"), pub(C1, "q", b"b"))
-    restored = pickle.loads(pickle.dumps(h.state))
+    restored = snapshot_copy(h.state)
     b = Batch("n1", 1, 999, h.now, [BasicCredit(C1, "t", 1), ack(C1, 0, True)])
     assert apply_batch(restored, b) == apply_batch(h.state, b)
-    assert pickle.dumps(restored) == pickle.dumps(h.state)
+    assert_same_state(restored, h.state)
 
 
 def test_queue_delete_replies_before_cancelling_the_deleting_channels_consumers() -> None:

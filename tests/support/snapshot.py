@@ -1,0 +1,62 @@
+"""Snapshot helpers for tests: a state through the snapshot format and back
+(what a follower installs), and a structural comparison of two states that
+follows the object graph (sharing included) field by field."""
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from node.broker.channel import Channel, Consumer
+from node.broker.exchange import Binding, Exchange
+from node.broker.queue import Message, Queue
+from node.replication.machine import BrokerState
+from node.replication.snapshot_format import RaftMeta, encode_snapshot, read_snapshot
+
+META = RaftMeta((b"\x01", 41, 3), (b"\x01", 40, 3), ("127.0.0.1:1", "127.0.0.1:2"))
+_RECORDS = (BrokerState, Exchange, Binding, Queue, Message, Channel, Consumer)
+
+
+def snapshot_copy(state: BrokerState) -> BrokerState:
+    """The state written as a snapshot and read back."""
+    restored, meta = read_snapshot(encode_snapshot(state, META))
+    assert meta == META
+    return restored
+
+
+def assert_same_state(a: Any, b: Any) -> None:
+    """a and b hold the same values in the same order, and share objects the
+    same way (an object reached twice in a is reached twice, as one object,
+    in b). Raises AssertionError naming the path of the first difference."""
+    _same(a, b, "state", {})
+
+
+def _same(a: Any, b: Any, path: str, seen: dict[int, int], shared: bool = False) -> None:
+    if type(a) is not type(b):
+        raise AssertionError(f"{path}: {type(a).__name__} != {type(b).__name__}")
+    if isinstance(a, _RECORDS) or (shared and len(a) > 1):
+        # identity: the same record, or message body or property table, of a
+        # must map to one object of b (empty and one-byte values are
+        # singletons or fresh either way: not compared)
+        if id(a) in seen:
+            if seen[id(a)] != id(b):
+                raise AssertionError(f"{path}: sharing differs")
+            return
+        seen[id(a)] = id(b)
+    if isinstance(a, _RECORDS):
+        for name in type(a).__slots__:
+            if name == "_topic_cache":
+                continue  # derived, rebuilt on demand
+            _same(getattr(a, name), getattr(b, name), f"{path}.{name}", seen,
+                  isinstance(a, Message) and name in ("body", "props"))
+    elif isinstance(a, dict):
+        if list(a) != list(b):
+            raise AssertionError(f"{path}: keys {list(a)!r} != {list(b)!r}")
+        for k in a:
+            _same(a[k], b[k], f"{path}[{k!r}]", seen)
+    elif isinstance(a, list | tuple | deque):
+        if len(a) != len(b):
+            raise AssertionError(f"{path}: length {len(a)} != {len(b)}")
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same(x, y, f"{path}[{i}]", seen)
+    elif a != b and not (isinstance(a, float) and a != a and b != b):
+        raise AssertionError(f"{path}: {a!r} != {b!r}")

@@ -1,0 +1,279 @@
+"""The snapshot format (node/replication/snapshot_format.py, issue 26 item 1):
+a rich state round-trips exactly, and crafted bytes (a pickle, random bytes,
+unknown records, truncation, bit flips) raise SnapshotFormatError and never
+build anything but the broker's own records."""
+from __future__ import annotations
+
+import datetime
+import decimal
+import io
+import os
+import pickle
+import random
+import struct
+import zlib
+
+import pytest
+
+from node.broker.channel import Channel, Consumer
+from node.broker.exchange import Binding, Exchange
+from node.broker.queue import Message, Queue
+from node.replication import snapshot_format as sf
+from node.replication.codec import encode
+from node.replication.command import (
+    BasicQos,
+    ChannelOpen,
+    PermissionSet,
+    QueueDelete,
+    SetMember,
+    UserPut,
+    VhostPut,
+)
+from node.replication.machine import BrokerState
+from node.replication.snapshot_format import (
+    FORMAT_VERSION,
+    HEADER_SIZE,
+    MAGIC,
+    RaftMeta,
+    SnapshotFormatError,
+    check,
+    encode_snapshot,
+    read_snapshot,
+)
+from tests.support.machine import (
+    Harness,
+    chan,
+    consume,
+    delivers,
+    get,
+    gets,
+    nack,
+    pub,
+    qbind,
+    qdecl,
+    xbind,
+    xdecl,
+)
+from tests.support.snapshot import META, assert_same_state, snapshot_copy
+
+# every type an AMQP field table holds (pamqp's decoding), nested too
+ALL_FIELD_TYPES = {
+    "s": "text ünïcode", "i8": -5, "i64": -(1 << 62), "u64": (1 << 64) - 1, "f": 1.5,
+    "nan": float("nan"), "inf": float("-inf"), "t": True, "no": False, "d": decimal.Decimal("3.14159"),
+    "ts": datetime.datetime(2026, 11, 26, 10, 0, 0), "tz": datetime.datetime(2026, 1, 2, tzinfo=datetime.UTC),
+    "bin": bytes(range(256)), "void": None, "arr": [1, "two", b"\x00\xff", [3.0, {"k": None}]],
+    "tbl": {"nested": {"deep": [decimal.Decimal("-1E+3")]}},
+}
+
+
+def rich_state() -> Harness:
+    """Several vhosts, users and permissions, exchanges of every type with
+    queue and exchange bindings, classic / priority / TTL / quorum-like
+    queues holding random binary bodies with every field type in their
+    headers, consumers with unacked deliveries, a requeued heap, a fanout that
+    shares one body between queues, and a queue deleted while a delivery from
+    it is still unacked."""
+    rnd = random.Random(26)
+    h = Harness()
+    h.run(SetMember("n1", "127.0.0.1:1", True), SetMember("n2", "127.0.0.1:2", False))
+    h.run(VhostPut("prod"), VhostPut("dev"), UserPut("alice", "hash", ("administrator",)),
+          UserPut("bob", "", ()), PermissionSet("alice", "prod", ".*", ".*", ".*"),
+          PermissionSet("bob", "dev", "^q", "", "x"))
+    c = h.open(chan(1, 1))
+    c2 = chan(2, 1)
+    h.run(ChannelOpen(c2, "prod"))
+    h.run(BasicQos(c, 3, False))
+    h.run(qdecl(c, "plain", durable=True), qdecl(c, "prio", arguments={"x-max-priority": 9}),
+          qdecl(c, "ttl", arguments={"x-message-ttl": 60000, "x-expires": 900000, "x-dead-letter-exchange": "dlx"}),
+          qdecl(c, "quorum", durable=True, arguments={"x-queue-type": "quorum", "x-delivery-limit": 3}),
+          qdecl(c, "excl", exclusive=True), qdecl(c, "doomed"))
+    h.run(qdecl(c2, "plain", durable=True))  # same name, vhost prod
+    h.run(xdecl(c, "fan", "fanout"), xdecl(c, "top", "topic"), xdecl(c, "hdr", "headers"),
+          xdecl(c, "dlx", "direct"), xdecl(c, "inner", "direct", internal=True))
+    h.run(qbind(c, "plain", "fan"), qbind(c, "prio", "fan"), qbind(c, "ttl", "top", "a.*.#"),
+          qbind(c, "quorum", "hdr", arguments={"x-match": "any", "k": decimal.Decimal("1.5")}),
+          xbind(c, "inner", "top", "#"), qbind(c, "doomed", "inner", "x.y"),
+          qbind(c, "plain", "amq.direct", "rk"))
+    for i in range(40):
+        props = {"headers": dict(ALL_FIELD_TYPES, n=i), "priority": i % 10, "delivery_mode": 2,
+                 "content_type": "application/octet-stream", "timestamp": datetime.datetime(2026, 1, 1)}
+        h.run(pub(c, "", rnd.randbytes(rnd.randrange(0, 3000)), exchange="fan", props=props))
+        h.run(pub(c, "a.b.c", rnd.randbytes(64), exchange="top", props={"expiration": "50000"}))
+        h.run(pub(c, "k", rnd.randbytes(10), exchange="hdr", props={"headers": {"k": decimal.Decimal("1.5")}}))
+        h.run(pub(c2, "plain", b"prod %d" % i))
+    h.run(pub(c, "excl", b""), pub(c, "doomed", b"\x00" * 100))
+    # consumers with unacked deliveries, a nack that requeues into the heap
+    fx = h.run(consume(c, "plain", "ct-plain"), consume(c, "quorum", "ct-q", exclusive=True))
+    assert delivers(fx)
+    fx = h.run(*[get(c, "prio") for _ in range(4)])
+    tags = [g.delivery_tag for g in gets(fx)]
+    h.run(nack(c, tags[2]), nack(c, tags[0]))
+    fx = h.run(get(c, "doomed"))
+    assert gets(fx)
+    h.run(QueueDelete(c, "doomed", False, False, False))  # its delivery is still unacked
+    h.now += 5
+    return h
+
+
+def test_a_rich_state_round_trips_exactly() -> None:
+    h = rich_state()
+    st = h.state
+    assert len(st.vhosts) == 3 and st.permissions and st.users and st.members
+    assert any(q.returned for q in st.queues.values()) and any(ch.unacked for ch in st.channels.values())
+    assert any(not q.deleted for q in st.queues.values()) and "doomed" not in st.queues
+    restored = snapshot_copy(st)
+    assert_same_state(st, restored)
+    # the fanout's body is one object in both queues after the load, as before
+    plain, prio = restored.queues["plain"], restored.queues["prio"]
+    shared = {id(m.body) for m in plain.ready} & {id(m.body) for m in [*prio.ready, *(m for _k, m in prio.returned)]}
+    assert shared
+    # the deleted queue an unacked delivery names came back, as the same object the consumer-less delivery holds
+    unacked = [d for ch in restored.channels.values() for d in ch.unacked.values()]
+    assert any(q.deleted for q, _m, _k in unacked)
+    # and the state works on: the same commands give the same effects
+    h2 = Harness()
+    h2.state, h2.seqs, h2.now = restored, dict(h.seqs), h.now
+    c = chan(1, 1)
+    for cmd in (pub(c, "", b"after", exchange="fan"), get(c, "prio"), get(c, "ttl"), consume(c, "prio", "ct2")):
+        assert repr(h.run(cmd)) == repr(h2.run(cmd))
+    assert_same_state(h.state, h2.state)
+
+
+def test_the_format_names_every_slot_of_every_record() -> None:
+    """A slot added to a broker class must be written (or named derived) by the format."""
+    for cls, fields in sf.iter_fields():
+        assert sorted(fields) == sorted(cls.__slots__), cls.__name__  # type: ignore[attr-defined]
+
+
+def test_an_empty_state_and_the_raft_position_round_trip() -> None:
+    data = encode_snapshot(BrokerState(), META)
+    state, meta = read_snapshot(data)
+    assert meta == META and isinstance(meta.last[0], bytes)
+    assert_same_state(BrokerState(), state)
+    assert data[:8] == MAGIC and struct.unpack_from("<H", data, 8)[0] == FORMAT_VERSION
+
+
+def test_the_writer_streams_to_a_file_at_an_offset() -> None:
+    h = rich_state()
+    buf = io.BytesIO()
+    buf.write(b"junk")
+    n = sf.write_snapshot(buf, h.state, META)
+    assert buf.tell() == 4 + n
+    assert_same_state(h.state, read_snapshot(buf.getvalue()[4:])[0])
+
+
+# ------------------------------------------------------------ crafted bytes
+class _Boom:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, ("touch /tmp/mirrorq-pwned",))
+
+
+def _reframe(body: bytes, version: int = FORMAT_VERSION) -> bytes:
+    """A body under a valid header (right length and CRC): only the decoder stands in the way."""
+    return struct.pack("<8sHHQI", MAGIC, version, 0, len(body), zlib.crc32(body)) + body
+
+
+def _loads_or_raises(data: bytes) -> None:
+    with pytest.raises(SnapshotFormatError) as err:
+        read_snapshot(data)
+    assert str(err.value)
+
+
+def test_a_pickle_stream_is_refused_unread(tmp_path: object) -> None:
+    # the old exploit shape: a pickle that calls something when loaded, as a file and as a body
+    for evil in (pickle.dumps((_Boom(), None), protocol=5), pickle.dumps(Queue), b"cos\nsystem\n(S'id'\ntR."):
+        with pytest.raises(SnapshotFormatError, match="pickle|magic"):
+            read_snapshot(evil)
+        _loads_or_raises(_reframe(evil))
+    assert not os.path.exists("/tmp/mirrorq-pwned")
+
+
+def test_random_bytes_wrong_version_unknown_records_and_trailing_bytes_are_refused() -> None:
+    rnd = random.Random(1)
+    for n in (0, 1, 7, HEADER_SIZE, 100, 5000):
+        _loads_or_raises(rnd.randbytes(n))
+        _loads_or_raises(MAGIC + rnd.randbytes(n))
+        _loads_or_raises(_reframe(rnd.randbytes(n)))
+    good = encode_snapshot(BrokerState(), META)
+    body = good[HEADER_SIZE:]
+    with pytest.raises(SnapshotFormatError, match="version 2"):
+        read_snapshot(_reframe(body, version=2))
+    with pytest.raises(SnapshotFormatError, match="trailing|header says"):
+        read_snapshot(good + b"\x00")
+    with pytest.raises(SnapshotFormatError, match="trailing"):
+        read_snapshot(_reframe(body + encode(None)))
+    # an unknown record id / an unknown tag where the raft position should be
+    for bad in (b"R\xfe", b"\x07", b"Z"):
+        _loads_or_raises(_reframe(bad + body))
+    # a command record (a codec record, but not a snapshot value) where the state is
+    meta = encode(tuple(META))
+    _loads_or_raises(_reframe(meta + encode(ChannelOpen(chan(), "/")) + body[len(meta):]))
+
+
+def test_truncated_and_bit_flipped_snapshots_are_refused() -> None:
+    data = encode_snapshot(rich_state().state, META)
+    for cut in (1, HEADER_SIZE - 1, HEADER_SIZE, HEADER_SIZE + 1, len(data) // 2, len(data) - 1):
+        _loads_or_raises(data[:cut])
+    rnd = random.Random(7)
+    for _ in range(200):
+        i = rnd.randrange(len(data))
+        flipped = bytearray(data)
+        flipped[i] ^= 1 << rnd.randrange(8)
+        with pytest.raises(SnapshotFormatError):
+            read_snapshot(bytes(flipped))
+
+
+def test_crafted_bodies_under_a_valid_checksum_build_only_broker_records() -> None:
+    """A peer can send any bytes with a matching CRC: mutate the body, fix the
+    checksum, and whatever loads holds nothing but the broker's records and
+    plain values (no callable, no foreign class)."""
+    data = encode_snapshot(rich_state().state, META)
+    body = data[HEADER_SIZE:]
+    rnd = random.Random(11)
+    allowed = (BrokerState, Exchange, Binding, Queue, Message, Channel, Consumer, dict, list, tuple, str, bytes,
+               int, float, bool, type(None), decimal.Decimal, datetime.datetime)
+    loaded = 0
+    for _ in range(300):
+        b = bytearray(body)
+        for _ in range(rnd.randrange(1, 4)):
+            b[rnd.randrange(len(b))] = rnd.randrange(256)
+        try:
+            state, _meta = read_snapshot(_reframe(bytes(b)))
+        except SnapshotFormatError:
+            continue
+        loaded += 1
+        _only(state, allowed, set())
+    assert loaded < 300  # most are refused; those that load are checked above
+
+
+def _only(v: object, allowed: tuple[type, ...], seen: set[int]) -> None:
+    if id(v) in seen:
+        return
+    seen.add(id(v))
+    if not isinstance(v, allowed) or callable(v):
+        raise AssertionError(f"built a {type(v).__name__}")
+    if isinstance(v, dict):
+        for k, x in v.items():
+            _only(k, allowed, seen)
+            _only(x, allowed, seen)
+    elif isinstance(v, list | tuple):
+        for x in v:
+            _only(x, allowed, seen)
+    elif hasattr(type(v), "__slots__") and not isinstance(v, tuple):
+        for name in type(v).__slots__:  # type: ignore[attr-defined]
+            x = getattr(v, name, None)
+            if name == "ready":
+                x = list(x)
+            _only(x, allowed, seen)
+
+
+def test_check_refuses_a_damaged_file_before_decoding() -> None:
+    data = encode_snapshot(BrokerState(), META)
+    assert check(data) == HEADER_SIZE
+    with pytest.raises(SnapshotFormatError, match="checksum"):
+        check(data[:-1] + bytes([data[-1] ^ 0x40]))
+
+
+def test_raft_meta_is_plain() -> None:
+    m = sf.read_meta(encode_snapshot(BrokerState(), RaftMeta((b"x", 9, 2), (b"y", 8, 2), ("h:1",))))
+    assert m == RaftMeta((b"x", 9, 2), (b"y", 8, 2), ("h:1",))
