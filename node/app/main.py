@@ -34,6 +34,7 @@ from node.app.config import (
 from node.replication.config import SHORT_RAFT_PASSWORD
 
 EXIT_USAGE = 2
+EXIT_DATA = 3  # the data dir holds what this build will not load (a damaged or pickled snapshot)
 log = logging.getLogger("mirrorq")
 
 
@@ -240,10 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.raft.unsafe_early_confirm:
         log.critical("MIRRORQ_UNSAFE_EARLY_CONFIRM=1: confirming publishes BEFORE replication; "
                      "confirmed messages WILL be lost on failures (chaos-suite self-test only)")
+    from node.replication.snapshot_format import SnapshotFormatError
     try:
         tune_gc()
         asyncio.run(serve(cfg))
     except OSError as exc:  # a port taken between the check and the bind
         sys.stderr.write(f"mirrorq: error: {exc.strerror or exc}\n")
         return EXIT_USAGE
+    except SnapshotFormatError:  # logged (critical) with what to do: no traceback on top
+        return EXIT_DATA
     return 0

@@ -60,3 +60,8 @@ def _same(a: Any, b: Any, path: str, seen: dict[int, int], shared: bool = False)
             _same(x, y, f"{path}[{i}]", seen)
     elif a != b and not (isinstance(a, float) and a != a and b != b):
         raise AssertionError(f"{path}: {a!r} != {b!r}")
+
+
+def snapshot_bytes(state: BrokerState) -> bytes:
+    """The state's snapshot encoding: equal bytes, equal states (a fingerprint)."""
+    return encode_snapshot(state, META)

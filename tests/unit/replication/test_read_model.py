@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import pickle
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -41,6 +40,7 @@ from tests.support.machine import (
     pub,
     qdecl,
 )
+from tests.support.snapshot import snapshot_copy
 
 C1, C2 = chan(1), chan(2)
 
@@ -77,7 +77,7 @@ def test_build_reuses_unchanged_parts() -> None:
         assert getattr(m3, part) is getattr(m2, part), part
 
     # a full rebuild (the state object was replaced) still keeps equal parts
-    m4 = build(pickle.loads(pickle.dumps(h.state)), m3, full=True)
+    m4 = build(snapshot_copy(h.state), m3, full=True)
     for part in ("users", "vhosts", "permissions", "members", "in_sync", "draining"):
         assert getattr(m4, part) is getattr(m3, part), part
 
@@ -145,46 +145,16 @@ def test_queue_rows_count_ready_unacked_and_consumers() -> None:
         ("/", "idle"), ("/", "work"), ("v1", "work")]
 
 
-def test_old_snapshot_without_config_version_loads() -> None:
+def test_a_state_from_a_snapshot_keeps_its_config_version_and_changes_on() -> None:
     h = Harness()
     h.run(UserPut("alice", "H", ()), SetMember("n1", "n1:1", True))
     assert h.state.config_version > 0
-    restored = pickle.loads(pickle.dumps(h.state, protocol=5))
-    assert restored.config_version == h.state.config_version
-    assert pickle.dumps(restored) == pickle.dumps(h.state)
-
-    old = pickle.loads(pickle.dumps(h.state))
-    del old.config_version  # as a snapshot written before the slot existed
-    data = pickle.dumps(old, protocol=5)
-    assert b"config_version" not in data
-    for load in (pickle.loads, _load_snapshot()):
-        st = load(data)
-        assert isinstance(st, BrokerState)
-        assert st.config_version == 0
-        assert st.users == {"alice": ("H", ())} and list(st.members) == ["n1"]
-        assert "/" in st.vhosts and st.exchanges.keys() == h.state.exchanges.keys()
-        st.users["bob"] = ("H", ())  # the applier may mutate in place again
-        m = build(st)
-        assert list(m.users) == ["alice", "bob"]
-
-
-def test_snapshot_naming_the_old_state_machine_module_loads() -> None:
-    """BrokerState lived in node.replication.state_machine until issue 25: a
-    snapshot pickled then names that module, and must still load."""
-    h = Harness()
-    h.run(UserPut("alice", "H", ()))
-    data = pickle.dumps(h.state, protocol=5)
-    new, old = b"node.replication.machine.state", b"node.replication.state_machine"
-    assert len(new) == len(old) and data.count(new) == 1  # same length: pickle stays valid
-    st = _load_snapshot()(data.replace(new, old))
-    assert isinstance(st, BrokerState) and st.users == {"alice": ("H", ())}
-    assert pickle.dumps(st, protocol=5) == data
-
-
-def _load_snapshot() -> Callable[[bytes], Any]:
-    """The allowlist unpickler snapshots are loaded with (a leader's too)."""
-    from node.replication.raft.snapshot import load_snapshot
-    return load_snapshot
+    st = snapshot_copy(h.state)
+    assert st.config_version == h.state.config_version
+    assert st.users == {"alice": ("H", ())} and list(st.members) == ["n1"]
+    assert "/" in st.vhosts and st.exchanges.keys() == h.state.exchanges.keys()
+    st.users["bob"] = ("H", ())  # the applier may mutate in place again
+    assert list(build(st).users) == ["alice", "bob"]
 
 
 # ---------------------------------------------------------------- publisher
@@ -260,17 +230,17 @@ def test_publisher_coalesces_ticks_and_follows_a_replaced_state() -> None:
     _run(main)
 
 
-def test_publisher_follows_a_state_from_an_old_snapshot() -> None:
-    """A state loaded from an old snapshot (config_version 0) still shows its users."""
+def test_publisher_follows_a_replaced_state_whose_config_version_is_behind() -> None:
+    """A state loaded from a snapshot (a new object) whose config_version is
+    behind the model's still shows its users: the publisher rebuilds a replaced state."""
     async def main(loop: asyncio.AbstractEventLoop) -> None:
         h = Harness()
         h.run(UserPut("alice", "H", ()))
         pub_ = ModelPublisher(loop)
         pub_.tick(h.state)
         await _settle()
-        old = pickle.loads(pickle.dumps(h.state))
-        del old.config_version
-        loaded: BrokerState = pickle.loads(pickle.dumps(old))
+        loaded: BrokerState = snapshot_copy(h.state)
+        loaded.config_version = 0
         loaded.users["bob"] = ("H", ())
         pub_.tick(loaded)
         await _settle()

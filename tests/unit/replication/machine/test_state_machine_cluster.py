@@ -2,7 +2,6 @@
 (S25), and batch dedup when retried batches commit out of order."""
 from __future__ import annotations
 
-import pickle
 from typing import Any
 
 from node.replication.command import (
@@ -43,6 +42,7 @@ from tests.support.machine import (
     pub,
     qdecl,
 )
+from tests.support.snapshot import snapshot_bytes, snapshot_copy
 
 C1 = chan(1)  # on n1
 R1 = chan(1, conn=7, node="n2")  # on n2
@@ -230,7 +230,7 @@ def test_draining_unknown_member_is_ignored_and_drop_member_clears_it() -> None:
     assert list(h.state.in_sync) == ["n1", "n2", "n3"]
     # survives a snapshot
     h.run(SetDraining("n2", True))
-    assert list(pickle.loads(pickle.dumps(h.state)).draining) == ["n2"]
+    assert list(snapshot_copy(h.state).draining) == ["n2"]
 
 
 # -- NodeDown (S25) -------------------------------------------------------------------
@@ -356,10 +356,10 @@ def _all_ready(s: BrokerState) -> list[bytes]:
 
 def test_gap_batch_is_ignored_until_resent_in_order() -> None:
     s = _fresh()
-    before = pickle.dumps(s)
+    before = snapshot_bytes(s)
     assert batch_verdict(s, _b(2, b"b")) == GAP
     assert apply_batch(s, _b(2, b"b")) == []
-    assert pickle.dumps(s) == before, "a batch after a gap changes nothing"
+    assert snapshot_bytes(s) == before, "a batch after a gap changes nothing"
     # go-back-N: the proposer resends 1 then 2, then a stale duplicate arrives
     for seq, body in ((1, b"a"), (2, b"b"), (1, b"a"), (3, b"c"), (2, b"b")):
         apply_batch(s, _b(seq, body))
@@ -371,9 +371,9 @@ def test_batch_verdict_is_pure_and_matches_apply() -> None:
     s = _fresh()
     assert batch_verdict(s, _b(1, b"a")) == APPLIED
     assert batch_verdict(s, _b(2, b"b")) == GAP
-    before = pickle.dumps(s)
+    before = snapshot_bytes(s)
     assert batch_verdict(s, _b(1, b"a")) == APPLIED
-    assert pickle.dumps(s) == before
+    assert snapshot_bytes(s) == before
     apply_batch(s, _b(1, b"a"))
     assert batch_verdict(s, _b(1, b"a")) == DUPLICATE
     assert batch_verdict(s, _b(2, b"b")) == APPLIED
@@ -412,15 +412,15 @@ def _cluster_scenario() -> list[Batch]:
     ]
 
 
-def test_determinism_two_states_same_batches_pickle_equal() -> None:
+def test_determinism_two_states_same_batches_snapshot_equal() -> None:
     batches = _cluster_scenario()
     s1, s2 = default_state(), default_state()
     fx1: list[list[Effect]] = [apply_batch(s1, b) for b in batches]
     fx2: list[list[Effect]] = [apply_batch(s2, b) for b in batches]
     assert fx1 == fx2
-    assert pickle.dumps(s1) == pickle.dumps(s2)
-    s3 = pickle.loads(pickle.dumps(s1))
-    assert pickle.dumps(s3) == pickle.dumps(s1)
+    assert snapshot_bytes(s1) == snapshot_bytes(s2)
+    s3 = snapshot_copy(s1)
+    assert snapshot_bytes(s3) == snapshot_bytes(s1)
     # the scenario did what it says
     assert list(s1.members) == ["n1", "n2"] and list(s1.in_sync) == ["n1", "n2"]
     assert any(isinstance(e, ConnectionFailure) for fx in fx1 for e in fx)
@@ -443,4 +443,4 @@ def test_users_put_update_delete_and_snapshot() -> None:
     assert h.state.users == {"alice": ("HASH2", ()), "bob": ("HASH3", ())}
     h.run(UserDelete("alice"), UserDelete("nobody"))
     assert list(h.state.users) == ["bob"]
-    assert pickle.loads(pickle.dumps(h.state)).users == {"bob": ("HASH3", ())}
+    assert snapshot_copy(h.state).users == {"bob": ("HASH3", ())}

@@ -3,12 +3,11 @@ challenge-response (same password: connected both ways; other password: both
 closed, nothing delivered), the frame MACs (a replayed, reordered, dropped or
 altered frame closes the link, nothing delivered past it), a member on the
 old link protocol refused with a line naming both, mutual TLS, a large
-AppendEntries delivered whole, the per-follower byte window (_Flow), and the
-snapshot unpickler's allowlist."""
+AppendEntries delivered whole and the per-follower byte window (_Flow).
+(Snapshots: test_snapshot_format.py.)"""
 from __future__ import annotations
 
 import os
-import pickle
 import socket
 import struct
 from collections.abc import Callable
@@ -19,9 +18,7 @@ import pytest
 
 from node.app.pki import make_ca, make_member
 from node.replication.codec import decode, encode
-from node.replication.machine import default_state
 from node.replication.raft.shim import _Flow
-from node.replication.raft.snapshot import load_snapshot
 from node.replication.raft.transport import (
     CONNECTION_STATE,
     K_APPEND,
@@ -297,20 +294,3 @@ def test_flow_window_counts_unacknowledged_bytes_and_forgets_on_reset() -> None:
     assert f.inflight == 400 and list(f.chunks) == [(30, 400)]
     f.settle(match=20, next_index=21)  # the follower reset us back to 21: resend from there
     assert f.inflight == 0 and not f.chunks
-
-
-class _Evil:
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (os.system, ("echo pwned",))
-
-
-def test_snapshot_unpickler_loads_broker_state_and_refuses_callables() -> None:
-    state = default_state()
-    assert type(load_snapshot(pickle.dumps((state, {"x": 1}), protocol=5))[0]) is type(state)
-    with pytest.raises(pickle.UnpicklingError):
-        load_snapshot(pickle.dumps(_Evil()))
-    with pytest.raises(pickle.UnpicklingError):
-        load_snapshot(pickle.dumps(print))
-    from node.replication.config import RaftConfig  # a type of ours, but not of the state
-    with pytest.raises(pickle.UnpicklingError):
-        load_snapshot(pickle.dumps(RaftConfig()))
