@@ -1,6 +1,8 @@
 """The Raft journal on disk: pysyncobj's FileJournal made durable and safe on a full disk.
 
-- FsyncMetaStorer: term and vote fsync'd before they are acted on (Raft §5.2);
+- FsyncMetaStorer: term and vote fsync'd before they are acted on (Raft §5.2),
+  in our codec (pysyncobj pickles the meta file; an older build's pickled one
+  is parsed without unpickling: legacy_meta);
 - _PreallocFile: journal growth reserved with fallocate, so a full disk is an
   OSError (ENOSPC) before a write, not a SIGBUS inside the mmap;
 - _Journal: add() that leaves no hole when a write fails, and compaction in
@@ -16,13 +18,15 @@ import ctypes
 import errno
 import logging
 import os
+import pickletools
 import struct
 from typing import Any
 
+import pysyncobj.journal as _pysyncobj_journal
 from pysyncobj.journal import FIRST_RECORD_OFFSET, FileJournal, MetaStorer, ResizableFile
-from pysyncobj.pickle import dumps as _pysyncobj_dumps
 from pysyncobj.pickle import to_bytes as _to_bytes
 
+from node.replication.codec import CodecError, decode, encode
 from node.replication.raft.data_dir import open_private
 
 log = logging.getLogger(__name__)
@@ -44,7 +48,7 @@ class FsyncMetaStorer(MetaStorer):  # type: ignore[misc]
         sync = vote != self._durable
         try:
             with os.fdopen(open_private(tmp), "wb") as f:  # 0600: the data dir is private
-                f.write(_pysyncobj_dumps(meta))
+                f.write(encode_meta(meta))
                 if sync:
                     f.flush()
                     os.fsync(f.fileno())
@@ -62,6 +66,102 @@ class FsyncMetaStorer(MetaStorer):  # type: ignore[misc]
         if sync:
             _fsync_dir(os.path.dirname(path) or ".")
             self._durable = vote
+
+    def getMeta(self) -> dict[str, Any]:  # noqa: N802 - pysyncobj's name
+        try:
+            with open(self.getPath(), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return {}
+        try:
+            return decode_meta(data)
+        except ValueError as exc:
+            # what pysyncobj does with a meta file it cannot read (start from term 0),
+            # but said
+            log.error("journal meta %s unreadable (%s): starting from term 0, no vote",
+                      self.getPath(), exc)
+            return {}
+
+
+def use_our_meta_storer() -> None:
+    """FileJournal reads its meta file in its constructor through the name
+    MetaStorer of pysyncobj.journal: point that name at ours first, so no
+    pickle is ever loaded (called before the shim builds SyncObj)."""
+    _pysyncobj_journal.MetaStorer = FsyncMetaStorer
+
+
+META_MAGIC = b"MQMETA1\n"
+_META_KEYS = ("currentTerm", "votedForNodeId", "raftCommitIndex")
+
+
+def encode_meta(meta: dict[str, Any]) -> bytes:
+    return META_MAGIC + encode({k: meta[k] for k in _META_KEYS if k in meta})
+
+
+def decode_meta(data: bytes) -> dict[str, Any]:
+    """The meta file's dict; ValueError if it is not one."""
+    if data.startswith(META_MAGIC):
+        try:
+            meta = decode(data, len(META_MAGIC))
+        except CodecError as exc:
+            raise ValueError(str(exc)) from None
+    else:
+        meta = legacy_meta(data)
+    if not (isinstance(meta, dict) and set(meta) <= set(_META_KEYS)
+            and all(type(v) is int for k, v in meta.items() if k != "votedForNodeId")
+            and type(meta.get("votedForNodeId")) in (str, type(None))):
+        raise ValueError("not a journal meta table")
+    return meta
+
+
+# pickle opcodes a pickled {str: int | str | None} is made of, and nothing else
+_PUSH = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "BININT", "BININT1",
+         "BININT2", "LONG1", "LONG4", "INT", "LONG"}
+
+
+def legacy_meta(data: bytes) -> dict[str, Any]:
+    """The meta dict an older build wrote with pysyncobj's pickle, read by
+    walking its opcodes (pickletools.genops only parses: nothing is imported,
+    called or constructed). Any opcode outside a plain table of strings,
+    integers and None is a ValueError."""
+    stack: list[Any] = []
+    marks: list[int] = []
+    memo: dict[int, Any] = {}
+    try:
+        for op, arg, _pos in pickletools.genops(data):
+            name = op.name
+            if name in ("PROTO", "FRAME"):
+                continue
+            if name == "STOP":
+                break
+            if name == "EMPTY_DICT":
+                stack.append({})
+            elif name in _PUSH:
+                stack.append(arg)
+            elif name == "NONE":
+                stack.append(None)
+            elif name == "MARK":
+                marks.append(len(stack))
+            elif name == "MEMOIZE":
+                memo[len(memo)] = stack[-1]
+            elif name in ("BINPUT", "LONG_BINPUT", "PUT"):
+                memo[int(str(arg))] = stack[-1]
+            elif name in ("BINGET", "LONG_BINGET", "GET"):
+                stack.append(memo[int(str(arg))])
+            elif name == "SETITEM":
+                v, k = stack.pop(), stack.pop()
+                stack[-1][k] = v
+            elif name == "SETITEMS":
+                at = marks.pop()
+                items, stack[at:] = stack[at:], []
+                stack[-1].update(zip(items[::2], items[1::2], strict=True))
+            else:
+                raise ValueError(f"pickle opcode {name} in a journal meta file")
+    except (IndexError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"malformed pickle: {exc!r}") from None
+    if len(stack) != 1:
+        raise ValueError("malformed pickle")
+    return stack[0]  # type: ignore[no-any-return]
 
 
 def _fallocate(fd: int, offset: int, length: int) -> None:

@@ -54,7 +54,12 @@ from node.replication.config import RaftConfig
 from node.replication.machine.state import BrokerState
 from node.replication.raft.data_dir import make_private_dir, tighten
 from node.replication.raft.election import ElectionMixin, quiet_timeouts
-from node.replication.raft.journal import FsyncMetaStorer, _Journal, _PreallocFile
+from node.replication.raft.journal import (
+    FsyncMetaStorer,
+    _Journal,
+    _PreallocFile,
+    use_our_meta_storer,
+)
 from node.replication.raft.messages import MIRRORED, PREVOTE, PREVOTE_REPLY, TERM_NOTICE
 from node.replication.raft.snapshot import SnapshotMixin, SnapshotReceiver
 from node.replication.raft.transport import LOST_REASONS, PeerSecurity, PeerTransport, tls_contexts
@@ -204,8 +209,7 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
         if isinstance(journal, FileJournal):
             journal.__class__ = _Journal  # created by pysyncobj; same state, faster compaction
             journal._FileJournal__journalFile.__class__ = _PreallocFile  # no SIGBUS on a full disk
-            old = journal._FileJournal__metaStorer
-            journal._FileJournal__metaStorer = FsyncMetaStorer(old.getPath())
+            assert isinstance(journal._FileJournal__metaStorer, FsyncMetaStorer)  # use_our_meta_storer
         receiver = self._SyncObj__serializer
         receiver.__class__ = SnapshotReceiver  # a leader's snapshot: private, checked before it is ours
         receiver.accept = owner._accept_snapshot
@@ -501,6 +505,7 @@ class RaftShim(ElectionMixin, SnapshotMixin):
             # where the Raft port listens (transport._createServer); None: every address
             bindAddress=f"{c.bind_host}:{c.port}" if c.bind_host else None,
         )
+        use_our_meta_storer()  # before FileJournal reads its meta file (no pickle)
         self._so = _BrokerLog(self, self.address, list(c.peers.values()), conf)
         journal = self._so._SyncObj__raftLog
         try:  # before the first tick, where pysyncobj would load it

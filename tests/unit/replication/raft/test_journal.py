@@ -4,11 +4,20 @@ it back), and the meta storer syncs only term/vote changes."""
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 
 import pytest
 
-from node.replication.raft.journal import FileJournal, FsyncMetaStorer, _Journal
+from node.replication.raft.journal import (
+    META_MAGIC,
+    FileJournal,
+    FsyncMetaStorer,
+    _Journal,
+    decode_meta,
+    legacy_meta,
+    use_our_meta_storer,
+)
 
 
 def test_compaction_keeps_the_tail_readable_by_pysyncobj(tmp_path: Path) -> None:
@@ -40,3 +49,55 @@ def test_meta_syncs_only_term_and_vote_changes(tmp_path: Path, monkeypatch: pyte
     m.storeMeta({"currentTerm": 2, "votedForNodeId": "n2", "raftCommitIndex": 900})
     assert len(synced) > first
     assert m.getMeta()["raftCommitIndex"] == 900
+
+
+# ------------------------------------------- the meta file without pickle (issue 26)
+def test_meta_is_written_in_our_codec_and_read_back(tmp_path: Path) -> None:
+    m = FsyncMetaStorer(str(tmp_path / "raft.journal.meta"))
+    meta = {"currentTerm": 7, "votedForNodeId": "10.0.0.2:25672", "raftCommitIndex": 12345}
+    m.storeMeta(meta)
+    data = (tmp_path / "raft.journal.meta").read_bytes()
+    assert data.startswith(META_MAGIC) and not data.startswith(b"\x80")
+    assert m.getMeta() == meta
+    assert FsyncMetaStorer(str(tmp_path / "absent")).getMeta() == {}
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_an_older_builds_pickled_meta_is_read_without_unpickling(tmp_path: Path, protocol: int) -> None:
+    """What pysyncobj's MetaStorer wrote (pickle), parsed opcode by opcode."""
+    for meta in ({"currentTerm": 3, "votedForNodeId": None, "raftCommitIndex": 1 << 40},
+                 {"currentTerm": 300, "votedForNodeId": "n2:1", "raftCommitIndex": 5}, {}):
+        path = tmp_path / f"meta{protocol}"
+        path.write_bytes(pickle.dumps(meta, protocol=protocol))
+        assert FsyncMetaStorer(str(path)).getMeta() == meta
+        assert legacy_meta(pickle.dumps(meta, protocol=protocol)) == meta
+
+
+class _Boom:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, ("touch /tmp/mirrorq-meta-pwned",))
+
+
+def test_a_meta_pickle_that_builds_anything_else_is_refused_unrun(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "raft.journal.meta"
+    for evil in (pickle.dumps({"currentTerm": _Boom()}), pickle.dumps(_Boom()), b"cos\nsystem\n(S'id'\ntR.",
+                 pickle.dumps({"currentTerm": [1]}), pickle.dumps({"other": 1}), b"\x80\x05garbage", b""):
+        with pytest.raises(ValueError):
+            decode_meta(evil)
+        path.write_bytes(evil)
+        assert FsyncMetaStorer(str(path)).getMeta() == {}  # as pysyncobj did, but said:
+    assert "journal meta" in caplog.text and "unreadable" in caplog.text
+    assert not os.path.exists("/tmp/mirrorq-meta-pwned")
+
+
+def test_file_journals_read_their_meta_through_our_storer(tmp_path: Path) -> None:
+    """pysyncobj's FileJournal reads its meta file in its constructor: after
+    use_our_meta_storer (the shim calls it first) that read is ours."""
+    use_our_meta_storer()
+    path = str(tmp_path / "raft.journal")
+    FsyncMetaStorer(path + ".meta").storeMeta({"currentTerm": 9, "votedForNodeId": "x:1", "raftCommitIndex": 4})
+    j = FileJournal(path)
+    assert isinstance(j._FileJournal__metaStorer, FsyncMetaStorer)
+    assert (j.getCurrentTerm(), j.getVotedForNodeId()) == (9, "x:1")
+    j._destroy()
