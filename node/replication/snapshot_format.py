@@ -46,8 +46,9 @@ FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sHHQI")
 HEADER_SIZE = _HEADER.size
 _U32 = struct.Struct("<I")
-# seq, expires_at, delivery_count, flags, exchange length, routing key length
-_MSG = struct.Struct("<qdIBII")
+# seq, expires_at, delivery_count, flags, exchange length, routing key length,
+# body length (or, with _BODY_REF, the index of a body written before)
+_MSG = struct.Struct("<qdIBIII")
 _PERSISTENT, _REDELIVERED, _EXPIRES, _PROPS_EMPTY, _PROPS_REF, _BODY_REF = 1, 2, 4, 8, 16, 32
 _FLUSH_PIECES = 16384  # encoded pieces joined into one write
 
@@ -273,17 +274,14 @@ class _MessageWriter:
         ex = m.exchange.encode()
         rk = m.routing_key.encode()
         out.append(_MSG.pack(m.seq, 0.0 if expires is None else expires, m.delivery_count, flags,
-                             len(ex), len(rk)))
+                             len(ex), len(rk), bref if bref >= 0 else len(body)))
         out.append(ex)
         out.append(rk)
         if flags & _PROPS_REF:
             out.append(_U32.pack(pref))
         elif props:
             encode_into(props, out)
-        if bref >= 0:
-            out.append(_U32.pack(bref))
-        else:
-            out.append(_U32.pack(len(body)))
+        if bref < 0:
             out.append(body)
 
 
@@ -362,6 +360,7 @@ class _Reader:
         self.pos = pos
         self.bodies: list[bytes] = []
         self.props: list[dict[str, Any]] = []
+        self.names: dict[bytes, str] = {}
 
     def value(self) -> Any:
         v, self.pos = decode_from(self.data, self.pos)
@@ -481,12 +480,20 @@ class _Reader:
     def message(self) -> Message:
         data = self.data
         pos = self.pos
-        seq, expires, count, flags, n_ex, n_rk = _MSG.unpack_from(data, pos)
+        seq, expires, count, flags, n_ex, n_rk, n = _MSG.unpack_from(data, pos)
         pos += _MSG.size
         end = pos + n_ex + n_rk
         _expect(end <= len(data), "message truncated")
-        exchange = data[pos:pos + n_ex].decode()
-        rk = data[pos + n_ex:end].decode()
+        # one str per distinct name, not one per message (the same few recur)
+        names = self.names
+        raw = data[pos:pos + n_ex]
+        exchange = names.get(raw)
+        if exchange is None:
+            exchange = names[raw] = raw.decode()
+        raw = data[pos + n_ex:end]
+        rk = names.get(raw)
+        if rk is None:
+            rk = names[raw] = raw.decode()
         pos = end
         if flags & _PROPS_EMPTY:
             props: dict[str, Any] = {}
@@ -497,8 +504,6 @@ class _Reader:
             props, pos = decode_from(data, pos)
             _expect(type(props) is dict, "message properties")
             self.props.append(props)
-        n = _U32.unpack_from(data, pos)[0]
-        pos += 4
         if flags & _BODY_REF:
             body = _at(self.bodies, n, "body")
         else:
