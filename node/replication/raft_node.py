@@ -494,6 +494,7 @@ class RaftNode:
             journal_flush_errors=shim.journal_flush_errors,
             installed_snapshots=shim.installed_snapshots,
             refused_snapshots=shim.refused_snapshots,
+            damaged_snapshots=shim.damaged_snapshots,
             skipped_closes=self.skipped_closes,
             longest_fork_ms=round(shim.longest_fork * 1000, 1),
             longest_owner_tick_ms=round(shim.longest_owner_tick * 1000, 1),

@@ -77,6 +77,7 @@ class NodeStatus:
     journal_flush_errors: int
     installed_snapshots: int
     refused_snapshots: int
+    damaged_snapshots: int  # leader's snapshots refused here: they did not read back (checksum, format)
     skipped_closes: int
     longest_fork_ms: float
     longest_owner_tick_ms: float

@@ -463,7 +463,7 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         self.journal_write_errors = 0  # appends the journal refused (OSError, e.g. ENOSPC)
         self.installed_snapshots = 0  # snapshots installed from the leader
         self.refused_snapshots = 0  # snapshot chunks dropped: we had applied past them
-        self.refused_damaged_snapshots = 0  # leader's snapshots that did not read back (checksum, format)
+        self.damaged_snapshots = 0  # leader's snapshots that did not read back (checksum, format)
         self.journal_flush_errors = 0  # failed journal flushes (msync)
         self.last_journal_error = ""
         self._journal_error_logged = 0.0

@@ -148,7 +148,7 @@ class SnapshotMixin:
     longest_fork: float
     installed_snapshots: int
     refused_snapshots: int
-    refused_damaged_snapshots: int
+    damaged_snapshots: int
     # a snapshot read ahead (at start, or received whole): (path, state, position)
     _loaded: tuple[str, BrokerState, RaftMeta] | None
 
@@ -264,7 +264,7 @@ class SnapshotMixin:
             with open(received, "rb") as f:
                 state, meta = read_snapshot(f.read())
         except (OSError, SnapshotFormatError) as exc:
-            self.refused_damaged_snapshots += 1
+            self.damaged_snapshots += 1
             log.error("refusing the snapshot the leader sent (%s): nothing installed, the "
                       "leader sends it again", exc)
             return False
