@@ -145,13 +145,14 @@ class WireChannel:
         self.next_seq = 1
         self.confirms = ConfirmTracker()
         self.tx_buffer: list[TxItem] = []
+        self.tx_bytes = 0  # bodies in tx_buffer (counted in conn.held_bytes)
         self.swallow_recover_ok = 0
         # content being assembled: publish method, props, declared size, parts
         self.pending: Any = None
         self.pending_props: dict[str, Any] = {}
         self.pending_size = -1  # -1: waiting for the content header
         self.pending_parts: list[bytes] = []
-        self.pending_got = 0
+        self.pending_got = 0  # body bytes in pending_parts (counted in conn.held_bytes)
         self.owed_credit: dict[str, int] = {}
 
     # ------------------------------------------------------------ input
@@ -215,13 +216,16 @@ class WireChannel:
         else:
             self.pending_parts.append(payload)
             self.pending_got = got
+            self.conn.count_held(len(payload))
 
     def _complete(self, body: bytes) -> None:
         m = self.pending
         self.pending = None
         self.pending_size = -1
         self.pending_parts = []
-        self.pending_got = 0
+        if self.pending_got:
+            self.conn.count_held(-self.pending_got)
+            self.pending_got = 0
         seq = 0
         if self.mode == "confirm":
             seq = self.next_seq
@@ -231,8 +235,21 @@ class WireChannel:
         self.conn.published = True
         if self.mode == "tx":
             self.tx_buffer.append(cmd)
+            self.tx_bytes += len(body)
+            self.conn.count_held(len(body))
         else:
             self.propose(cmd, len(body))
+
+    def release(self) -> None:
+        """Drop the unfinished message and the open transaction (channel closed or
+        failed): the connection no longer holds their bytes."""
+        self.conn.count_held(-(self.pending_got + self.tx_bytes))
+        self.pending = None
+        self.pending_size = -1
+        self.pending_parts = []
+        self.pending_got = 0
+        self.tx_buffer = []
+        self.tx_bytes = 0
 
     # ------------------------------------------------------------ channel class
 
@@ -247,7 +264,7 @@ class WireChannel:
 
     def on_channel_close(self, m: frame.Method) -> None:
         self.state = CLOSING_CLIENT
-        self.pending = None
+        self.release()
         self.propose(ChannelClose(self.id, True))
 
     def on_channel_close_ok(self, m: frame.Method) -> None:
@@ -397,15 +414,19 @@ class WireChannel:
             raise ChannelException(406, "PRECONDITION_FAILED - channel is not transactional",
                                    90, 20)
         items = tuple(self.tx_buffer)
+        size = self.tx_bytes
         self.tx_buffer = []
-        size = sum(len(c.body) for c in items if isinstance(c, BasicPublish))
+        self.tx_bytes = 0
+        self.conn.count_held(-size)  # from here the proposer's in-flight bound counts them
         self.propose(TxCommit(self.id, items), size)
 
     def on_tx_rollback(self, m: frame.Method) -> None:
         if self.mode != "tx":
             raise ChannelException(406, "PRECONDITION_FAILED - channel is not transactional",
                                    90, 30)
+        self.conn.count_held(-self.tx_bytes)
         self.tx_buffer = []
+        self.tx_bytes = 0
         self.propose(Echo(self.id, "Tx.RollbackOk", {}))
 
     def on_access_request(self, m: frame.Method) -> None:

@@ -35,13 +35,20 @@ class WireConfig:
     frame_max: int = 131072
     channel_max: int = 2047
     heartbeat: int = 60
-    memory_high_watermark: int = 0  # bytes of queued message bodies; 0 = off
+    # bytes of message bodies held (queued, plus what connections hold: unfinished
+    # bodies and open transactions) above which publishers are blocked; 0 = off. The
+    # node's config resolves a relative watermark (the default) into bytes.
+    memory_high_watermark: int = 0
+    # bytes one connection may hold in unfinished bodies and open transactions
+    # before it is not read past its next publish (connection.blocked); 0 = a
+    # quarter of memory_high_watermark (none when that is off)
+    max_connection_buffer: int = 0
     # free bytes on the data dir's filesystem below which publishers are blocked
     # (RabbitMQ's disk_free_limit default is 50 MB); 0 = off
     disk_free_limit: int = 50 * 1000 * 1000
     data_dir: str = ""  # set by the node (the filesystem disk_free_limit watches)
     consumer_credit: int = 256  # initial BasicConsume.credit
-    max_message_size: int = 128 * 1024 * 1024
+    max_message_size: int = 16 * 1024 * 1024  # RabbitMQ 4.x's default (3.x: 128 MiB)
     # x-max-length of queues that declare none (0 = unbounded); beyond it
     # publishes are nacked (reject-publish) unless the queue sets x-overflow
     default_queue_max_length: int = 1_000_000
@@ -49,6 +56,12 @@ class WireConfig:
     inflight_publish_bytes: int = 64 * 1024 * 1024
     handshake_timeout: float = 10.0  # seconds from TCP accept to Connection.Open
     close_timeout: float = 3.0  # wait for Connection.CloseOk after we sent Close
+
+    def connection_buffer_limit(self) -> int:
+        """The bytes one connection may hold (0: no limit)."""
+        if self.max_connection_buffer > 0:
+            return self.max_connection_buffer
+        return self.memory_high_watermark // 4
 
 
 VERIFY_MODES = ("none", "optional", "required")

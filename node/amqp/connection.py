@@ -77,6 +77,22 @@ SERVER_PROPERTIES: dict[str, Any] = {
 AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, RUNNING, CLOSING, CLOSED = range(7)
 
 
+# Connection.Blocked's reason when a connection's own buffer is over its share
+# (the node-wide alarms say "low on memory" / "low on disk", as RabbitMQ)
+BUFFER_FULL = "low on memory (connection buffer full)"
+
+
+class HeldBytes:
+    """Node-wide sum of the bytes connections hold in unfinished message bodies
+    and open transactions: shared by every Connection of a server, read by the
+    memory watermark check."""
+
+    __slots__ = ("total",)
+
+    def __init__(self) -> None:
+        self.total = 0
+
+
 def is_loopback(host: str | None) -> bool:
     if not host:
         return False
@@ -92,8 +108,15 @@ class Connection:
     def __init__(self, proposer: Proposer, conn_id: ConnId, config: WireConfig,
                  clock: Callable[[], float] = time.monotonic, peer_host: str | None = None,
                  login_gate: LoginGate | None = None,
-                 open_gate: Callable[[], str | None] | None = None) -> None:
+                 open_gate: Callable[[], str | None] | None = None,
+                 gauge: HeldBytes | None = None) -> None:
         self.proposer = proposer
+        self.gauge = gauge if gauge is not None else HeldBytes()
+        # bytes of unfinished bodies and tx buffers of this connection's channels;
+        # past buffer_limit, publishes are held unread (see _hold_frame)
+        self.held_bytes = 0
+        self.buffer_limit = config.connection_buffer_limit()
+        self.alarm: str | None = None  # the node-wide alarm (set_blocked)
         self.peer_host = peer_host  # None: unknown (treated as remote)
         # asked at start-ok (the login throttle) and at connection.open (the node's
         # connection limit: why not, or None), not at accept: a client that opened
@@ -182,7 +205,7 @@ class Connection:
                 "version_major": 0, "version_minor": 9,
                 "server_properties": SERVER_PROPERTIES,
                 "mechanisms": "PLAIN AMQPLAIN", "locales": "en_US"}))
-        frames = reader.frames()
+        frames = reader.frames(self._hold_frame if self.buffer_limit else None)
         try:
             for ftype, chan, payload in frames:
                 try:
@@ -195,6 +218,43 @@ class Connection:
             self._fatal(501, str(err))
         finally:
             frames.close()  # drops the consumed bytes from the buffer
+        if self.buffer_limit:
+            self._update_blocked()
+
+    # ------------------------------------------------------------ held bytes
+
+    def count_held(self, delta: int) -> None:
+        """Body bytes this connection starts (+) or stops (-) holding."""
+        self.held_bytes += delta
+        self.gauge.total += delta
+
+    def over_buffer(self) -> bool:
+        return bool(self.buffer_limit) and self.held_bytes > self.buffer_limit
+
+    @property
+    def input_held(self) -> bool:
+        """Frames wait unread in the buffer (the shell stops reading the socket)."""
+        return self.reader.held
+
+    def _hold_frame(self, ftype: int, chan: int, payload: bytes) -> bool:
+        """Over its buffer, a connection is not read past the next publish (as
+        RabbitMQ blocks a publishing connection); the content of a message
+        already started goes on while it is the only one, so that it can finish
+        (and a Tx.Commit behind it can free the transaction). Content frames while
+        several messages are unfinished at once wait too: only closing frees them."""
+        if self.phase != RUNNING or not self.over_buffer():
+            return False
+        if ftype == frame.FRAME_METHOD:
+            return frame.method_ids(payload) == (60, 40)
+        if ftype in (frame.FRAME_HEADER, frame.FRAME_BODY):
+            started = [n for n, ch in self.channels.items() if ch.pending is not None]
+            return started != [chan]
+        return False
+
+    def retry_input(self) -> None:
+        """Process frames held back, e.g. after a channel error freed its bytes."""
+        if self.reader.held and not self.over_buffer():
+            self.data_received(b"")
 
     def _frame(self, ftype: int, chan: int, payload: bytes) -> None:
         if ftype not in frame.FRAME_TYPES:
@@ -459,8 +519,7 @@ class Connection:
             return
         ch.flush_confirms()
         ch.state = CLOSING_LOCAL
-        ch.pending = None
-        ch.tx_buffer = []
+        ch.release()
         self.dirty.discard(ch)
         self.write(frame.encode_method(ch.number, "Channel.Close", {
             "reply_code": err.code, "reply_text": err.text,
@@ -505,6 +564,7 @@ class Connection:
         if self.opened_in_log:
             self.opened_in_log = False
             self.proposer.propose(ConnectionClose(self.id))
+        self.count_held(-self.held_bytes)
         self.channels.clear()
         self.by_id.clear()
         self.dirty.clear()
@@ -569,7 +629,8 @@ class Connection:
         hb = self.heartbeat
         if hb <= 0:
             return
-        if now - self.last_recv > 2 * hb:  # peer dead (S08)
+        # not while its frames wait unread: the peer's heartbeats are behind them
+        if now - self.last_recv > 2 * hb and not self.reader.held:  # peer dead (S08)
             self._finish()
             return
         if now - self.last_send >= hb / 2 and not self.out:
@@ -667,8 +728,15 @@ class Connection:
     # ------------------------------------------------------------ flow control
 
     def set_blocked(self, reason: str | None) -> bool:
-        """An alarm (reason) or its end: Connection.Blocked/Unblocked to
-        clients that asked. True when something was written."""
+        """A node-wide alarm (reason) or its end: Connection.Blocked/Unblocked
+        to clients that asked. True when something was written."""
+        self.alarm = reason
+        return self._update_blocked()
+
+    def _update_blocked(self) -> bool:
+        """Blocked while a node-wide alarm is on or this connection's own buffer
+        is over its share."""
+        reason = self.alarm or (BUFFER_FULL if self.over_buffer() else None)
         blocked = reason is not None
         if blocked == self.blocked_sent or self.phase != RUNNING:
             return False

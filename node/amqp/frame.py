@@ -10,7 +10,7 @@ pamqp themselves.
 from __future__ import annotations
 
 import struct
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 from pamqp import commands, decode, encode
@@ -152,20 +152,24 @@ class FrameReader:
     rejected before its payload is buffered.
     """
 
-    __slots__ = ("buf", "frame_max")
+    __slots__ = ("buf", "frame_max", "held")
 
     def __init__(self, frame_max: int) -> None:
         self.buf = bytearray()
         self.frame_max = frame_max
+        self.held = False  # the last frames() stopped at a frame `hold` kept
 
     def feed(self, data: bytes) -> None:
         self.buf += data
 
-    def frames(self) -> Generator[tuple[int, int, bytes], None, None]:
+    def frames(self, hold: Callable[[int, int, bytes], bool] | None = None
+               ) -> Generator[tuple[int, int, bytes], None, None]:
         """Yield complete frames; consumed bytes are dropped once at the end
-        (or when the consumer stops iterating)."""
+        (or when the consumer stops iterating). `hold(type, channel, payload)`
+        true: stop before that frame and keep it (back-pressure; see `held`)."""
         buf = self.buf
         pos = 0
+        self.held = False
         try:
             n = len(buf)
             while n - pos >= 7:
@@ -179,6 +183,9 @@ class FrameReader:
                 if buf[end] != FRAME_END:
                     raise FrameError(f"FRAME_ERROR - type {ftype}, invalid_frame_end_marker {buf[end]}")
                 payload = bytes(buf[pos + 7:end])
+                if hold is not None and hold(ftype, chan, payload):
+                    self.held = True
+                    break
                 pos = end + 1
                 yield ftype, chan, payload
                 n = len(buf)

@@ -7,12 +7,13 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import ssl
 import time
 from typing import Any
 
 from node.amqp.config import WireConfig
-from node.amqp.connection import CLOSED, Connection, next_serial
+from node.amqp.connection import CLOSED, Connection, HeldBytes, next_serial
 from node.amqp.throttle import LoginThrottle
 from node.amqp.tls import peer_common_name
 from node.broker.ids import ConnId
@@ -25,6 +26,7 @@ TIMER_INTERVAL = 0.1  # drain, memory, disk and congestion checks
 TICKS_PER_HEARTBEAT_CHECK = 5  # heartbeat and timeout checks every 0.5 s
 WRITE_HIGH_WATER = 1024 * 1024
 WRITE_LOW_WATER = 256 * 1024
+_TCP_GONE = (7, 8)  # Linux tcp_states.h: TCP_CLOSE, TCP_CLOSE_WAIT (the peer sent FIN)
 
 
 class _Protocol(asyncio.Protocol):
@@ -55,7 +57,7 @@ class _Protocol(asyncio.Protocol):
         # throttle and connection limit are asked when the client logs in and opens
         conn = Connection(srv.proposer, ConnId(srv.node_id, next_serial()), srv.config,
                           peer_host=self.peer_host or None, login_gate=srv.throttle,
-                          open_gate=lambda: srv.admit_open(self))
+                          open_gate=lambda: srv.admit_open(self), gauge=srv.held)
         self.conn = conn
         srv.conns[conn.id.serial] = self
 
@@ -69,7 +71,9 @@ class _Protocol(asyncio.Protocol):
             log.exception("internal error on connection %s", conn.id)
             conn.connection_error(541, "INTERNAL_ERROR")
         self.flush()
-        if conn.published and not self.reading_paused and self.server.publishers_must_wait():
+        if conn.input_held:  # over its buffer: the kernel's buffers push back from here
+            self.pause_reading()
+        elif conn.published and not self.reading_paused and self.server.publishers_must_wait():
             self.pause_reading()
 
     def flush(self) -> None:
@@ -125,7 +129,24 @@ class _Protocol(asyncio.Protocol):
             self.reading_paused = True
             self.transport.pause_reading()
 
+    def peer_gone(self) -> bool:
+        """While reading is paused the loop does not see the peer go: ask the
+        kernel whether it has reset or ended the stream (TCP state CLOSE or
+        CLOSE_WAIT; unread data would hide it from a peek). Without this, a
+        blocked connection whose client died held its bytes until a heartbeat
+        write failed (never, with heartbeats off)."""
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is None or not hasattr(socket, "TCP_INFO"):
+            return False
+        try:
+            state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
+        except OSError:
+            return True
+        return state in _TCP_GONE
+
     def resume_reading(self) -> None:
+        if self.conn is not None and self.conn.input_held:
+            return  # frames wait unread: no more until they are taken
         if self.transport is not None and self.reading_paused:
             self.reading_paused = False
             if not self.transport.is_closing():
@@ -146,6 +167,7 @@ class AmqpServer:
         self.refused_handshakes = 0  # sockets closed by the handshake caps (logged, debug)
         self._refusal_logged = float("-inf")
         self.alarm: str | None = None
+        self.held = HeldBytes()  # bytes all connections hold (unfinished bodies, open tx)
         # one per node, shared with the management API's basic auth (node/app/node.py)
         self.throttle = throttle or throttle_from(config)
         self._disk_checked = float("-inf")
@@ -227,6 +249,15 @@ class AmqpServer:
 
     def connection_count(self) -> int:
         return len(self.conns)
+
+    def held_bytes(self) -> int:
+        """Message bytes held by connections, not yet in a queue: unfinished
+        bodies and open transactions (counted by the memory watermark)."""
+        return self.held.total
+
+    def memory_used(self) -> int:
+        """What the memory high-watermark compares: bodies queued plus held."""
+        return self.proposer.read_model().message_bytes + self.held.total
 
     # ------------------------------------------------------------ connection caps
 
@@ -361,7 +392,7 @@ class AmqpServer:
         high-watermark, disk free below the limit, or this node cut off from
         the majority (it could not make a publish safe)."""
         mark = self.config.memory_high_watermark
-        if mark > 0 and self.proposer.read_model().message_bytes > mark:
+        if mark > 0 and self.memory_used() > mark:
             alarm: str | None = "low on memory"
         elif self._disk_low():
             alarm = "low on disk"
@@ -370,8 +401,17 @@ class AmqpServer:
         changed = alarm != self.alarm
         self.alarm = alarm
         for proto in list(self.conns.values()):
+            conn = proto.conn
+            if conn is None:
+                continue
+            if conn.input_held:  # a channel error or close may have freed its buffer
+                conn.retry_input()
+                if not conn.input_held:
+                    proto.flush()
+                    if not (conn.published and self.publishers_must_wait()):
+                        proto.resume_reading()
             # every pass, so connections opened during an alarm learn of it too
-            if proto.conn is not None and proto.conn.set_blocked(alarm):
+            if conn.set_blocked(alarm):
                 proto.flush()
         if changed:
             self._update_reading()
@@ -389,6 +429,10 @@ class AmqpServer:
                 if n % TICKS_PER_HEARTBEAT_CHECK == 0:
                     for proto in list(self.conns.values()):
                         conn = proto.conn
+                        if proto.reading_paused and proto.peer_gone():
+                            assert proto.transport is not None
+                            proto.transport.abort()  # connection_lost releases it
+                            continue
                         if conn is not None:
                             conn.tick()
                             proto.flush()

@@ -95,6 +95,12 @@ class NodeConfig:
     admin_port: int | None = None
     metrics_port: int | None = None
     wire: WireConfig = field(default_factory=WireConfig)
+    # memory_high_watermark as a fraction of the memory the node may use (the
+    # cgroup limit or RAM; node.app.memory), resolved into wire.memory_high_watermark
+    # at start; None: that absolute value (0 = off). RabbitMQ 3.x's default is 0.4
+    # (4.x: 0.6, of the whole process's memory: this counts message bodies only,
+    # which the Raft log and the queues each hold a copy of, hence the lower one)
+    memory_high_watermark_relative: float | None = 0.4
     raft: RaftConfig = field(default_factory=RaftConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
@@ -107,10 +113,10 @@ class NodeConfig:
     https_context: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
 
 
-_WIRE_KEYS = {"frame_max", "channel_max", "heartbeat", "memory_high_watermark", "consumer_credit",
+_WIRE_KEYS = {"frame_max", "channel_max", "heartbeat", "consumer_credit",
               "max_message_size", "inflight_publish_bytes", "login_failure_limit",
               "max_connections", "disk_free_limit", "default_queue_max_length",
-              "max_handshakes", "max_handshakes_per_address"}
+              "max_handshakes", "max_handshakes_per_address", "max_connection_buffer"}
 # seconds (positive numbers)
 _WIRE_SECONDS = {"login_failure_window", "login_failure_delay", "login_failure_max_delay",
                  "handshake_timeout"}
@@ -124,7 +130,7 @@ _RAFT_KEYS = {"password", "password_file", "batch_max_commands", "batch_max_byte
 
 # node.toml keys (dotted) whose values are numbers: what a string-only source
 # (a Kubernetes CR's spec.config) must write as TOML numbers
-NUMERIC_KEYS = frozenset(_WIRE_KEYS | _WIRE_SECONDS
+NUMERIC_KEYS = frozenset(_WIRE_KEYS | _WIRE_SECONDS | {"memory_high_watermark"}
                          | {f"raft.{k}" for k in _RAFT_KEYS
                             if k not in ("password", "password_file", "tls_cert", "tls_key", "tls_ca")})
 
@@ -168,6 +174,16 @@ def apply_file(cfg: NodeConfig, path: str) -> None:
             if not isinstance(value, list) or not all(isinstance(u, str) for u in value):
                 raise ConfigError("loopback_users must be a list of user names ([] = none)")
             cfg.wire.loopback_users = list(value)
+        elif key == "memory_high_watermark":
+            # RabbitMQ's two forms: a fraction of memory (0.4) or bytes (0 = off)
+            if isinstance(value, float):
+                if not 0 < value <= 1:
+                    raise ConfigError("memory_high_watermark must be a fraction in (0, 1] "
+                                      f"of the memory or a number of bytes, got {value!r}")
+                cfg.memory_high_watermark_relative = value
+            else:
+                cfg.wire.memory_high_watermark = _int(key, value, 0, 2**50)
+                cfg.memory_high_watermark_relative = None
         elif key in _WIRE_KEYS:
             setattr(cfg.wire, key, _int(key, value, 0, 2**40))
         elif key == "raft" and isinstance(value, dict):

@@ -93,7 +93,8 @@ class NodeBackend:
                 heartbeat=conn.heartbeat, frame_max=conn.frame_max,
                 channel_max=conn.channel_max, tls=tls,
                 numbers={ch.id.serial: ch.number for ch in conn.channels.values()},
-                connected_at=now_wall - (now_mono - conn.created))
+                connected_at=now_wall - (now_mono - conn.created),
+                held_bytes=conn.held_bytes, blocked=proto.reading_paused or conn.input_held)
         return out
 
     def session(self, user: str, vhost: str, full_access: bool) -> AmqpSession:

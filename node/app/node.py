@@ -20,6 +20,7 @@ from node.amqp.config import default_listen
 from node.amqp.server import AmqpServer, throttle_from
 from node.app.administrator import Administrator
 from node.app.config import NodeConfig, raft_authenticated
+from node.app.memory import resolve_watermark
 from node.broker.password import hash_password
 from node.replication.raft_node import RaftNode
 from node.replication.status import NodeStatus
@@ -29,6 +30,13 @@ if TYPE_CHECKING:
     from node.http.server import HttpServer
 
 log = logging.getLogger("mirrorq")
+
+
+def _bytes(n: int, fraction: float | None) -> str:
+    if not n:
+        return "off"
+    text = f"{n} bytes ({n / 2**20:.0f} MiB)"
+    return f"{text}, {fraction} of this node's memory" if fraction is not None else text
 
 
 def _member_urls(cfg: NodeConfig) -> dict[str, str]:
@@ -53,6 +61,12 @@ class Node:
         self.raft = RaftNode(cfg.node_id, cfg.data_dir, loop, self._dispatch, cfg.raft)
         self.raft.seed_users = {name: hash_password(pw) for name, pw in cfg.wire.users.items()}
         cfg.wire.data_dir = cfg.data_dir
+        cfg.wire.memory_high_watermark = resolve_watermark(cfg.memory_high_watermark_relative,
+                                                           cfg.wire.memory_high_watermark)
+        log.info("memory high-watermark: %s; per-connection buffer (unfinished messages, "
+                 "open transactions): %s",
+                 _bytes(cfg.wire.memory_high_watermark, cfg.memory_high_watermark_relative),
+                 _bytes(cfg.wire.connection_buffer_limit(), None))
         # one login throttle per node: AMQP logins and HTTP basic auth share its budget
         self.throttle = throttle_from(cfg.wire)
         self.amqp = AmqpServer(self.raft, cfg.node_id, cfg.wire, self.throttle)
@@ -103,7 +117,9 @@ class Node:
     def status(self) -> NodeStatus:
         cfg = self.cfg
         return replace(self.raft.status(), connections=self.amqp.connection_count(),
-                       amqp_port=cfg.amqp_port, amqps_port=cfg.tls.port)
+                       amqp_port=cfg.amqp_port, amqps_port=cfg.tls.port,
+                       connection_held_bytes=self.amqp.held_bytes(),
+                       mem_limit=cfg.wire.memory_high_watermark)
 
     def status_dict(self) -> dict[str, Any]:
         """For the generic readers: gRPC Status and the Prometheus text."""

@@ -29,6 +29,8 @@ class LocalConnection:
     tls: bool = False
     numbers: dict[int, int] = field(default_factory=dict)  # channel serial -> AMQP number
     connected_at: float = 0.0
+    held_bytes: int = 0  # unfinished bodies and open transactions (memory watermark)
+    blocked: bool = False  # not read past its next publish (an alarm or its own buffer)
 
 
 class Backend(Protocol):

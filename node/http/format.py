@@ -165,7 +165,9 @@ def connection_json(c: MConnection, local: LocalConnection | None) -> dict[str, 
                     "client_properties": plain_json(local.client_properties),
                     "ssl": local.tls, "timeout": local.heartbeat, "frame_max": local.frame_max,
                     "channel_max": local.channel_max,
-                    "connected_at": int(local.connected_at * 1000)})
+                    "connected_at": int(local.connected_at * 1000),
+                    "held_bytes": local.held_bytes,
+                    "state": "blocked" if local.blocked else "running"})
     return out
 
 

@@ -86,11 +86,15 @@ class NodeStatus:
     in_sync_size: int
     confirm_latency: dict[str, Any]  # metric.Histogram.snapshot()
     peers: tuple[PeerStatus, ...]
-    # filled by the app (node/app/node.py), all three at once: absent from to_dict() until
+    # filled by the app (node/app/node.py), all at once: absent from to_dict() until
     # it has (connections is then an int; either port may be None: TLS only, no TLS)
     connections: int | None = None
     amqp_port: int | None = None
     amqps_port: int | None = None
+    # bytes connections hold in unfinished bodies and open transactions, and the
+    # memory high-watermark they and message_bytes are compared with (0 = off)
+    connection_held_bytes: int | None = None
+    mem_limit: int | None = None
     # filled by the management API's backend: absent from to_dict() until set
     member_addresses: dict[str, str] | None = None
 
@@ -109,4 +113,5 @@ class NodeStatus:
         return out
 
 
-_APP_FIELDS = frozenset({"connections", "amqp_port", "amqps_port"})
+_APP_FIELDS = frozenset({"connections", "amqp_port", "amqps_port", "connection_held_bytes",
+                         "mem_limit"})
