@@ -205,7 +205,7 @@ class Connection:
                 "version_major": 0, "version_minor": 9,
                 "server_properties": SERVER_PROPERTIES,
                 "mechanisms": "PLAIN AMQPLAIN", "locales": "en_US"}))
-        frames = reader.frames(self._hold_frame if self.buffer_limit else None)
+        frames = reader.frames(self._hold_frame)
         try:
             for ftype, chan, payload in frames:
                 try:
@@ -237,23 +237,26 @@ class Connection:
         return self.reader.held
 
     def _hold_frame(self, ftype: int, chan: int, payload: bytes) -> bool:
-        """Over its buffer, a connection is not read past the next publish (as
-        RabbitMQ blocks a publishing connection); the content of a message
-        already started goes on while it is the only one, so that it can finish
-        (and a Tx.Commit behind it can free the transaction). Content frames while
-        several messages are unfinished at once wait too: only closing frees them."""
-        if self.phase != RUNNING or not self.over_buffer():
-            return False
+        """Under a node-wide alarm or over its own buffer, a connection is not
+        read past its next publish, as RabbitMQ blocks a publishing connection:
+        acks, consumes and a Tx.Commit/Rollback ahead of it still go through.
+        The content of a message already started goes on, so that it can finish;
+        over its buffer only while it is the only one: content frames while
+        several messages are unfinished at once wait too (only closing frees them)."""
+        over = bool(self.buffer_limit) and self.held_bytes > self.buffer_limit
+        if (self.alarm is None and not over) or self.phase != RUNNING:
+            return False  # the common case: one call, two comparisons
         if ftype == frame.FRAME_METHOD:
             return frame.method_ids(payload) == (60, 40)
-        if ftype in (frame.FRAME_HEADER, frame.FRAME_BODY):
+        if over and ftype in (frame.FRAME_HEADER, frame.FRAME_BODY):
             started = [n for n, ch in self.channels.items() if ch.pending is not None]
             return started != [chan]
         return False
 
     def retry_input(self) -> None:
-        """Process frames held back, e.g. after a channel error freed its bytes."""
-        if self.reader.held and not self.over_buffer():
+        """Process frames held back once what held them may have ended (an alarm
+        cleared, a channel error freed the connection's bytes)."""
+        if self.reader.held:
             self.data_received(b"")
 
     def _frame(self, ftype: int, chan: int, payload: bytes) -> None:

@@ -71,9 +71,10 @@ class _Protocol(asyncio.Protocol):
             log.exception("internal error on connection %s", conn.id)
             conn.connection_error(541, "INTERNAL_ERROR")
         self.flush()
-        if conn.input_held:  # over its buffer: the kernel's buffers push back from here
-            self.pause_reading()
-        elif conn.published and not self.reading_paused and self.server.publishers_must_wait():
+        # a publish held (alarm, or over its buffer), or Raft congested: the kernel's
+        # buffers push back from here
+        if conn.input_held or (conn.published and not self.reading_paused
+                               and self.server.publishers_must_wait()):
             self.pause_reading()
 
     def flush(self) -> None:
@@ -345,7 +346,9 @@ class AmqpServer:
     # ------------------------------------------------------------ flow control
 
     def publishers_must_wait(self) -> bool:
-        return self.alarm is not None or self.proposer.is_congested()
+        """Raft is congested: publishers' sockets are not read. (Alarms hold each
+        connection at its next publish instead: Connection._hold_frame.)"""
+        return self.proposer.is_congested()
 
     def _on_drain(self) -> None:
         self._update_reading()
@@ -404,15 +407,15 @@ class AmqpServer:
             conn = proto.conn
             if conn is None:
                 continue
-            if conn.input_held:  # a channel error or close may have freed its buffer
+            # every pass, so connections opened during an alarm learn of it too
+            if conn.set_blocked(alarm):
+                proto.flush()
+            if conn.input_held:  # the alarm ended, or a channel error freed its buffer
                 conn.retry_input()
                 if not conn.input_held:
                     proto.flush()
                     if not (conn.published and self.publishers_must_wait()):
                         proto.resume_reading()
-            # every pass, so connections opened during an alarm learn of it too
-            if conn.set_blocked(alarm):
-                proto.flush()
         if changed:
             self._update_reading()
 

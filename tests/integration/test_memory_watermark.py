@@ -186,3 +186,54 @@ def test_open_transaction_over_its_share_is_blocked_until_it_ends(node: NodeProc
         assert declared.message_count == (published if end == "commit" else 0)
     finally:
         c.close()
+
+
+@pytest.fixture
+def small_node(tmp_path: Path) -> Iterator[NodeProcess]:
+    # each connection may hold 3 MB, the node 4 MB: two transactions raise the alarm
+    n = NodeProcess(tmp_path / "data",
+                    config="memory_high_watermark = 4000000\nmax_connection_buffer = 3000000\n")
+    n.start()
+    try:
+        yield n
+    finally:
+        n.kill9()
+
+
+def test_held_bytes_raise_the_node_alarm_and_transactions_can_still_commit(
+        small_node: NodeProcess) -> None:
+    """Held bytes count toward the node-wide watermark: two open transactions
+    under their own shares block every publisher ("low on memory"). Blocked
+    connections are still read up to their next publish, so each can commit
+    (a blocked socket would have held its transaction, and the alarm, for good)."""
+    node = small_node
+    q = uniq("txalarm")
+    clients = [RawClient(node) for _ in range(2)]
+    try:
+        for c in clients:
+            c.handshake()
+            c.open_channel(1)
+            c.call(spec.Queue.Declare(queue=q), spec.Queue.DeclareOk)
+            c.call(spec.Tx.Select(), spec.Tx.SelectOk)
+            for _ in range(5):
+                c.publish("", q, b"h" * 500_000)  # 2.5 MB each: under its 3 MB share
+        wait_for(lambda: held(node) == 5_000_000, timeout=10, what="5 MB held")
+        for c in clients:
+            await_blocked(c)
+            assert c.blocked_reason == "low on memory"
+        for c in clients:
+            c.call(spec.Tx.Commit(), spec.Tx.CommitOk)
+        assert held(node) == 0
+        declared = clients[0].call(spec.Queue.Declare(queue=q, passive=True), spec.Queue.DeclareOk)
+        assert declared.message_count == 10
+        # the bodies are queued now (5 MB > 4 MB): blocked until a consumer drains them
+        clients[0].call(spec.Queue.Purge(queue=q), spec.Queue.PurgeOk)
+        for c in clients:
+            deadline = time.monotonic() + 10
+            while c.blocked:
+                assert time.monotonic() < deadline, "not unblocked after the purge"
+                c.fill(max(0.0, deadline - time.monotonic()))
+                c.frames()
+    finally:
+        for c in clients:
+            c.close()

@@ -149,3 +149,23 @@ def test_no_limit_without_watermark_or_cap() -> None:
     assert WireConfig(memory_high_watermark=400).connection_buffer_limit() == 100
     assert WireConfig(memory_high_watermark=400,
                       max_connection_buffer=7).connection_buffer_limit() == 7
+
+
+def test_node_wide_alarm_holds_publishes_not_acks_or_commits() -> None:
+    c = Client()
+    c.handshake()
+    c.open(1)
+    c.send(1, pc.Tx.Select())
+    _publish(c, 1, b"a" * 10)
+    c.recv()
+    assert c.conn.set_blocked("low on memory")
+    assert isinstance(c.recv()[0][1], pc.Connection.Blocked)
+    c.send(1, pc.Basic.Ack(delivery_tag=1))
+    c.send(1, pc.Tx.Commit())  # the transaction can end under the alarm
+    assert len(c.p.of(C.TxCommit)) == 1 and c.conn.held_bytes == 0
+    _publish(c, 1, b"b" * 10)
+    c.send(1, pc.Tx.Commit())  # behind the held publish: waits with it
+    assert c.conn.input_held and len(c.p.of(C.TxCommit)) == 1
+    assert c.conn.set_blocked(None)
+    c.conn.retry_input()
+    assert not c.conn.input_held and len(c.p.of(C.TxCommit)) == 2
