@@ -147,6 +147,9 @@ def test_nodes_report_process_memory(node: NodeProcess) -> None:
         status = Path(f"/proc/{node.proc.pid}/status").read_text()
         rss = int(next(x for x in status.splitlines() if x.startswith("VmRSS:")).split()[1]) * 1024
         assert me["message_bytes"] == 3000
+        # the watermark is on by default (0.4 of RAM or the cgroup limit); nothing
+        # is held by connections between messages
+        assert me["mem_limit"] > 0 and me["connection_held_bytes"] == 0
         assert me["mem_used"] > 10 * 1024 * 1024  # a Python process, not 3000 bytes
         assert 0.5 * rss <= me["mem_used"] <= 2 * rss
         assert me["sockets_used"] >= 3  # AMQP, HTTP and Raft listeners at least
