@@ -26,7 +26,7 @@ TIMER_INTERVAL = 0.1  # drain, memory, disk and congestion checks
 TICKS_PER_HEARTBEAT_CHECK = 5  # heartbeat and timeout checks every 0.5 s
 WRITE_HIGH_WATER = 1024 * 1024
 WRITE_LOW_WATER = 256 * 1024
-_TCP_GONE = (7, 8)  # Linux tcp_states.h: TCP_CLOSE, TCP_CLOSE_WAIT (the peer sent FIN)
+_TCP_CLOSE, _TCP_CLOSE_WAIT = 7, 8  # Linux tcp_states.h (CLOSE_WAIT: the peer sent FIN)
 
 
 class _Protocol(asyncio.Protocol):
@@ -131,11 +131,13 @@ class _Protocol(asyncio.Protocol):
             self.transport.pause_reading()
 
     def peer_gone(self) -> bool:
-        """While reading is paused the loop does not see the peer go: ask the
-        kernel whether it has reset or ended the stream (TCP state CLOSE or
-        CLOSE_WAIT; unread data would hide it from a peek). Without this, a
-        blocked connection whose client died held its bytes until a heartbeat
-        write failed (never, with heartbeats off)."""
+        """While reading is paused the loop does not see the peer go, so ask the
+        kernel (TCP_INFO; unread data would hide an end of stream from a peek).
+        Reset: gone. Ended (FIN) while over its own buffer: gone too, nothing
+        it sent can be read any more. Ended otherwise: what it sent before is
+        still read once the alarm or congestion ends, as before. Without this,
+        a blocked connection whose client died held its bytes until a
+        heartbeat write failed (never, with heartbeats off)."""
         sock = self.transport.get_extra_info("socket") if self.transport is not None else None
         if sock is None or not hasattr(socket, "TCP_INFO"):
             return False
@@ -143,7 +145,9 @@ class _Protocol(asyncio.Protocol):
             state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
         except OSError:
             return True
-        return state in _TCP_GONE
+        conn = self.conn
+        return state == _TCP_CLOSE or (state == _TCP_CLOSE_WAIT and conn is not None
+                                       and conn.input_held and conn.over_buffer())
 
     def resume_reading(self) -> None:
         if self.conn is not None and self.conn.input_held:

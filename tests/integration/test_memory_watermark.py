@@ -188,6 +188,25 @@ def test_open_transaction_over_its_share_is_blocked_until_it_ends(node: NodeProc
         c.close()
 
 
+def test_a_held_connection_that_hangs_up_is_released(node: NodeProcess) -> None:
+    """Over its share and not read (a publish waits), the client closes its socket
+    (FIN, no AMQP close): the node sees it through the paused socket and frees
+    what the connection held."""
+    c = RawClient(node)
+    try:
+        c.handshake()
+        c.open_channel(1)
+        c.call(spec.Tx.Select(), spec.Tx.SelectOk)
+        for _ in range(13):  # 13 MB > the 12.5 MB share
+            c.publish("", "nowhere", b"f" * 1_000_000)
+        await_blocked(c)
+        c.publish("", "nowhere", b"g")  # held: the node stops reading here
+        wait_for(lambda: held(node) == 13_000_000, timeout=10, what="13 MB held")
+    finally:
+        c.close()  # everything sent has reached the node: FIN follows
+    wait_for(lambda: held(node) == 0, timeout=10, what="the closed connection's bytes freed")
+
+
 @pytest.fixture
 def small_node(tmp_path: Path) -> Iterator[NodeProcess]:
     # each connection may hold 3 MB, the node 4 MB: two transactions raise the alarm
