@@ -32,9 +32,10 @@ from node.app.config import (
     validate,
 )
 from node.replication.config import SHORT_RAFT_PASSWORD
+from node.replication.raft.segment_log import LogDamaged
 
 EXIT_USAGE = 2
-EXIT_DATA = 3  # the data dir holds what this build will not load (a damaged or pickled snapshot)
+EXIT_DATA = 3  # the data dir holds what this build will not load (a damaged log or snapshot)
 log = logging.getLogger("mirrorq")
 
 
@@ -245,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tune_gc()
         asyncio.run(serve(cfg))
+    except LogDamaged as exc:  # damage this node cannot repair: refuse, one line
+        sys.stderr.write(f"mirrorq: error: raft log damaged: {exc}\n")
+        return EXIT_DATA
     except OSError as exc:  # a port taken between the check and the bind
         sys.stderr.write(f"mirrorq: error: {exc.strerror or exc}\n")
         return EXIT_USAGE

@@ -61,3 +61,5 @@ class RaftConfig:
     # compaction_min_gap seconds
     compaction_max_bytes: int = 256 * 1024 * 1024
     compaction_min_gap: float = 10.0
+    # the Raft log's segment files roll over past this size (segment_log.py)
+    segment_bytes: int = 64 * 1024 * 1024

@@ -39,7 +39,6 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
-from pysyncobj.journal import FileJournal
 from pysyncobj.monotonic import (
     monotonic as clock,  # pysyncobj's clock (MONOTONIC_RAW): compare like with like
 )
@@ -54,13 +53,9 @@ from node.replication.config import RaftConfig
 from node.replication.machine.state import BrokerState
 from node.replication.raft.data_dir import make_private_dir, tighten
 from node.replication.raft.election import ElectionMixin, quiet_timeouts
-from node.replication.raft.journal import (
-    FsyncMetaStorer,
-    _Journal,
-    _PreallocFile,
-    use_our_meta_storer,
-)
+from node.replication.raft.log_upgrade import open_log
 from node.replication.raft.messages import MIRRORED, PREVOTE, PREVOTE_REPLY, TERM_NOTICE
+from node.replication.raft.segment_log import SegmentLog
 from node.replication.raft.snapshot import SnapshotMixin, SnapshotReceiver
 from node.replication.raft.transport import LOST_REASONS, PeerSecurity, PeerTransport, tls_contexts
 from node.replication.snapshot_format import RaftMeta, SnapshotFormatError
@@ -200,16 +195,20 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
     """SyncObj whose entries are codec-encoded Batches (no pickle in the log
     or on the wire) and whose AppendEntries go out flow-controlled."""
 
-    def __init__(self, owner: RaftShim, self_addr: str, others: list[str], conf: SyncObjConf) -> None:
+    def __init__(self, owner: RaftShim, self_addr: str, others: list[str], conf: SyncObjConf,
+                 journal: SegmentLog) -> None:
         self._owner = owner
         self._flow: dict[Any, _Flow] = {}
         self._blobs: dict[tuple[int, int, int], bytes] = {}
         super().__init__(self_addr, others, conf, transportClass=_Transport)
-        journal = self._SyncObj__raftLog
-        if isinstance(journal, FileJournal):
-            journal.__class__ = _Journal  # created by pysyncobj; same state, faster compaction
-            journal._FileJournal__journalFile.__class__ = _PreallocFile  # no SIGBUS on a full disk
-            assert isinstance(journal._FileJournal__metaStorer, FsyncMetaStorer)  # use_our_meta_storer
+        # pysyncobj made a MemoryJournal (no journalFile): ours replaces it, and
+        # what its __init__ read from a journal is read again from ours
+        self._SyncObj__raftLog = journal
+        if not len(journal):
+            journal.add(bytes([_COMMAND_TYPE.NO_OP]), 1, 0)
+        self._SyncObj__raftCurrentTerm = max(journal.getCurrentTerm(), journal[-1][2])
+        self._SyncObj__votedForNodeId = journal.getVotedForNodeId()
+        self._SyncObj__raftCommitIndex = journal.getRaftCommitIndex()
         receiver = self._SyncObj__serializer
         receiver.__class__ = SnapshotReceiver  # a leader's snapshot: private, checked before it is ours
         receiver.accept = owner._accept_snapshot
@@ -480,7 +479,7 @@ class RaftShim(ElectionMixin, SnapshotMixin):
             autoTick=False,
             appendEntriesUseBatch=False,  # send at once and wake the poller: latency
             dynamicMembershipChange=True,
-            journalFile=os.path.join(self.data_dir, "raft.journal"),
+            journalFile=None,  # our SegmentLog replaces pysyncobj's journal (_BrokerLog)
             fullDumpFile=self._dump_path,  # never a journal without a dump
             serializer=self._serialize,
             deserializer=self._deserialize,
@@ -505,9 +504,8 @@ class RaftShim(ElectionMixin, SnapshotMixin):
             # where the Raft port listens (transport._createServer); None: every address
             bindAddress=f"{c.bind_host}:{c.port}" if c.bind_host else None,
         )
-        use_our_meta_storer()  # before FileJournal reads its meta file (no pickle)
-        self._so = _BrokerLog(self, self.address, list(c.peers.values()), conf)
-        journal = self._so._SyncObj__raftLog
+        journal = open_log(self.data_dir, repairable=bool(c.peers) or c.join, segment_bytes=c.segment_bytes)
+        self._so = _BrokerLog(self, self.address, list(c.peers.values()), conf, journal)
         try:  # before the first tick, where pysyncobj would load it
             self.load_own_snapshot(int(journal[0][1]) if len(journal) else 1)
         except SnapshotFormatError as exc:
@@ -794,7 +792,7 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         now = clock()
         if now - self._last_forced_compaction < c.compaction_min_gap:
             return
-        used = getattr(so._SyncObj__raftLog, "_FileJournal__currentOffset", 0)
+        used = so._SyncObj__raftLog.bytes_used()
         if used > c.compaction_max_bytes and self._snap_pid is None:
             self._last_forced_compaction = now
             self.forced_compactions += 1

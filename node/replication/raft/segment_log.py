@@ -1,0 +1,581 @@
+"""The Raft log on disk: segment files of bounded size, every record checksummed.
+
+pysyncobj's FileJournal kept one mmap'd file and every entry also in a Python
+list until the next snapshot (the heap grew with the backlog), with no
+checksum and no version. This journal implements the same interface (add,
+clear, deleteEntriesFrom/To, [i] and slices, len, the meta getters/setters)
+with nothing per entry in the heap but 12 bytes in two arrays.
+
+On disk, in <data dir>/log/:
+- `<first raft index, 20 digits>.seg`: a 32-byte header (magic, format
+  version, header size, first index, CRC32C of the header) then records,
+  each `length u32 | crc32c u32 | index u64 | term u64 | payload`, where
+  length counts index+term+payload and the CRC covers length, index, term
+  and payload. A segment rolls over past `segment_bytes` (one record larger
+  than that gets a segment of its own).
+- `start`: the first index Raft sees (moves after a snapshot,
+  deleteEntriesTo), versioned and checksummed, written by atomic replace.
+Term, vote and commit index stay in FsyncMetaStorer's file (journal.py).
+
+Durability: appends are pwrite()s into space reserved with fallocate (a full
+disk is ENOSPC before anything is written, and nothing is appended); the
+shim's group commit calls flush() once per tick, which fdatasyncs every
+segment written since; a new segment file and the directory are fsync'd when
+it is created.
+
+Recovery (open): every record's CRC is verified. A bad record at the end of
+the last segment with nothing after it but zeros (a write cut by a crash) is
+truncated with an info line. Any other bad record (a flipped bit, a hole, a
+bad header): that record and everything after it leave the log, with an
+error line naming file and offset; Raft re-fetches them from the leader. On
+a node without peers, damage at or below the stored commit index cannot be
+repaired: LogDamaged is raised (the node refuses to start, one line).
+
+For the message store to come (issue 27 item 1): read(idx, offset, length)
+reads part of an entry by pread, and a `retain(first, last)` callback keeps
+segments Raft no longer needs (below a snapshot) on disk and readable while
+it says live messages are in them.
+"""
+from __future__ import annotations
+
+import bisect
+import errno
+import logging
+import os
+import struct
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from crc32c import crc32c
+
+from node.replication.raft.data_dir import PRIVATE_DIR, PRIVATE_FILE
+from node.replication.raft.journal import FsyncMetaStorer, _fallocate, _fsync_dir
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"MQRAFTSG"
+FORMAT_VERSION = 1
+# magic, version, header size, reserved, first index, header crc, pad
+_HEADER = struct.Struct("<8sHHIQII")
+HEADER_SIZE = _HEADER.size  # 32
+_REC = struct.Struct("<IIQQ")  # length, crc, index, term
+REC_SIZE = _REC.size  # 24
+_LEN = struct.Struct("<I")
+_START = struct.Struct("<8sHQI")  # magic, version, first index, crc
+START_MAGIC = b"MQRAFTST"
+MAX_SEGMENT_BYTES = (1 << 32) - 1  # record offsets are array('I')
+
+Entry = tuple[bytes, int, int]  # (command, raft index, term), pysyncobj's shape
+Retain = Callable[[int, int], bool]  # (first index, last index) of a segment -> keep it
+
+
+class LogDamaged(Exception):
+    """The log is damaged where this node cannot repair it (or is of a newer format)."""
+
+
+def seg_name(first: int) -> str:
+    return f"{first:020d}.seg"
+
+
+def encode_record(command: bytes, idx: int, term: int) -> bytes:
+    length = 16 + len(command)
+    head = struct.pack("<IQQ", length, idx, term)
+    crc = crc32c(command, crc32c(head))
+    return _REC.pack(length, crc, idx, term) + command
+
+
+def _record_crc(length: int, idx: int, term: int, payload: bytes | memoryview) -> int:
+    return int(crc32c(payload, crc32c(struct.pack("<IQQ", length, idx, term))))
+
+
+class _Segment:
+    """One segment file: its fd, where each record starts, each record's term."""
+
+    __slots__ = ("path", "first", "fd", "offsets", "terms", "end", "reserved", "no_fallocate", "dirty")
+
+    def __init__(self, path: str, first: int, fd: int) -> None:
+        self.path = path
+        self.first = first
+        self.fd = fd
+        self.offsets = array("I")
+        self.terms = array("Q")
+        self.end = HEADER_SIZE
+        self.reserved = 0
+        self.no_fallocate = False
+        self.dirty = False
+
+    @property
+    def last(self) -> int:  # first - 1 when empty
+        return self.first + len(self.offsets) - 1
+
+    def span(self, pos: int) -> tuple[int, int]:
+        start = self.offsets[pos]
+        stop = self.offsets[pos + 1] if pos + 1 < len(self.offsets) else self.end
+        return start, stop - start
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class SegmentLog:
+    """pysyncobj's Journal interface over segment files (see the module doc)."""
+
+    RESERVE = 1 << 20  # fallocate a MiB at a time
+
+    def __init__(self, directory: str, meta_path: str, segment_bytes: int = 64 << 20,
+                 repairable: bool = True, cache_bytes: int = 8 << 20, retain: Retain | None = None) -> None:
+        if not 4096 <= segment_bytes <= MAX_SEGMENT_BYTES:
+            raise ValueError(f"segment_bytes {segment_bytes} outside 4096..{MAX_SEGMENT_BYTES}")
+        self.dir = directory
+        self.segment_bytes = segment_bytes
+        self.retain = retain
+        self._segs: list[_Segment] = []  # Raft's log: contiguous indices
+        self._firsts: list[int] = []  # their first indices (bisect)
+        self._start = 0  # first index Raft sees (inside _segs[0])
+        self.hidden: list[_Segment] = []  # below Raft's start, kept for `retain`
+        self._cache: OrderedDict[int, Entry] = OrderedDict()
+        self._cache_bytes = 0
+        self._cache_cap = cache_bytes
+        self._meta_storer = FsyncMetaStorer(meta_path)
+        self._meta: dict[str, Any] = self._meta_storer.getMeta()
+        self._meta_saved = True
+        self.recovered: list[str] = []  # what open() dropped, one line each (tests, status)
+        os.makedirs(directory, mode=PRIVATE_DIR, exist_ok=True)
+        self._open(repairable)
+
+    # ------------------------------------------------------------ recovery
+    def _read_start(self) -> int | None:
+        try:
+            with open(os.path.join(self.dir, "start"), "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return None
+        if len(raw) == _START.size:
+            magic, version, first, crc = _START.unpack(raw)
+            if magic == START_MAGIC and crc == crc32c(raw[:-4]):
+                if version > FORMAT_VERSION:
+                    raise LogDamaged(f"{self.dir}/start: format version {version}, this build reads up to "
+                                     f"{FORMAT_VERSION}")
+                return int(first)
+        log.error("raft log: %s/start is damaged; the log starts at its first segment", self.dir)
+        return None
+
+    def _write_start(self, first: int) -> None:
+        body = struct.pack("<8sHQ", START_MAGIC, FORMAT_VERSION, first)
+        path = os.path.join(self.dir, "start")
+        tmp = path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+        try:
+            os.write(fd, body + struct.pack("<I", crc32c(body)))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        _fsync_dir(self.dir)
+
+    def _open(self, repairable: bool) -> None:
+        names = sorted(n for n in os.listdir(self.dir) if n.endswith(".seg"))
+        start = self._read_start()
+        commit = int(self._meta.get("raftCommitIndex", 0) or 0)
+        scanned: list[_Segment] = []
+        damage: tuple[str, int, str, int] | None = None  # (path, offset, why, first index lost)
+        doomed: list[str] = []  # files to remove, once it is decided that the node starts
+        for k, name in enumerate(names):
+            path = os.path.join(self.dir, name)
+            if damage is not None:  # everything after a damaged record leaves the log
+                doomed.append(path)
+                continue
+            seg, bad = self._scan(path, last=k == len(names) - 1)
+            if seg is not None:
+                scanned.append(seg)
+            else:
+                doomed.append(path)
+            if bad is not None:
+                damage = (*bad, seg.last + 1 if seg is not None else self._first_of(name))
+        while scanned and not scanned[-1].offsets:  # created, never written: no entries
+            seg = scanned.pop()
+            seg.close()
+            doomed.append(seg.path)
+        # Raft's part: the contiguous run of segments that ends the log and reaches back to `start`
+        run: list[_Segment] = scanned[-1:]
+        while len(run) < len(scanned) and (start is None or run[0].first > start):
+            prev = scanned[-len(run) - 1]
+            if prev.last + 1 != run[0].first:
+                break
+            run.insert(0, prev)
+        if start is None:
+            start = run[0].first if run else 0
+        if run and start < run[0].first:  # entries start..run[0].first-1 are missing
+            if damage is None or damage[3] > start:
+                damage = (run[0].path, 0, f"entries from index {start} are missing", start)
+            run = []
+        elif run and start > run[-1].last + 1:  # everything Raft needs is gone
+            run = []
+        if damage is not None:
+            path, offset, why, lost = damage
+            if not repairable and lost <= commit:
+                for seg in scanned:
+                    seg.close()
+                raise LogDamaged(f"{path} at offset {offset}: {why} (index {lost}, at or below the commit "
+                                 f"index {commit}; a node without peers cannot re-fetch it)")
+            line = (f"raft log damaged: {path} at offset {offset}: {why}; entries from index "
+                    f"{max(lost, start)} on are dropped")
+            log.error("%s%s", line, ", to be re-fetched from the leader" if repairable else "")
+            self.recovered.append(line)
+        for path in doomed:
+            os.unlink(path)
+        for seg in scanned:  # cut after its last good record (a no-op where it ends there)
+            if seg.end < seg.reserved and (seg is scanned[-1] or damage is not None):
+                self._truncate_file(seg, seg.end)
+        in_run = {id(s) for s in run}
+        self.hidden = [s for s in scanned if id(s) not in in_run]
+        while run and run[0].last < start:
+            self.hidden.append(run.pop(0))
+        self._segs = run
+        self._firsts = [s.first for s in run]
+        self._start = start if run else max(start, 1)
+        self.release()
+        if commit > self._last():
+            self._meta["raftCommitIndex"] = max(self._last(), 1)  # the rest comes from the leader
+
+    @staticmethod
+    def _first_of(name: str) -> int:
+        try:
+            return int(name.split(".")[0])
+        except ValueError:
+            return 0
+
+    def _scan(self, path: str, last: bool) -> tuple[_Segment | None, tuple[str, int, str] | None]:
+        """Open a segment and index its records; (segment, damage) where damage
+        is None, or (path, offset, why) with the segment cut at that offset."""
+        fd = os.open(path, os.O_RDWR)
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, HEADER_SIZE, 0)
+        if len(head) < HEADER_SIZE:
+            os.close(fd)
+            if last and not head.strip(b"\0"):
+                log.info("raft log: %s: a segment cut short at its creation, removed", path)
+                return None, None
+            return None, (path, 0, "header cut short")
+        magic, version, hsize, _r, first, hcrc, _p = _HEADER.unpack(head)
+        if magic == MAGIC and version > FORMAT_VERSION:  # written by a newer build: never drop it
+            os.close(fd)
+            raise LogDamaged(f"{path}: segment format version {version}, this build reads up to {FORMAT_VERSION}")
+        if magic != MAGIC or hcrc != crc32c(head[:24]) or hsize != HEADER_SIZE:
+            os.close(fd)
+            return None, (path, 0, "bad segment header (magic or checksum)")
+        seg = _Segment(path, first, fd)
+        seg.reserved = size
+        pos = HEADER_SIZE
+        expect = first
+        chunk = b""
+        chunk_at = pos
+        while pos + REC_SIZE <= size:
+            # read ahead in 1 MiB chunks: one pread per record is slow on big logs
+            if pos + REC_SIZE > chunk_at + len(chunk):
+                chunk_at, chunk = pos, os.pread(fd, max(1 << 20, REC_SIZE), pos)
+            length, crc, idx, term = _REC.unpack_from(chunk, pos - chunk_at)
+            if length == 0 and crc == 0 and idx == 0:
+                break  # preallocated zeros: the end
+            stop = pos + 8 + length
+            why = None
+            if length < 16 or stop > size:
+                why = f"record length {length} out of range"
+            elif idx != expect:
+                why = f"record index {idx}, expected {expect}"
+            else:
+                if stop > chunk_at + len(chunk):
+                    chunk_at, chunk = pos, os.pread(fd, max(1 << 20, stop - pos), pos)
+                payload = memoryview(chunk)[pos - chunk_at + REC_SIZE:stop - chunk_at]
+                if _record_crc(length, idx, term, payload) != crc:
+                    why = "checksum mismatch"
+            if why is not None:
+                # a write cut by a crash: only zeros (preallocated) follow
+                if last and self._zeros_after(fd, min(stop, size) if length >= 16 else pos + REC_SIZE, size):
+                    log.info("raft log: %s: a record cut short at offset %d (a write the crash "
+                             "interrupted), truncated", path, pos)
+                    seg.end = pos
+                    return seg, None
+                seg.end = pos
+                return seg, (path, pos, why)
+            seg.offsets.append(pos)
+            seg.terms.append(term)
+            expect += 1
+            pos = stop
+        seg.end = pos
+        return seg, None
+
+    @staticmethod
+    def _zeros_after(fd: int, pos: int, size: int) -> bool:
+        while pos < size:
+            block = os.pread(fd, min(1 << 20, size - pos), pos)
+            if not block or block.count(0) != len(block):
+                return not block
+            pos += len(block)
+        return True
+
+    def _truncate_file(self, seg: _Segment, pos: int) -> None:
+        os.ftruncate(seg.fd, pos)
+        os.fsync(seg.fd)
+        seg.end = pos
+        seg.reserved = pos
+
+    # ----------------------------------------------------------- appends
+    def _new_segment(self, first: int) -> _Segment:
+        path = os.path.join(self.dir, seg_name(first))
+        for seg in [s for s in self.hidden if s.path == path]:  # (retained, same first index)
+            log.warning("raft log: retained segment %s replaced by a new one", path)
+            self.hidden.remove(seg)
+            seg.close()
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+        try:
+            head = struct.pack("<8sHHIQ", MAGIC, FORMAT_VERSION, HEADER_SIZE, 0, first)
+            head += struct.pack("<II", crc32c(head), 0)
+            if os.pwrite(fd, head, 0) != HEADER_SIZE:
+                raise OSError(errno.ENOSPC, "short write of a segment header")
+            os.fsync(fd)
+            _fsync_dir(self.dir)
+        except OSError:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        seg = _Segment(path, first, fd)
+        seg.reserved = HEADER_SIZE
+        return seg
+
+    def _reserve(self, seg: _Segment, end: int) -> None:
+        if end <= seg.reserved or seg.no_fallocate:
+            return
+        upto = max(end, min(seg.reserved + self.RESERVE, self.segment_bytes))
+        try:
+            _fallocate(seg.fd, seg.reserved, upto - seg.reserved)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise  # ENOSPC: nothing written, nothing appended
+            seg.no_fallocate = True  # (FUSE): pwrite still reports a full disk itself
+        else:
+            seg.reserved = upto
+
+    def add(self, command: Any, idx: int, term: int) -> None:
+        data = command if isinstance(command, bytes) else bytes(command)
+        if self._segs and idx != self._last() + 1:
+            raise ValueError(f"raft log: append of index {idx} after {self._last()}")
+        record = encode_record(data, idx, term)
+        seg = self._segs[-1] if self._segs else None
+        if seg is None or (seg.offsets and seg.end + len(record) > self.segment_bytes):
+            seg = self._new_segment(idx)
+            if not self._segs:
+                self._write_start(idx)
+                self._start = idx
+            self._segs.append(seg)
+            self._firsts.append(idx)
+        end = seg.end + len(record)
+        if end > MAX_SEGMENT_BYTES:
+            raise OSError(errno.EFBIG, "raft log: record too large for a segment")
+        self._reserve(seg, end)
+        written = os.pwrite(seg.fd, record, seg.end)
+        if written != len(record):  # a full disk without fallocate
+            raise OSError(errno.ENOSPC, "raft log: short write")
+        seg.offsets.append(seg.end)
+        seg.terms.append(term)
+        seg.end = end
+        seg.dirty = True
+        self._remember(idx, (data, idx, term))
+
+    def flush(self) -> None:
+        for seg in self._segs:
+            if seg.dirty:
+                os.fdatasync(seg.fd)
+                seg.dirty = False
+
+    # ------------------------------------------------------------- reads
+    def _last(self) -> int:
+        return self._segs[-1].last if self._segs else self._start - 1
+
+    def first_index(self) -> int:
+        return self._start
+
+    def last_index(self) -> int:
+        return self._last()
+
+    def __len__(self) -> int:
+        return self._last() - self._start + 1 if self._segs else 0
+
+    def __getitem__(self, item: int | slice) -> Any:
+        n = len(self)
+        if isinstance(item, slice):
+            lo, hi, step = item.indices(n)
+            return [self._entry(self._start + i) for i in range(lo, hi, step)]
+        i = item + n if item < 0 else item
+        if not 0 <= i < n:
+            raise IndexError("raft log index out of range")
+        return self._entry(self._start + i)
+
+    def term_at(self, idx: int) -> int:
+        seg, pos = self._locate(idx)
+        return int(seg.terms[pos])
+
+    def _locate(self, idx: int) -> tuple[_Segment, int]:
+        k = bisect.bisect_right(self._firsts, idx) - 1
+        if k >= 0 and self._segs[k].first <= idx <= self._segs[k].last:
+            return self._segs[k], idx - self._segs[k].first
+        for seg in self.hidden:
+            if seg.first <= idx <= seg.last:
+                return seg, idx - seg.first
+        raise IndexError(f"raft log: no entry {idx}")
+
+    def _record(self, idx: int) -> tuple[bytes, int]:
+        """(the record's bytes, term) read back and verified."""
+        seg, pos = self._locate(idx)
+        start, size = seg.span(pos)
+        raw = os.pread(seg.fd, size, start)
+        length, crc, ridx, term = _REC.unpack_from(raw)
+        if len(raw) != size or length != size - 8 or ridx != idx \
+                or _record_crc(length, ridx, term, memoryview(raw)[REC_SIZE:]) != crc:
+            raise LogDamaged(f"{seg.path} at offset {start}: record {idx} fails its checksum on read")
+        return raw, term
+
+    def _entry(self, idx: int) -> Entry:
+        hit = self._cache.get(idx)
+        if hit is not None:
+            return hit
+        raw, term = self._record(idx)
+        entry = (raw[REC_SIZE:], idx, term)
+        self._remember(idx, entry)
+        return entry
+
+    def read(self, idx: int, offset: int, length: int) -> bytes:
+        """`length` bytes at `offset` inside entry `idx`'s payload, also from a
+        retained segment below Raft's start. The record's CRC is checked."""
+        raw, _term = self._record(idx)
+        if offset < 0 or length < 0 or REC_SIZE + offset + length > len(raw):
+            raise ValueError(f"raft log: read past entry {idx}")
+        return raw[REC_SIZE + offset:REC_SIZE + offset + length]
+
+    def _remember(self, idx: int, entry: Entry) -> None:
+        cache = self._cache
+        if idx in cache:
+            return
+        cache[idx] = entry
+        self._cache_bytes += len(entry[0])
+        while self._cache_bytes > self._cache_cap and len(cache) > 1:
+            _k, old = cache.popitem(last=False)
+            self._cache_bytes -= len(old[0])
+
+    def _forget(self, lo: int, hi: int) -> None:
+        for k in [k for k in self._cache if lo <= k <= hi]:
+            self._cache_bytes -= len(self._cache.pop(k)[0])
+
+    # ------------------------------------------------------ truncations
+    def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802 - pysyncobj's name
+        """Drop entries from position entryFrom on (a conflict with the leader)."""
+        if not self._segs or entryFrom >= len(self):
+            return
+        cut = self._start + max(entryFrom, 0)
+        self._forget(cut, self._last())
+        while self._segs and self._segs[-1].first >= cut and len(self._segs) > 1:
+            self._drop_tail_segment()
+        seg = self._segs[-1]
+        pos = max(cut - seg.first, 0)
+        if pos < len(seg.offsets):
+            end = seg.offsets[pos]
+            del seg.offsets[pos:]
+            del seg.terms[pos:]
+            # on disk at once: a stale record left past the end could come back at a restart
+            self._truncate_file(seg, end)
+        if cut <= self._start:  # everything: an empty log (pysyncobj never does this)
+            self._drop_tail_segment()
+
+    def _drop_tail_segment(self) -> None:
+        seg = self._segs.pop()
+        self._firsts.pop()
+        seg.close()
+        os.unlink(seg.path)
+        _fsync_dir(self.dir)
+
+    def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802 - pysyncobj's name
+        """Raft forgets entries before position entryTo (they are in a snapshot);
+        whole segments below are deleted unless `retain` keeps them."""
+        if entryTo <= 0 or not self._segs:
+            return
+        new_start = self._start + min(entryTo, len(self) - 1)
+        self._forget(self._start, new_start - 1)
+        self._write_start(new_start)
+        self._start = new_start
+        while len(self._segs) > 1 and self._segs[0].last < new_start:
+            self.hidden.append(self._segs.pop(0))
+            self._firsts.pop(0)
+        self.release()
+
+    def clear(self) -> None:
+        """An empty log (a snapshot from the leader replaces it): every segment
+        is dropped or, if retained, hidden. The next add starts a new segment."""
+        self._cache.clear()
+        self._cache_bytes = 0
+        if self._segs:
+            self._start = self._last() + 1
+        self.hidden.extend(self._segs)
+        self._segs = []
+        self._firsts = []
+        self.release()
+
+    def release(self) -> None:
+        """Delete the hidden segments `retain` no longer keeps (call it when
+        messages in them are gone)."""
+        keep = []
+        for seg in self.hidden:
+            if self.retain is not None and len(seg.offsets) and self.retain(seg.first, seg.last):
+                keep.append(seg)
+                continue
+            seg.close()
+            os.unlink(seg.path)
+        if len(keep) != len(self.hidden):
+            _fsync_dir(self.dir)
+        self.hidden = keep
+
+    # --------------------------------------------------------- meta
+    def setRaftCommitIndex(self, raftCommitIndex: int) -> None:  # noqa: N802,N803 - pysyncobj's names
+        self._meta["raftCommitIndex"] = raftCommitIndex
+        self._meta_saved = False
+
+    def getRaftCommitIndex(self) -> int:  # noqa: N802
+        return int(self._meta.get("raftCommitIndex", 1))
+
+    def setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:  # noqa: N802,N803
+        self._meta["currentTerm"] = term
+        self._meta["votedForNodeId"] = votedForNodeId
+        self._meta_storer.storeMeta(self._meta)  # before any message reflecting them
+        self._meta_saved = True
+
+    def getCurrentTerm(self) -> int:  # noqa: N802
+        return int(self._meta.get("currentTerm", 0))
+
+    def getVotedForNodeId(self) -> Any:  # noqa: N802
+        return self._meta.get("votedForNodeId")
+
+    def onOneSecondTimer(self) -> None:  # noqa: N802
+        if not self._meta_saved:
+            self._meta_storer.storeMeta(self._meta)
+            self._meta_saved = True
+
+    # --------------------------------------------------------- sizes, end
+    def bytes_used(self) -> int:
+        """Bytes of Raft's part of the log (what a snapshot would compact)."""
+        if not self._segs:
+            return 0
+        first = self._segs[0]
+        start, _n = first.span(self._start - first.first)
+        return sum(s.end for s in self._segs) - start
+
+    def segment_files(self) -> list[str]:
+        return [s.path for s in self.hidden + self._segs]
+
+    def _destroy(self) -> None:
+        self.flush()
+        self.onOneSecondTimer()
+        for seg in self.hidden + self._segs:
+            seg.close()
