@@ -47,7 +47,8 @@ def test_journal_meta_and_snapshot_are_private_and_an_old_dir_is_tightened(tmp_p
                  what="a snapshot")
         conn.close()
         names = {p.name for p in data.iterdir()}
-        assert {"raft.journal", "raft.journal.meta", "raft.dump"} <= names, names
+        assert {"log", "raft.journal.meta", "raft.dump"} <= names, names
+        assert list((data / "log").glob("*.seg")), list((data / "log").iterdir())
         assert loose_entries(data) == []
         assert "made private" in node.tail_log(200), node.tail_log()
     finally:
