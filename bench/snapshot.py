@@ -227,14 +227,14 @@ def main(argv: list[str] | None = None) -> int:
         if snap is None:
             raise RuntimeError(f"no snapshot within {a.snapshot_timeout}s after the fill; "
                                f"events {watcher.events}")
-        journal = node.data / "raft.journal"
+        journal_files = [*node.data.glob("log/*.seg"), *node.data.glob("raft.journal")]
         result["snapshot"] = {
             "duration_s": round(snap["end"] - snap["start"], 3),
             "size_bytes": snap["size_bytes"],
             "size_mib": round(snap["size_bytes"] / 2**20, 1),
             "bytes_per_message": round(snap["size_bytes"] / a.count, 1),
             "payload_mib": round(a.count * a.size / 2**20, 1),
-            "journal_bytes_after": journal.stat().st_size if journal.exists() else None,
+            "journal_bytes_after": sum(f.stat().st_size for f in journal_files) if journal_files else None,
             "snapshots_during_fill": sum(1 for e in watcher.events if e["end"] <= fill_done),
             "all_snapshots": [{"duration_s": round(e["end"] - e["start"], 3),
                                "size_bytes": e["size_bytes"],

@@ -6,7 +6,7 @@
   a disk left full by an interrupted action; stop_cluster / the suite's clean-up
   unmount everything;
 - the journal on a full filesystem: an append is an OSError(ENOSPC), not a SIGBUS,
-  and the file stays consistent (node/replication/raft/journal.py _PreallocFile/_Journal);
+  and the log stays consistent (node/replication/raft/segment_log.py, fallocate before pwrite);
 - slow disk (slow_disk on the FUSE mount chaosmirrorq.slowfs, start_cluster(slow_fs=True)):
   an fsync in the follower's data dir takes at least the delay while the fault is on,
   and is fast again after it and after heal_disks.
@@ -76,11 +76,10 @@ def _run(fn: Any, **kw: Any) -> tuple[threading.Thread, dict[str, Any]]:
 
 JOURNAL_ON_FULL_DISK = r"""
 import errno, os, sys
-from node.replication.raft.journal import FileJournal, FsyncMetaStorer, _Journal, _PreallocFile
+from node.replication.raft.journal import FsyncMetaStorer
+from node.replication.raft.segment_log import SegmentLog
 d = sys.argv[1]
-j = FileJournal(os.path.join(d, "raft.journal"))
-j.__class__ = _Journal
-j._FileJournal__journalFile.__class__ = _PreallocFile
+j = SegmentLog(os.path.join(d, "log"), os.path.join(d, "raft.journal.meta"))
 j.add(b"first", 1, 1)
 fd = os.open(os.path.join(d, "ballast"), os.O_WRONLY | os.O_CREAT)
 try:
@@ -97,7 +96,7 @@ try:
 except OSError as exc:
     err = exc.errno
 assert err == errno.ENOSPC, err
-assert len(j) == n, (len(j), n)  # the failed entry is in neither the file nor the list
+assert len(j) == n, (len(j), n)  # the failed entry is not in the log
 # the commit index (no sync) is skipped on a full disk; a term/vote change still raises
 m = FsyncMetaStorer(os.path.join(d, "raft.journal.meta"))
 m._durable = (1, None)
@@ -112,17 +111,19 @@ for i in range(n + 1, n + 200):
     j.add(b"z" * 3000, i, 1)
 j.flush()
 j._destroy()
-k = FileJournal(os.path.join(d, "raft.journal"))
+k = SegmentLog(os.path.join(d, "log"), os.path.join(d, "raft.journal.meta"))
 assert [k[x][1] for x in range(len(k))] == list(range(1, n + 200)), "journal damaged"
+assert k.recovered == [], k.recovered
 print("ok", n)
 """
 
 
 def test_journal_on_a_full_disk_raises_enospc_instead_of_sigbus(tmp_path: Path) -> None:
-    """pysyncobj's FileJournal grows a sparse mmap'd file: before the fix, the first
-    write into a hole on a full tmpfs killed the process with SIGBUS (exit -7).
-    Now the growth is preallocated: the append is OSError(ENOSPC), the entry is not
-    in the journal, appends work again once there is space, the file reopens intact."""
+    """pysyncobj's FileJournal grew a sparse mmap'd file: the first write into a hole
+    on a full tmpfs killed the process with SIGBUS (exit -7). The segment log
+    reserves space with fallocate before it writes with pwrite: the append is
+    OSError(ENOSPC), the entry is not in the log, appends work again once there
+    is space, the log reopens intact."""
     mnt = tmp_path / "fs"
     mnt.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], check=True)

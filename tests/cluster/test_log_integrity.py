@@ -27,7 +27,7 @@ def _publish(node: ClusterNode, queue: str, n: int, seed: int) -> Counter[str]:
     try:
         ch = conn.channel()
         ch.confirm_delivery()
-        for i in range(n):
+        for _ in range(n):
             size = rnd.choice((rnd.randrange(1, 4096), rnd.randrange(4096, 256 * 1024)))
             body = rnd.randbytes(size)
             ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True)

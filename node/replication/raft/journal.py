@@ -1,30 +1,23 @@
-"""The Raft journal on disk: pysyncobj's FileJournal made durable and safe on a full disk.
+"""Helpers of the Raft log on disk (segment_log.py is the log itself):
 
 - FsyncMetaStorer: term and vote fsync'd before they are acted on (Raft §5.2),
-  in our codec (pysyncobj pickles the meta file; an older build's pickled one
-  is parsed without unpickling: legacy_meta);
-- _PreallocFile: journal growth reserved with fallocate, so a full disk is an
-  OSError (ENOSPC) before a write, not a SIGBUS inside the mmap;
-- _Journal: add() that leaves no hole when a write fails, and compaction in
-  one block write.
-
-The shim (shim.py) swaps these into the journal pysyncobj creates, and
-flushes it once per tick (group commit).
+  the commit index stored without a sync; in our codec (pysyncobj pickles the
+  meta file; an older build's pickled one is parsed without unpickling:
+  legacy_meta);
+- _fallocate: growth reserved with fallocate(2), so a full disk is an
+  OSError (ENOSPC) before a write;
+- _fsync_dir.
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import logging
 import os
 import pickletools
-import struct
 from typing import Any
 
-import pysyncobj.journal as _pysyncobj_journal
-from pysyncobj.journal import FIRST_RECORD_OFFSET, FileJournal, MetaStorer, ResizableFile
-from pysyncobj.pickle import to_bytes as _to_bytes
+from pysyncobj.journal import MetaStorer
 
 from node.replication.codec import CodecError, decode, encode
 from node.replication.raft.data_dir import open_private
@@ -81,13 +74,6 @@ class FsyncMetaStorer(MetaStorer):  # type: ignore[misc]
             log.error("journal meta %s unreadable (%s): starting from term 0, no vote",
                       self.getPath(), exc)
             return {}
-
-
-def use_our_meta_storer() -> None:
-    """FileJournal reads its meta file in its constructor through the name
-    MetaStorer of pysyncobj.journal: point that name at ours first, so no
-    pickle is ever loaded (called before the shim builds SyncObj)."""
-    _pysyncobj_journal.MetaStorer = FsyncMetaStorer
 
 
 META_MAGIC = b"MQMETA1\n"
@@ -168,7 +154,7 @@ def _fallocate(fd: int, offset: int, length: int) -> None:
     """fallocate(2) mode 0. Not os.posix_fallocate: where the filesystem has no
     fallocate (FUSE, e.g. the chaos slow-disk mount) glibc emulates it by
     writing a byte into every block of the range, a FUSE round trip each;
-    here that is EOPNOTSUPP and _PreallocFile stops preallocating."""
+    here that is EOPNOTSUPP and the segment log stops preallocating."""
     if _libc_fallocate is None:
         os.posix_fallocate(fd, offset, length)
         return
@@ -183,84 +169,6 @@ try:
     _libc_fallocate.restype = ctypes.c_int
 except (AttributeError, OSError):  # not glibc
     _libc_fallocate = None
-
-
-class _PreallocFile(ResizableFile):  # type: ignore[misc]
-    """The journal's mmap'd file with its growth preallocated.
-
-    pysyncobj grows the file with ftruncate (sparse) and writes records
-    through the mmap: on a full filesystem the kernel cannot back the first
-    write into a hole with a block and the process dies of SIGBUS (a
-    follower on a full tmpfs did exactly that, chaos experiment
-    follower-disk-full). Here every write beyond the reserved end first
-    reserves blocks with fallocate (in RESERVE steps), so a full disk
-    is an OSError(ENOSPC) before anything is written, which _Journal.add
-    turns into "entry not appended" (the ack for it is never sent). A
-    filesystem without fallocate (EOPNOTSUPP) keeps the old behaviour."""
-
-    RESERVE = 1 << 20  # a fallocate per MiB of journal
-    _reserved = 0
-    _no_fallocate = False
-
-    def write(self, offset: int, values: bytes) -> None:
-        end = offset + len(values)
-        if end > self._reserved and not self._no_fallocate:
-            f = self._ResizableFile__f
-            start = self._reserved
-            upto = max(end, start + self.RESERVE)
-            try:
-                _fallocate(f.fileno(), start, upto - start)  # may extend the file
-            except OSError as exc:
-                if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                    raise
-                self._no_fallocate = True
-            else:
-                self._reserved = upto
-                mm = self._ResizableFile__mm
-                size = os.fstat(f.fileno()).st_size
-                if len(mm) < size:  # (mm.size() is the file's size, len(mm) the mapping's)
-                    mm.resize(size)  # map what fallocate added (same size: no truncation)
-        super().write(offset, values)
-
-
-class _Journal(FileJournal):  # type: ignore[misc]
-    """pysyncobj's FileJournal, whose compaction (deleteEntriesTo) rewrites
-    the entries that remain one record at a time on the raft thread (a
-    struct.pack, a mmap write and a header write each): after a snapshot
-    under load that was 100k+ records and seconds without heartbeats. Here
-    they are written as one block. Same file format.
-
-    add() writes the record before it appends the entry to the in-memory
-    list (pysyncobj does it the other way round): when the write fails (a
-    full disk, see _PreallocFile) the entry is in neither, and the next add
-    does not leave a hole in the file."""
-
-    def add(self, command: Any, idx: int, term: int) -> None:
-        data = struct.pack("<QQ", idx, term) + _to_bytes(command)
-        size = struct.pack("<I", len(data))
-        record = size + data + size
-        offset: int = getattr(self, "_FileJournal__currentOffset")  # noqa: B009 - set below (mypy)
-        self._FileJournal__journalFile.write(offset, record)  # OSError(ENOSPC): nothing changed
-        self._FileJournal__journal.append((command, idx, term))
-        self._FileJournal__currentOffset = offset + len(record)
-        self._FileJournal__setLastRecordOffset(self._FileJournal__currentOffset)
-
-    def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802 - pysyncobj's name
-        keep: list[tuple[bytes, int, int]] = getattr(self, "_FileJournal__journal")[entryTo:]  # noqa: B009
-        pack = struct.Struct("<IQQ").pack
-        parts = []
-        for command, idx, term in keep:
-            data = command if isinstance(command, bytes) else bytes(command)
-            size = 16 + len(data)
-            tail = size.to_bytes(4, "little")
-            parts.append(pack(size, idx, term))
-            parts.append(data)
-            parts.append(tail)
-        blob = b"".join(parts)
-        self._FileJournal__journal = keep
-        self._FileJournal__journalFile.write(FIRST_RECORD_OFFSET, blob)
-        self._FileJournal__currentOffset = FIRST_RECORD_OFFSET + len(blob)
-        self._FileJournal__setLastRecordOffset(self._FileJournal__currentOffset)
 
 
 def _fsync_dir(path: str) -> None:

@@ -746,7 +746,7 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         same = 0
         for entry in entries:
             idx = entry[1]
-            if idx < first or idx > last or journal[idx - first][2] != entry[2]:
+            if idx < first or idx > last or journal.term_at(idx) != entry[2]:  # no read of the entry
                 break
             same += 1
         if same == 0:

@@ -1,6 +1,6 @@
-"""The shim's journal (syncobj._Journal): compaction writes the remaining
-records in one block, in pysyncobj's file format (a plain FileJournal reads
-it back), and the meta storer syncs only term/vote changes."""
+"""The Raft log's meta file (term, vote, commit index): synced only on term/vote
+changes, in our codec, an older build's pickle read without unpickling (the
+log itself: test_segment_log.py)."""
 from __future__ import annotations
 
 import os
@@ -11,29 +11,11 @@ import pytest
 
 from node.replication.raft.journal import (
     META_MAGIC,
-    FileJournal,
     FsyncMetaStorer,
-    _Journal,
     decode_meta,
     legacy_meta,
-    use_our_meta_storer,
 )
-
-
-def test_compaction_keeps_the_tail_readable_by_pysyncobj(tmp_path: Path) -> None:
-    path = str(tmp_path / "raft.journal")
-    j = FileJournal(path)
-    j.__class__ = _Journal
-    entries = [(os.urandom(1 + (i * 37) % 3000), i + 1, 1 + i // 50) for i in range(400)]
-    for e in entries:
-        j.add(*e)
-    j.deleteEntriesTo(250)
-    assert [j[i] for i in range(len(j))] == entries[250:]
-    j.add(b"after", 401, 9)  # appends continue after the rewritten block
-    j._destroy()
-    back = FileJournal(path)
-    assert [back[i] for i in range(len(back))] == [*entries[250:], (b"after", 401, 9)]
-    back._destroy()
+from node.replication.raft.segment_log import SegmentLog
 
 
 def test_meta_syncs_only_term_and_vote_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -91,13 +73,9 @@ def test_a_meta_pickle_that_builds_anything_else_is_refused_unrun(
     assert not os.path.exists("/tmp/mirrorq-meta-pwned")
 
 
-def test_file_journals_read_their_meta_through_our_storer(tmp_path: Path) -> None:
-    """pysyncobj's FileJournal reads its meta file in its constructor: after
-    use_our_meta_storer (the shim calls it first) that read is ours."""
-    use_our_meta_storer()
-    path = str(tmp_path / "raft.journal")
-    FsyncMetaStorer(path + ".meta").storeMeta({"currentTerm": 9, "votedForNodeId": "x:1", "raftCommitIndex": 4})
-    j = FileJournal(path)
-    assert isinstance(j._FileJournal__metaStorer, FsyncMetaStorer)
-    assert (j.getCurrentTerm(), j.getVotedForNodeId()) == (9, "x:1")
+def test_the_segment_log_reads_its_meta_through_our_storer(tmp_path: Path) -> None:
+    path = str(tmp_path / "raft.journal.meta")
+    FsyncMetaStorer(path).storeMeta({"currentTerm": 9, "votedForNodeId": "x:1", "raftCommitIndex": 4})
+    j = SegmentLog(str(tmp_path / "log"), path)
+    assert (j.getCurrentTerm(), j.getVotedForNodeId(), j.getRaftCommitIndex()) == (9, "x:1", 1)  # empty log: clamped
     j._destroy()
