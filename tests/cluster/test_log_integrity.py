@@ -119,3 +119,29 @@ def test_single_node_with_a_flipped_bit_below_commit_refuses_to_start(
     last = node.tail_log(1)
     assert code == 3, (code, node.tail_log(20))
     assert last.startswith("mirrorq: error: raft log damaged: ") and str(victim) in last and "offset" in last, last
+
+
+FIXTURE = Path(__file__).resolve().parent.parent / "data" / "main-data-dir.tar.gz"
+
+
+def test_a_data_dir_of_the_previous_format_is_upgraded_and_serves_every_message(
+        cluster_factory: Callable[..., Cluster]) -> None:
+    """tests/data/main-data-dir.tar.gz: one node's data dir written by main before
+    issue 27 (pysyncobj's raft.journal; 30 random persistent bodies in queue
+    `upgraded`, their sha256 in main-data-dir.json)."""
+    import json
+    import tarfile
+    want = json.loads(FIXTURE.with_suffix("").with_suffix(".json").read_text())
+    c = cluster_factory(1)
+    node = c.nodes[0]
+    assert node.node_id == want["node_id"]
+    node.data_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(FIXTURE) as t:
+        t.extractall(node.data_dir.parent, filter="data")
+    assert (node.data_dir / "raft.journal").exists()
+    node.start()
+    c.wait_healthy(60)
+    got = drain(node, want["queue"])
+    assert _hashes(got) == Counter(want["sha256"]), f"{len(want['sha256'])} in the old journal, {len(got)} served"
+    assert not (node.data_dir / "raft.journal").exists() and list((node.data_dir / "log").glob("*.seg"))
+    assert "converted into" in node.tail_log(200)
