@@ -61,6 +61,9 @@ DEFAULT_USERNAME = "mirrorq"
 
 # Peers come from the operator-maintained `members` key; an empty data dir after
 # the cluster has formed starts with --join (never bootstraps a second cluster).
+# A data dir holds a Raft log as `log/` (segments, issue 27) or, written by an
+# older image, `raft.journal`: either is a member's own (no --join: a full
+# restart must elect).
 START_SCRIPT = """#!/bin/sh
 set -eu
 SELF="$POD_NAME.$HEADLESS.$POD_NAMESPACE.svc"
@@ -69,7 +72,8 @@ for m in $(cat /etc/mirrorq/members); do
   [ "$m" = "$POD_NAME" ] || PEERS="$PEERS${PEERS:+,}$m=$m.$HEADLESS.$POD_NAMESPACE.svc:25672"
 done
 JOIN=""
-if [ ! -e /var/lib/mirrorq/raft.journal ] && [ "$(cat /etc/mirrorq/formed)" = "true" ]; then
+if [ ! -e /var/lib/mirrorq/log ] && [ ! -e /var/lib/mirrorq/raft.journal ] \\
+    && [ "$(cat /etc/mirrorq/formed)" = "true" ]; then
   JOIN="--join"
 fi
 exec mirrorq serve --node-id "$POD_NAME" --host "$SELF" --data-dir /var/lib/mirrorq \\

@@ -14,6 +14,7 @@ from mirrorq_operator.builders import (
     RAFT_TLS_DIR,
     RAFT_TLS_VOLUME,
     READY_PROBE,
+    START_SCRIPT,
     TLS_DIR,
     auth_secret_name,
     build_all,
@@ -533,3 +534,22 @@ def test_broker_pods_run_hardened_without_a_service_account_token():
     assert pod["automountServiceAccountToken"] is False
     dockerfile = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text()
     assert "USER 10001:10001" in dockerfile  # the image's user is the one the pod names
+
+
+@pytest.mark.parametrize("existing, joins", [((), True), (("log",), False), (("raft.journal",), False)])
+def test_start_script_joins_only_with_an_empty_data_dir(tmp_path, existing, joins):
+    """A member's data dir holds `log/` (segment log, issue 27) or an older image's
+    `raft.journal`: it restarts as itself; an empty one after formation joins."""
+    data, etc, bindir = tmp_path / "data", tmp_path / "etc", tmp_path / "bin"
+    for d in (data, etc, bindir):
+        d.mkdir()
+    for name in existing:
+        (data / name).mkdir() if name == "log" else (data / name).write_bytes(b"")
+    (etc / "members").write_text("mq-0\nmq-1\n")
+    (etc / "formed").write_text("true")
+    (bindir / "mirrorq").write_text('#!/bin/sh\necho "$@"\n')
+    (bindir / "mirrorq").chmod(0o755)
+    script = START_SCRIPT.replace("/var/lib/mirrorq", str(data)).replace("/etc/mirrorq", str(etc))
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "POD_NAME": "mq-0", "HEADLESS": "h", "POD_NAMESPACE": "ns"}
+    out = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+    assert ("--join" in out) == joins, out
