@@ -145,3 +145,35 @@ def test_a_data_dir_of_the_previous_format_is_upgraded_and_serves_every_message(
     assert _hashes(got) == Counter(want["sha256"]), f"{len(want['sha256'])} in the old journal, {len(got)} served"
     assert not (node.data_dir / "raft.journal").exists() and list((node.data_dir / "log").glob("*.seg"))
     assert "converted into" in node.tail_log(200)
+
+
+def test_a_record_damaged_under_a_running_leader_is_never_sent(cluster: Cluster) -> None:
+    """A bit flipped in the running leader's segment, in an entry out of its cache
+    that a restarted follower needs: the leader's read fails its CRC, the leader
+    exits (code 3, one critical line) instead of sending it; the other follower
+    leads, both others end with every body intact, and the old leader repairs
+    its log at its restart."""
+    leader = cluster.leader()
+    behind, other = cluster.followers()
+    q = uniq_queue("logrunning")
+    declare(leader, q)
+    behind.stop()
+    sent = _publish(leader, q, 120, seed=6)  # ~15 MB: past the leader's 8 MiB cache of entries
+    victim = max(_log_files(leader), key=lambda p: p.stat().st_size)
+    size = len(victim.read_bytes().rstrip(b"\0"))
+    with open(victim, "r+b") as f:  # in place: the leader keeps its file open
+        f.seek(size // 4)
+        byte = f.read(1)
+        f.seek(size // 4)
+        f.write(bytes([byte[0] ^ 0x04]))
+    behind.start()
+    assert leader.proc is not None
+    code = leader.proc.wait(timeout=60)
+    assert code == 3, (code, leader.tail_log(20))
+    assert "raft log damaged" in leader.tail_log(50) and str(victim) in leader.tail_log(50)
+    cluster.wait_healthy(60, nodes=[behind, other])
+    leader.start()
+    cluster.wait_healthy(60)
+    assert "raft log damaged" in leader.tail_log(400)
+    got = drain(behind, q)
+    assert _hashes(got) == sent, f"{sum(sent.values())} sent, {len(got)} received on {behind.node_id}"

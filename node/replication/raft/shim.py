@@ -3,7 +3,7 @@
 With its halves in this package it is the only code that touches SyncObj and
 its private state: election.py (PreVote, fast election, term notice, startup
 grace) and snapshot.py (the forked snapshot and its loading) are mixins of
-RaftShim; journal.py is the journal on disk; transport.py is the network half
+RaftShim; segment_log.py is the log on disk; transport.py is the network half
 (pysyncobj's TCPTransport over our links); messages.py names our messages.
 The shim runs the raft thread: it ticks SyncObj, flushes the journal once per
 tick (group commit), releases the held AppendEntries acks after that flush,
@@ -12,10 +12,9 @@ hands to its owner (raft_node.RaftNode), which folds it through the pure
 planners (mirror.py, in_sync.py) and returns what to announce. Applying a
 committed batch is the owner's too (`apply`).
 
-Durability (pysyncobj writes its journal through mmap and never syncs):
-- every node flushes (msync) its journal in an on-tick callback, which
-  pysyncobj runs after the tick's appends and before the next tick's commit
-  step; one flush covers every entry of the tick (group commit);
+Durability: every node flushes (fdatasync) its log in an on-tick callback,
+after the tick's appends and before the next tick's commit step; one flush
+covers every entry of the tick (group commit);
 - a follower holds its AppendEntries acknowledgements (next_node_idx) until
   that flush, so the leader's matchIndex only counts entries on disk;
 - the term/vote meta file is written with fsync (FsyncMetaStorer).
@@ -55,7 +54,7 @@ from node.replication.raft.data_dir import make_private_dir, tighten
 from node.replication.raft.election import ElectionMixin, quiet_timeouts
 from node.replication.raft.log_upgrade import open_log
 from node.replication.raft.messages import MIRRORED, PREVOTE, PREVOTE_REPLY, TERM_NOTICE
-from node.replication.raft.segment_log import SegmentLog
+from node.replication.raft.segment_log import LogDamaged, SegmentLog
 from node.replication.raft.snapshot import SnapshotMixin, SnapshotReceiver
 from node.replication.raft.transport import LOST_REASONS, PeerSecurity, PeerTransport, tls_contexts
 from node.replication.snapshot_format import RaftMeta, SnapshotFormatError
@@ -345,8 +344,8 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
         self._SyncObj__raftLog.flush()
 
     def last_log_index(self) -> int:
-        log_ = self._SyncObj__raftLog
-        return int(log_[-1][1]) if len(log_) else 0
+        log_: SegmentLog = self._SyncObj__raftLog  # any thread: no entry read
+        return log_.last_index() if len(log_) else 0
 
     def wake(self) -> None:
         """Make the coming poll return at once."""
@@ -666,6 +665,10 @@ class RaftShim(ElectionMixin, SnapshotMixin):
                 self._gate_election(so, now)
                 so.doTick(self.config.idle_tick)
                 self._campaign_transfer = False
+            except LogDamaged as exc:  # found on a read: never applied nor sent; the restart repairs
+                log.critical("raft log damaged: %s; exiting (the restart drops it and re-fetches)", exc)
+                logging.shutdown()
+                os._exit(3)
             except Exception:  # noqa: BLE001 - a bad tick must not kill replication
                 log.exception("raft tick failed")
                 time.sleep(0.05)
@@ -684,7 +687,7 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         if last != self._flushed_index:
             t0 = clock()
             try:
-                so.journal_flush()  # group commit: one msync for the tick's entries
+                so.journal_flush()  # group commit: one fdatasync for the tick's entries
             except OSError as exc:
                 # not on disk: keep the acks held (the leader does not count these
                 # entries for us and its planner marks us lagging); retried next tick
