@@ -1,4 +1,5 @@
-"""Open the node's Raft log, converting a journal of the previous format first.
+"""Open the node's Raft log, converting a journal of the previous format first,
+and put it in the place of the journal pysyncobj made (adopt).
 
 Before issue 27 the log was pysyncobj's FileJournal, `<data dir>/raft.journal`:
 a 40-byte header (name 24, version 8, format u32, end of the last record
@@ -16,6 +17,9 @@ import os
 import shutil
 import struct
 from collections.abc import Iterator
+from typing import Any
+
+from pysyncobj.syncobj import _COMMAND_TYPE
 
 from node.replication.raft.journal import _fsync_dir
 from node.replication.raft.segment_log import LogDamaged, Retain, SegmentLog
@@ -75,3 +79,15 @@ def _convert(old: str, data_dir: str, meta: str, segment_bytes: int) -> None:
     _fsync_dir(data_dir)
     log.warning("raft log: %s (pysyncobj's format) converted into %d checksummed entries in %s/log",
                 old, n, data_dir)
+
+
+def adopt(syncobj: Any, journal: SegmentLog) -> None:
+    """Make `journal` the log of `syncobj`, created without a journalFile (so with
+    a MemoryJournal): what SyncObj.__init__ read from its journal is read again
+    from ours (term, vote, commit index; a NO_OP first entry in an empty log)."""
+    syncobj._SyncObj__raftLog = journal
+    if not len(journal):
+        journal.add(bytes([_COMMAND_TYPE.NO_OP]), 1, 0)
+    syncobj._SyncObj__raftCurrentTerm = max(journal.getCurrentTerm(), journal[-1][2])
+    syncobj._SyncObj__votedForNodeId = journal.getVotedForNodeId()
+    syncobj._SyncObj__raftCommitIndex = journal.getRaftCommitIndex()

@@ -52,7 +52,7 @@ from node.replication.config import RaftConfig
 from node.replication.machine.state import BrokerState
 from node.replication.raft.data_dir import make_private_dir, tighten
 from node.replication.raft.election import ElectionMixin, quiet_timeouts
-from node.replication.raft.log_upgrade import open_log
+from node.replication.raft.log_upgrade import adopt, open_log
 from node.replication.raft.messages import MIRRORED, PREVOTE, PREVOTE_REPLY, TERM_NOTICE
 from node.replication.raft.segment_log import LogDamaged, SegmentLog
 from node.replication.raft.snapshot import SnapshotMixin, SnapshotReceiver
@@ -200,14 +200,7 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
         self._flow: dict[Any, _Flow] = {}
         self._blobs: dict[tuple[int, int, int], bytes] = {}
         super().__init__(self_addr, others, conf, transportClass=_Transport)
-        # pysyncobj made a MemoryJournal (no journalFile): ours replaces it, and
-        # what its __init__ read from a journal is read again from ours
-        self._SyncObj__raftLog = journal
-        if not len(journal):
-            journal.add(bytes([_COMMAND_TYPE.NO_OP]), 1, 0)
-        self._SyncObj__raftCurrentTerm = max(journal.getCurrentTerm(), journal[-1][2])
-        self._SyncObj__votedForNodeId = journal.getVotedForNodeId()
-        self._SyncObj__raftCommitIndex = journal.getRaftCommitIndex()
+        adopt(self, journal)  # in place of the MemoryJournal pysyncobj made (no journalFile)
         receiver = self._SyncObj__serializer
         receiver.__class__ = SnapshotReceiver  # a leader's snapshot: private, checked before it is ours
         receiver.accept = owner._accept_snapshot
