@@ -181,8 +181,8 @@ class _Transport(PeerTransport):
             try:
                 super()._onMessageReceived(node, message)
             except OSError as exc:
-                # the journal could not take the entries (a full disk:
-                # _PreallocFile): the ones before the failing one are in the
+                # the log could not take the entries (a full disk: ENOSPC
+                # before the write): the ones before the failing one are in the
                 # log, no ack is sent for this append, the leader resends and
                 # its in-sync planner marks us lagging (I5) until space is back
                 owner._on_journal_error("append", exc)
@@ -455,7 +455,7 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         self.installed_snapshots = 0  # snapshots installed from the leader
         self.refused_snapshots = 0  # snapshot chunks dropped: we had applied past them
         self.damaged_snapshots = 0  # leader's snapshots that did not read back (checksum, format)
-        self.journal_flush_errors = 0  # failed journal flushes (msync)
+        self.journal_flush_errors = 0  # failed log flushes (fdatasync)
         self.last_journal_error = ""
         self._journal_error_logged = 0.0
 
