@@ -224,9 +224,6 @@ def test_heap_does_not_grow_with_entries(tmp_path: Path) -> None:
     assert grown < 3 << 20, grown
 
 
-OLD_JOURNAL = Path(__file__).resolve().parents[3] / "data" / "raft-journal-v0.bin"
-
-
 def test_upgrade_from_pysyncobj_journal(tmp_path: Path) -> None:
     from pysyncobj.journal import FileJournal  # writes the old format, as main did
     old = FileJournal(str(tmp_path / "raft.journal"))
