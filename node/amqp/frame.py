@@ -25,6 +25,10 @@ FRAME_TYPES = frozenset((FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT
 FRAME_END = 0xCE
 FRAME_END_BYTES = b"\xce"
 FRAME_OVERHEAD = 8  # 7-byte header + end octet
+# RabbitMQ's rabbit_reader takes a payload of up to frame_max bytes (its
+# FRAME_SIZE_FUDGE of one frame overhead: AMQPStorm and rabbitpy cut bodies into
+# frame_max-byte payloads); we take exactly that much and no more.
+FRAME_SIZE_FUDGE = FRAME_OVERHEAD
 FRAME_MIN_SIZE = 4096  # the largest frame a peer must accept before tune (AMQP frame-min-size)
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 HEARTBEAT = b"\x08\x00\x00\x00\x00\x00\x00\xce"
@@ -149,7 +153,8 @@ class FrameReader:
     """Splits a byte stream into (type, channel, payload) frames.
 
     The size check is made from the 7-byte header, so an oversized frame is
-    rejected before its payload is buffered.
+    rejected before its payload is buffered. Like RabbitMQ, a payload of
+    frame_max bytes passes (FRAME_SIZE_FUDGE); the error names frame_max - 8.
     """
 
     __slots__ = ("buf", "frame_max", "held")
@@ -174,7 +179,7 @@ class FrameReader:
             n = len(buf)
             while n - pos >= 7:
                 ftype, chan, size = _HDR.unpack_from(buf, pos)
-                if size + FRAME_OVERHEAD > self.frame_max:
+                if size + FRAME_OVERHEAD > self.frame_max + FRAME_SIZE_FUDGE:
                     raise FrameError(
                         f"FRAME_ERROR - type {ftype}, frame_too_large {size} > {self.frame_max - FRAME_OVERHEAD}")
                 end = pos + 7 + size
