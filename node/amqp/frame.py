@@ -15,7 +15,8 @@ from typing import Any
 
 from pamqp import commands, decode, encode
 from pamqp import exceptions as pamqp_exceptions
-from pamqp.header import ContentHeader
+
+from node.amqp import properties
 
 FRAME_METHOD = 1
 FRAME_HEADER = 2
@@ -316,22 +317,17 @@ _PROP_NAMES: list[str] = list(commands.Basic.Properties.__slots__)
 
 
 def decode_header(payload: bytes) -> tuple[int, int, dict[str, Any]]:
-    """Content header payload -> (class_id, body_size, properties dict)."""
+    """Content header payload -> (class_id, body_size, properties dict).
+
+    Properties by node/amqp/properties.py, not pamqp: header values keep
+    their wire types and the timestamp is any 64-bit int (issue 28)."""
     try:
         cid, _weight, size = _CONTENT_HDR.unpack_from(payload, 0)
         if len(payload) == 14 and payload[12] == 0 and payload[13] == 0:
             return cid, size, {}  # no properties: the common cheap case
-        hdr = ContentHeader()
-        hdr.unmarshal(payload)
+        return cid, size, properties.decode_properties(payload, 12)
     except _DECODE_ERRORS as err:
         raise BadArguments("SYNTAX_ERROR - cannot decode content header") from err
-    props = hdr.properties
-    out: dict[str, Any] = {}
-    for name in _PROP_NAMES:
-        value = getattr(props, name, None)
-        if value is not None and value != "":  # pamqp defaults cluster_id to ""
-            out[name] = value
-    return cid, size, out
 
 
 def decode_amqplain(response: str | bytes) -> dict[str, Any]:
@@ -417,56 +413,7 @@ def encode_properties(props: dict[str, Any]) -> bytes:
     """Properties dict (pamqp attribute names) -> flags + property list."""
     if not props:
         return _EMPTY_PROPS
-    try:
-        return commands.Basic.Properties(**props).marshal()
-    except (TypeError, ValueError, OverflowError, struct.error):
-        # pamqp decodes what it cannot encode again (a non-UTF-8 longstr comes
-        # back as bytes, a large double as a float it writes as 'f') and
-        # validates on construction (delivery_mode 3, a cluster_id) what it
-        # accepted on decoding. Raising here failed every delivery of such a
-        # message with 541 and requeued it: one publish took down each
-        # consumer's connection in turn (found by tests/fuzz).
-        return _encode_properties_lenient(props)
-
-
-def _encode_properties_lenient(props: dict[str, Any]) -> bytes:
-    obj = commands.Basic.Properties()
-    for name, value in props.items():
-        if name != "headers":
-            setattr(obj, name, value)  # setattr: no validation, send what we received
-    raw = obj.marshal()
-    headers = props.get("headers")
-    if not isinstance(headers, dict):
-        return raw
-    (flags,) = _H.unpack_from(raw, 0)
-    pos = 2
-    for bit in (0x8000, 0x4000):  # content_type, content_encoding come before headers
-        if flags & bit:
-            pos += 1 + raw[pos]
-    return _H.pack(flags | 0x2000) + raw[2:pos] + _encode_table_lenient(headers) + raw[pos:]
-
-
-def _encode_table_lenient(table: dict[str, Any]) -> bytes:
-    body = b"".join(_sstr(str(key)) + _encode_value_lenient(value) for key, value in table.items())
-    return struct.pack(">I", len(body)) + body
-
-
-def _encode_value_lenient(value: Any) -> bytes:
-    """A field value for each type pamqp decodes, including those it cannot encode."""
-    if isinstance(value, bytes):  # a longstr that is not UTF-8
-        return b"S" + struct.pack(">I", len(value)) + value
-    if isinstance(value, float):  # as a double: never overflows, loses nothing
-        return b"d" + struct.pack(">d", value)
-    if isinstance(value, dict):
-        return b"F" + _encode_table_lenient(value)
-    if isinstance(value, list):
-        items = b"".join(_encode_value_lenient(v) for v in value)
-        return b"A" + struct.pack(">I", len(items)) + items
-    try:
-        return encode.encode_table_value(value)
-    except (TypeError, ValueError, OverflowError, struct.error):
-        raw = str(value).encode("utf-8")  # last resort: its text, rather than no delivery
-        return b"S" + struct.pack(">I", len(raw)) + raw
+    return properties.encode_properties(props)
 
 
 def props_to_dict(props: Any) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from node.broker.fieldtypes import Int64
 from node.http.errors import bad_request
 
 
@@ -71,7 +72,23 @@ def amqp_properties(props: Mapping[str, Any]) -> dict[str, Any]:
             if not isinstance(value, dict):
                 raise bad_request("headers must be an object")
             amqp_value(value, "headers")
+            value = _json_header(value)
         elif not isinstance(value, str):
             raise bad_request(f"{key} must be a string")
         out[key] = value
     return out
+
+
+def _json_header(value: Any) -> Any:
+    """A JSON integer is a long (`l`) in a published message's headers, as
+    RabbitMQ's management API makes it (rabbit_misc:type_val); floats are
+    doubles by default."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return Int64(value)
+    if isinstance(value, dict):
+        return {k: _json_header(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_header(v) for v in value]
+    return value

@@ -6,6 +6,8 @@ without sockets."""
 from __future__ import annotations
 
 import base64
+import datetime
+import decimal
 import hashlib
 import json
 import time
@@ -115,9 +117,15 @@ def exchange_json(x: MExchange) -> dict[str, Any]:
 
 
 def plain_json(value: Any) -> Any:
-    """A field-table value as JSON can carry it (bytes as text)."""
+    """A field-table value as JSON can carry it, as RabbitMQ renders it (bytes,
+    `x` included, as text; numbers of every wire type, decimals and timestamps
+    as numbers)."""
     if isinstance(value, bytes | bytearray):
         return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, datetime.datetime):  # an x-death time of an older build
+        return int(value.timestamp())
     if isinstance(value, Mapping):
         return {str(k): plain_json(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

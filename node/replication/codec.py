@@ -9,6 +9,8 @@ bytes, never re-encoded per follower.
 Value tags (one byte each):
   N None, T True, F False, i int64, I big int, d float64, s str, b bytes,
   l list, t tuple, m dict, D datetime, E Decimal,
+  W a header value with its AMQP wire type (node/broker/fieldtypes.py): the
+    type letter, then its big-endian wire bytes (for x a u32 BE length first),
   R record: class id (u8) then its fields, P BasicPublish (hot path).
 Lengths and counts are u32 little endian. Decoding checks every length
 against the bytes left and raises CodecError on anything malformed.
@@ -21,6 +23,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from node.broker import fieldtypes
 from node.broker.ids import ChanId, ConnId
 from node.replication import command as cmd
 
@@ -146,6 +149,8 @@ _ENCODERS: dict[type, Callable[[Any, list[bytes]], None]] = {
     decimal.Decimal: lambda v, out: _enc_tagged_str(b"E", str(v), out),
     cmd.BasicPublish: _enc_publish,
 }
+for _wire_type in fieldtypes.WIRE_TYPES.values():
+    _ENCODERS[_wire_type] = lambda v, out: out.append(b"W" + v.wire + fieldtypes.pack_scalar(v))
 
 
 def _enc_tagged_str(tag: bytes, s: str, out: list[bytes]) -> None:
@@ -250,6 +255,19 @@ def _dec(buf: bytes, pos: int, depth: int) -> tuple[Any, int]:
         if n > 64:
             raise CodecError("integer too large")
         return int.from_bytes(buf[pos + 4:end], "little", signed=True), end
+    if tag == 0x57:  # W
+        letter = buf[pos:pos + 1]
+        if letter == b"x":
+            n = struct.unpack_from(">I", buf, pos + 1)[0]
+            start = pos + 5
+        else:
+            wire_int = fieldtypes.INT_STRUCTS.get(letter)
+            if wire_int is None and letter != b"f":
+                raise CodecError(f"unknown wire type {letter!r}")
+            n = wire_int.size if wire_int is not None else 4
+            start = pos + 1
+        end = _take(buf, start, n)
+        return fieldtypes.unpack_scalar(letter, buf[start:end]), end
     if tag in (0x44, 0x45):  # D, E
         n = _U.unpack_from(buf, pos)[0]
         end = _take(buf, pos + 4, n)

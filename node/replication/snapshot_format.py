@@ -22,8 +22,10 @@ Queues, channels and consumers are referenced by index, so the object graph
 with the same sharing, deleted queues that deliveries still name included.
 
 The whole body is covered by the CRC: a damaged file is refused before any of
-it is decoded. A new layout gets a new version number; this build reads only
-FORMAT_VERSION.
+it is decoded. A new layout gets a new version number; this build reads
+READ_VERSIONS. Version 2 (issue 28): message properties may hold the codec's
+W values (header values with their AMQP wire type); version 1 files, which
+cannot, are read as before.
 """
 from __future__ import annotations
 
@@ -42,7 +44,8 @@ from node.replication.codec import CodecError, decode_from, encode_into
 from node.replication.machine.state import BrokerState
 
 MAGIC = b"\x89MQSNAP\n"  # not a pickle (0x80), not text
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READ_VERSIONS = (1, 2)
 _HEADER = struct.Struct("<8sHHQI")
 HEADER_SIZE = _HEADER.size
 _U32 = struct.Struct("<I")
@@ -296,9 +299,9 @@ def check(data: bytes) -> int:
     if len(data) < HEADER_SIZE:
         raise SnapshotFormatError(f"truncated: {len(data)} bytes, no whole snapshot header")
     _magic, version, _reserved, length, crc = _HEADER.unpack_from(data, 0)
-    if version != FORMAT_VERSION:
+    if version not in READ_VERSIONS:
         raise SnapshotFormatError(f"snapshot format version {version}: this build reads "
-                                  f"version {FORMAT_VERSION}")
+                                  f"versions {', '.join(map(str, READ_VERSIONS))}")
     if length != len(data) - HEADER_SIZE:
         raise SnapshotFormatError(f"body of {len(data) - HEADER_SIZE} bytes, the header says {length}: "
                                   "truncated or trailing bytes")

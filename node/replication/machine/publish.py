@@ -3,11 +3,11 @@ overflow), dead-letter, and tx.commit.
 """
 from __future__ import annotations
 
-import datetime
 from typing import Any
 
 from node.broker.channel import Channel
 from node.broker.exchange import route
+from node.broker.fieldtypes import Int64, Timestamp
 from node.broker.queue import Message, Queue
 from node.broker.reply import BASIC_PUBLISH, TX_COMMIT
 from node.broker.vhost import SEP, resource_key, split_key
@@ -137,7 +137,7 @@ class PublishHandlers(ApplierBase):
         for i, d in enumerate(deaths):
             if d.get("queue") == qname and d.get("reason") == reason:
                 entry = dict(d)
-                entry["count"] = int(d.get("count", 1)) + 1
+                entry["count"] = Int64(int(d.get("count", 1)) + 1)
                 del deaths[i]
                 break
         if entry is None:
@@ -145,8 +145,9 @@ class PublishHandlers(ApplierBase):
             cc = headers.get("CC")
             if isinstance(cc, list):
                 rks.extend(str(k) for k in cc)
-            entry = {"count": 1, "reason": reason, "queue": qname,
-                     "time": datetime.datetime.fromtimestamp(int(s.now), datetime.UTC),
+            # count a long and time a timestamp on the wire, as RabbitMQ writes them
+            entry = {"count": Int64(1), "reason": reason, "queue": qname,
+                     "time": Timestamp(int(s.now)),
                      "exchange": m.exchange, "routing-keys": rks}
             if "expiration" in props:
                 entry["original-expiration"] = props["expiration"]

@@ -196,8 +196,9 @@ def test_random_bytes_wrong_version_unknown_records_and_trailing_bytes_are_refus
         _loads_or_raises(_reframe(rnd.randbytes(n)))
     good = encode_snapshot(BrokerState(), META)
     body = good[HEADER_SIZE:]
-    with pytest.raises(SnapshotFormatError, match="version 2"):
-        read_snapshot(_reframe(body, version=2))
+    with pytest.raises(SnapshotFormatError, match="version 3"):
+        read_snapshot(_reframe(body, version=3))
+    read_snapshot(_reframe(body, version=1))  # version 1 (before typed header values) still loads
     with pytest.raises(SnapshotFormatError, match="trailing|header says"):
         read_snapshot(good + b"\x00")
     with pytest.raises(SnapshotFormatError, match="trailing"):
