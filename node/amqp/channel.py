@@ -257,7 +257,9 @@ class WireChannel:
         raise ConnectionException(504, "CHANNEL_ERROR - second 'channel.open' seen", 20, 10)
 
     def on_channel_flow(self, m: frame.Method) -> None:
-        self.propose(ChannelFlow(self.id, bool(m.active)))
+        if not m.active:  # RabbitMQ's answer (rabbit_channel), which clients' tests expect
+            raise ConnectionException(540, "NOT_IMPLEMENTED - active=false", 20, 20)
+        self.propose(ChannelFlow(self.id, True))
 
     def on_channel_flow_ok(self, m: frame.Method) -> None:
         pass  # answer to a server-initiated flow, which we never send

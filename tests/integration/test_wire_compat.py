@@ -1,7 +1,8 @@
-"""Wire details third-party clients rely on (issue 28 items 1, 3 and 5), each
+"""Wire details third-party clients rely on (issue 28 items 1 and 5), each
 against the shared real node with a real client or raw frames where no client
 can send what is tested: bodies cut into frame_max-byte payloads (AMQPStorm,
-rabbitpy), timestamps outside datetime's range, channel.flow(active=false)."""
+rabbitpy), channel.flow(active=false). Field types and timestamps (items 2
+and 3): test_field_types.py."""
 from __future__ import annotations
 
 import hashlib
@@ -85,3 +86,16 @@ def test_payload_of_frame_max_taken_one_more_refused(raw: Any, broker: Broker) -
 def _header(chan: int, size: int, props: bytes = b"\x00\x00") -> bytes:
     payload = struct.pack(">HHQ", 60, 0, size) + props
     return struct.pack(">BHI", 2, chan, len(payload)) + payload + b"\xce"
+
+
+def test_channel_flow_active_false_is_540_as_in_rabbitmq(raw: Any, broker: Broker) -> None:
+    """RabbitMQ closes the connection with 540 NOT_IMPLEMENTED for
+    channel.flow(active=false) (rabbit_channel); active=true is answered."""
+    c = raw()
+    c.send_frame(spec.Channel.Flow(active=True), 1)
+    _, ok = c.expect(spec.Channel.FlowOk)
+    assert ok.active is True
+    c.send_frame(spec.Channel.Flow(active=False), 1)
+    closes = [v for _, v in c.read_until_closed() if isinstance(v, spec.Connection.Close)]
+    assert closes and (closes[0].reply_code, closes[0].reply_text) == (540, "NOT_IMPLEMENTED - active=false")
+    assert (closes[0].class_id, closes[0].method_id) == (20, 20)
