@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 from node.app.config import is_loopback
 from node.broker.password import hash_password, password_hash_ok
@@ -163,12 +163,19 @@ class Administrator:
                 raise KeyError(f"no user {name!r}")
             await self.replica.commit([UserDelete(name)], timeout)
 
-    async def put_vhost(self, name: str, timeout: float = 30.0) -> None:
+    async def put_vhost(self, name: str, timeout: float = 30.0, creator: str | None = None) -> None:
+        """creator: the user creating it through the management API gets full
+        permissions on a new vhost, in the same batch (RabbitMQ's
+        rabbit_vhost:maybe_grant_full_permissions; none for a user it does not know)."""
         async with self._changing:
             why = vhost_name_error(name)
             if why is not None:
                 raise ValueError(why)
-            await self.replica.commit([VhostPut(name)], timeout)
+            model = self.read_model()
+            commands: list[Any] = [VhostPut(name)]
+            if creator is not None and creator in model.users and name not in model.vhosts:
+                commands.append(PermissionSet(creator, name, ".*", ".*", ".*"))
+            await self.replica.commit(commands, timeout)
 
     async def delete_vhost(self, name: str, timeout: float = 30.0) -> None:
         async with self._changing:

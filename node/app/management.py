@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from node.amqp.connection import VERSION
+from node.amqp.connection import RUNNING, VERSION
 from node.amqp.internal import AmqpSession
 from node.amqp.server import AmqpServer
 from node.app.administrator import Administrator
@@ -94,7 +94,8 @@ class NodeBackend:
                 channel_max=conn.channel_max, tls=tls,
                 numbers={ch.id.serial: ch.number for ch in conn.channels.values()},
                 connected_at=now_wall - (now_mono - conn.created),
-                held_bytes=conn.held_bytes, blocked=proto.reading_paused or conn.input_held)
+                held_bytes=conn.held_bytes, blocked=proto.reading_paused or conn.input_held,
+                opened=transport is not None and conn.phase == RUNNING)
         return out
 
     def session(self, user: str, vhost: str, full_access: bool) -> AmqpSession:

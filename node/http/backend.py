@@ -31,6 +31,7 @@ class LocalConnection:
     connected_at: float = 0.0
     held_bytes: int = 0  # unfinished bodies and open transactions (memory watermark)
     blocked: bool = False  # not read past its next publish (an alarm or its own buffer)
+    opened: bool = True  # past connection.open: listed even before the log knows it (no channel yet)
 
 
 class Backend(Protocol):

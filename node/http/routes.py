@@ -83,6 +83,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
 
     ("GET", "/api/users",                     users.users),
     ("GET", "/api/users/without-permissions", users.users_without_permissions),
+    ("POST", "/api/users/bulk-delete",        users.users_bulk_delete),
     ("GET", "/api/users/{user}",              users.user),
     ("PUT", "/api/users/{user}",              users.user_put),
     ("DELETE", "/api/users/{user}",           users.user_delete),
@@ -103,6 +104,8 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", "/api/health/checks/node-is-mirror-sync-critical", health.health_quorum),
     ("GET", "/api/health/checks/virtual-hosts",                health.health_vhosts),
     ("GET", "/api/aliveness-test/{vhost}",                     health.aliveness),
+    ("GET", "/api/healthchecks/node",                          health.healthchecks_node),
+    ("GET", "/api/healthchecks/node/{node}",                   health.healthchecks_node),
 
     ("GET", "/api/mirrorq/cluster",           members.mirrorq_cluster),
     ("PUT", "/api/mirrorq/members/{name}",    members.member_add),

@@ -8,12 +8,12 @@ from pamqp import commands as spec
 from harness.amqp import RawConn
 from harness.process import Cluster
 from tests.broker_proc import uniq
-from tests.integration.test_field_types import (
-    _content_after_method,
-    _publish_confirmed,
+from tests.support.field_types import (
     confirm_select,
+    content_after_method,
     declare,
     props_bytes,
+    publish_confirmed,
     raw_frame,
 )
 
@@ -28,11 +28,11 @@ def test_field_types_round_trip_through_a_cluster_follower(cluster: Cluster) -> 
         declare(pub, q)
         confirm_select(pub)
         props = props_bytes(2**64 - 1)
-        _publish_confirmed(pub, q, props, b"across")
+        publish_confirmed(pub, q, props, b"across")
         sub.send_frame(spec.Basic.Consume(queue=q, consumer_tag="f", no_ack=True), 1)
         ftype, payload = raw_frame(sub)  # raw: pamqp cannot parse what follows (U)
         assert ftype == 1 and payload[:4] == b"\x00\x3c\x00\x15"  # basic.consume-ok
-        assert _content_after_method(sub, 60) == (props, b"across")
+        assert content_after_method(sub, 60) == (props, b"across")
     finally:
         pub.close()
         sub.close()

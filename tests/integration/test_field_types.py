@@ -24,87 +24,19 @@ from pamqp import commands as spec
 from harness.amqp import RawClient
 from node.amqp import properties
 from tests.broker_proc import Broker, node_metric, start_http_node, uniq, wait_for
-
-SCALARS = (
-    b"t\x01", b"b\xff", b"B\xff", b"s\x80\x00", b"u\xff\xff", b"U\x80\x01",
-    b"I\x80\x00\x00\x00", b"i\xff\xff\xff\xff", b"l" + struct.pack(">q", -5),
-    b"L" + struct.pack(">q", -1), b"f" + struct.pack(">f", 2.32), b"d" + struct.pack(">d", 2.32),
-    b"D\x02" + struct.pack(">I", 120), b"S\x00\x00\x00\x03abc", b"S\x00\x00\x00\x02\xff\xfe",
-    b"T" + struct.pack(">Q", 2**64 - 1), b"V", b"x\x00\x00\x00\x03\x00\x01\xff",
+from tests.support.field_types import (
+    HEADER_ITEMS,
+    SCALARS,
+    confirm_select,
+    content_after_method,
+    declare,
+    get_raw,
+    props_bytes,
+    publish_confirmed,
+    publish_raw,
+    raw_frame,
+    table,
 )
-
-
-def _items(pairs: list[tuple[bytes, bytes]]) -> bytes:
-    return b"".join(bytes((len(k),)) + k + v for k, v in pairs)
-
-
-_FLAT = _items([(b"k%d" % i, v) for i, v in enumerate(SCALARS)])
-_ARRAY = b"".join(SCALARS)
-HEADER_ITEMS = (_FLAT + _items([(b"arr", b"A" + struct.pack(">I", len(_ARRAY)) + _ARRAY),
-                                (b"tbl", b"F" + struct.pack(">I", len(_FLAT)) + _FLAT)]))
-HEADERS = struct.pack(">I", len(HEADER_ITEMS)) + HEADER_ITEMS
-
-
-def props_bytes(timestamp: int = 253402300800 + 86400, persistent: bool = True) -> bytes:
-    """headers, delivery_mode and a timestamp property (default: year 10000)."""
-    return (struct.pack(">H", 0x2000 | 0x1000 | 0x0040) + HEADERS
-            + (b"\x02" if persistent else b"\x01") + struct.pack(">Q", timestamp))
-
-
-def publish_raw(c: RawClient, queue: str, props: bytes, body: bytes = b"hello",
-                exchange: str = "") -> None:
-    header = struct.pack(">HHQ", 60, 0, len(body)) + props
-    c.send(_frame(1, _publish_args(exchange, queue)) + _frame(2, header) + _frame(3, body))
-
-
-def _publish_args(exchange: str, rk: str) -> bytes:
-    def sstr(s: str) -> bytes:
-        return bytes((len(s),)) + s.encode()
-    return b"\x00\x3c\x00\x28\x00\x00" + sstr(exchange) + sstr(rk) + b"\x00"
-
-
-def _frame(ftype: int, payload: bytes, chan: int = 1) -> bytes:
-    return struct.pack(">BHI", ftype, chan, len(payload)) + payload + b"\xce"
-
-
-def raw_frame(c: RawClient) -> tuple[int, bytes]:
-    while True:
-        ftype, _chan, size = struct.unpack(">BHI", c.read_raw(7))
-        payload = c.read_raw(size + 1)[:-1]
-        if ftype != 8:
-            return ftype, payload
-
-
-def get_raw(c: RawClient, queue: str) -> tuple[bytes, bytes]:
-    """basic.get (no ack) of one message: (its property bytes, its body)."""
-    c.send_frame(spec.Basic.Get(queue=queue, no_ack=True), 1)
-    return _content_after_method(c, 71)
-
-
-def _content_after_method(c: RawClient, method_id: int) -> tuple[bytes, bytes]:
-    ftype, payload = raw_frame(c)
-    assert ftype == 1 and struct.unpack_from(">HH", payload) == (60, method_id), payload[:4]
-    ftype, header = raw_frame(c)
-    assert ftype == 2
-    size = struct.unpack_from(">Q", header, 4)[0]
-    body = b""
-    while len(body) < size:
-        ftype, part = raw_frame(c)
-        assert ftype == 3
-        body += part
-    return header[12:], body
-
-
-def confirm_select(c: RawClient) -> None:
-    c.send_frame(spec.Confirm.Select(), 1)
-    c.expect(spec.Confirm.SelectOk)
-
-
-def declare(c: RawClient, queue: str, durable: bool = False,
-            arguments: dict[str, Any] | None = None) -> None:
-    c.send_frame(spec.Queue.Declare(queue=queue, durable=durable, arguments=arguments), 1)
-    c.expect(spec.Queue.DeclareOk)
-
 
 # ------------------------------------------------------------------ one node
 
@@ -120,7 +52,7 @@ def test_every_field_type_round_trips_through_get_and_deliver(raw: Any) -> None:
     publish_raw(c, q, props)
     c.send_frame(spec.Basic.Consume(queue=q, consumer_tag="ct", no_ack=True), 1)
     c.expect(spec.Basic.ConsumeOk)
-    assert _content_after_method(c, 60) == (props, b"hello")
+    assert content_after_method(c, 60) == (props, b"hello")
 
 
 def test_every_field_type_survives_dead_lettering(raw: Any) -> None:
@@ -168,11 +100,6 @@ def test_pika_header_values_round_trip(amqp: Any, broker: Broker) -> None:
 
 # ------------------------------------------------- restart: snapshot + journal
 
-def _publish_confirmed(c: RawClient, queue: str, props: bytes, body: bytes) -> None:
-    publish_raw(c, queue, props, body)
-    c.expect(spec.Basic.Ack)
-
-
 def test_field_types_and_timestamps_survive_restart_from_snapshot_and_journal(tmp_path: Path) -> None:
     """One message before a snapshot, one after it (in the journal only), kill -9,
     restart: both come back byte for byte; then the management API's get shows
@@ -187,12 +114,12 @@ def test_field_types_and_timestamps_survive_restart_from_snapshot_and_journal(tm
         declare(c, q + "-x")
         confirm_select(c)
         before, after = props_bytes(2**64 - 1), props_bytes(253402300800 + 7)
-        _publish_confirmed(c, q, before, b"before")
+        publish_confirmed(c, q, before, b"before")
         for i in range(100):  # fillers: enough log entries for a snapshot
-            _publish_confirmed(c, q + "-x", b"\x00\x00", b"%d" % i)
+            publish_confirmed(c, q + "-x", b"\x00\x00", b"%d" % i)
         wait_for(lambda: (node_metric(node, "snapshots_total") or 0) >= 1, timeout=30,
                  what="a snapshot")
-        _publish_confirmed(c, q, after, b"after")
+        publish_confirmed(c, q, after, b"after")
         c.close()
         node.kill9()
         node.start()
@@ -221,14 +148,9 @@ def test_field_types_and_timestamps_survive_restart_from_snapshot_and_journal(tm
                                 "properties": {"headers": {"n": 1, "x": 1.5, "s": "t"}}})
         assert r.json() == {"routed": True}
         got, _ = get_raw(c, q)
-        assert got == (struct.pack(">H", 0x2000) + _table([(b"n", b"l" + struct.pack(">q", 1)),
+        assert got == (struct.pack(">H", 0x2000) + table([(b"n", b"l" + struct.pack(">q", 1)),
                                  (b"x", b"d" + struct.pack(">d", 1.5)),
                                  (b"s", b"S\x00\x00\x00\x01t")]))
         c.close()
     finally:
         node.kill9()
-
-
-def _table(pairs: list[tuple[bytes, bytes]]) -> bytes:
-    items = _items(pairs)
-    return struct.pack(">I", len(items)) + items

@@ -12,6 +12,7 @@ from node.http.format import connection_json
 from node.http.query import filter_sort_page
 from node.http.resources.channels import chan_rows
 from node.http.server import HttpError, Request, Response, json_response
+from node.replication.read_model import MConnection
 
 if TYPE_CHECKING:
     from node.replication.read_model import Management
@@ -22,7 +23,12 @@ def conn_rows(ctx: Context, rows: Management, p: Principal,
     locals_ = ctx.b.local_connections()
     vis = ctx.vhosts_for(p)
     out = []
-    for c in rows.connections:
+    known = {(c.node, c.serial) for c in rows.connections}
+    # the log learns of a connection with its first channel; RabbitMQ lists it
+    # from connection.open on: this node adds its own opened ones the log lacks
+    fresh = [MConnection(node, serial, 0, local.vhost) for (node, serial), local in locals_.items()
+             if local.opened and (node, serial) not in known]
+    for c in [*rows.connections, *fresh]:
         local = locals_.get((c.node, c.serial))
         row = connection_json(c, local)
         if row["vhost"] not in vis or (vhost is not None and row["vhost"] != vhost):

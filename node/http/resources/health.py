@@ -6,6 +6,7 @@ from typing import Any
 
 from node.http.auth import Principal
 from node.http.context import Context
+from node.http.errors import not_found
 from node.http.server import HttpError, Request, Response, json_response
 from node.http.stats import quorum_critical
 
@@ -26,6 +27,17 @@ async def health_quorum(ctx: Context, _r: Request, _p: dict[str, str], p: Princi
         return Response(503, json.dumps({"status": "failed", "reason": why}).encode())
     if len(st.members or []) <= 1:
         return json_response({"status": "ok", "reason": "single node cluster"})
+    return json_response({"status": "ok"})
+
+
+async def healthchecks_node(ctx: Context, _r: Request, params: dict[str, str],
+                            p: Principal) -> Response:
+    """/api/healthchecks/node[/{node}] (still routed in RabbitMQ 4.x): this node
+    answers, so it is up; another member is looked up in the cluster (404 if
+    none has that name), its health is its own endpoint's business."""
+    name = params.get("node")
+    if name is not None and name != ctx.b.node_id and name not in (ctx.b.status().members or []):
+        raise not_found()
     return json_response({"status": "ok"})
 
 

@@ -65,3 +65,18 @@ async def user_delete(ctx: Context, _r: Request, params: dict[str, str], p: Prin
     except KeyError:
         raise not_found() from None
     return Response(204)
+
+
+async def users_bulk_delete(ctx: Context, req: Request, _p: dict[str, str], p: Principal) -> Response:
+    """POST {"users": [...]}: delete each that exists (RabbitMQ's
+    rabbit_mgmt_wm_users_bulk_delete: names it does not know are skipped)."""
+    require_admin(p)
+    names = json_object(req.json()).get("users")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise bad_request("users must be a list of user names")
+    for name in names:
+        try:
+            await ctx.b.administrator.delete_user(name)
+        except KeyError:
+            continue
+    return Response(204)

@@ -30,7 +30,7 @@ async def vhost_put(ctx: Context, req: Request, params: dict[str, str], p: Princ
     name = params["vhost"]
     existed = name in ctx.model().vhosts
     try:
-        await ctx.b.administrator.put_vhost(name)
+        await ctx.b.administrator.put_vhost(name, creator=None if p.token else p.name)
     except ValueError as exc:
         raise bad_request(str(exc)) from None
     return Response(204 if existed else 201)
