@@ -11,7 +11,6 @@ import struct
 from typing import Any
 
 import amqpstorm
-import pytest
 import rabbitpy
 from pamqp import body as pbody
 from pamqp import commands as spec
