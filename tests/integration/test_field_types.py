@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import os
 import struct
 import urllib.parse
 from pathlib import Path
 from typing import Any
 
 import pika
+import pytest
 import requests
 from pamqp import commands as spec
 
@@ -25,12 +27,14 @@ from harness.amqp import RawClient
 from node.amqp import properties
 from tests.broker_proc import Broker, node_metric, start_http_node, uniq, wait_for
 from tests.support.field_types import (
+    ENTRIES,
     HEADER_ITEMS,
     SCALARS,
     confirm_select,
     content_after_method,
     declare,
     get_raw,
+    get_raw_eventually,
     props_bytes,
     publish_confirmed,
     publish_raw,
@@ -56,8 +60,9 @@ def test_every_field_type_round_trips_through_get_and_deliver(raw: Any) -> None:
 
 
 def test_every_field_type_survives_dead_lettering(raw: Any) -> None:
-    """The original entries are byte for byte the first ones of the dead-lettered
-    message's headers; x-death follows, its count a long and its time a timestamp."""
+    """The original entries come back byte for byte in the dead-lettered message's
+    headers (first and in order on mirrorq); x-death is added, its count a long
+    and its time a timestamp."""
     src, dlq = uniq("dlsrc"), uniq("dlq")
     c = raw()
     declare(c, dlq)
@@ -68,11 +73,13 @@ def test_every_field_type_survives_dead_lettering(raw: Any) -> None:
     tag = struct.unpack_from(">Q", payload, 4)[0]
     raw_frame(c), raw_frame(c)  # header, body
     c.send_frame(spec.Basic.Reject(delivery_tag=tag, requeue=False), 1)
-    got, body = get_raw(c, dlq)
+    got, body = get_raw_eventually(c, dlq)
     assert body == b"hello"
     table_len = struct.unpack_from(">I", got, 2)[0]
     items = got[6:6 + table_len]
-    assert items.startswith(HEADER_ITEMS)
+    assert all(e in items for e in ENTRIES)  # each entry byte for byte (RabbitMQ sorts them)
+    if not os.environ.get("MIRRORQ_TARGET"):
+        assert items.startswith(HEADER_ITEMS)  # ours keeps their order too
     assert got[6 + table_len:] == props_bytes()[6 + len(HEADER_ITEMS):]  # mode, timestamp
     death = properties.decode_properties(got, 0)["headers"]["x-death"][0]
     assert (death["count"].wire, death["time"].wire) == (b"l", b"T")
@@ -100,6 +107,7 @@ def test_pika_header_values_round_trip(amqp: Any, broker: Broker) -> None:
 
 # ------------------------------------------------- restart: snapshot + journal
 
+@pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")), reason="a mirrorq node of its own")
 def test_field_types_and_timestamps_survive_restart_from_snapshot_and_journal(tmp_path: Path) -> None:
     """One message before a snapshot, one after it (in the journal only), kill -9,
     restart: both come back byte for byte; then the management API's get shows

@@ -79,7 +79,8 @@ def test_payload_of_frame_max_taken_one_more_refused(raw: Any, broker: Broker) -
         else:
             closes = [v for _, v in c.read_until_closed() if isinstance(v, spec.Connection.Close)]
             assert closes and closes[0].reply_code == 501, closes
-            assert "frame_too_large 4097 > 4088" in closes[0].reply_text, closes[0].reply_text
+            text = closes[0].reply_text  # RabbitMQ words it {frame_too_large,4097,4088}
+            assert "frame_too_large" in text and "4097" in text and "4088" in text, text
 
 
 def _header(chan: int, size: int, props: bytes = b"\x00\x00") -> bytes:
