@@ -21,7 +21,8 @@ from pamqp import commands as spec
 from pamqp.body import ContentBody
 
 from harness.amqp import RawClient
-from tests.broker_proc import NodeProcess, node_metric, uniq, wait_for
+from tests.broker_proc import NodeProcess, uniq, wait_for
+from tests.support.memory import idle_rss, metric, rss
 
 pytestmark = [pytest.mark.own_node,
               pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")),
@@ -32,35 +33,9 @@ HEADROOM = 60 * MIB  # the watermark above the idle node's RSS
 WINDOW = 64  # unconfirmed publishes in flight
 
 
-def rss(node: NodeProcess) -> int:
-    assert node.proc is not None
-    with open(f"/proc/{node.proc.pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
-def metric(node: NodeProcess, name: str) -> int:
-    value = node_metric(node, name)
-    assert value is not None
-    return int(value)
-
-
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[NodeProcess]:
-    # the idle RSS of a node with the defaults, which also show the alarm is on
-    probe = NodeProcess(tmp_path / "probe")
-    probe.start()
-    try:
-        limit = metric(probe, "mem_limit")
-        assert limit > 0, "the memory alarm is off by default"
-        # the gauge is read on the AMQP timer: wait for its first reading
-        wait_for(lambda: metric(probe, "mem_used") > 0, timeout=10, what="mem_used")
-        idle = max(rss(probe), metric(probe, "mem_used"))
-        assert limit > idle and metric(probe, "mem_alarm") == 0
-    finally:
-        probe.kill9()
+    idle = idle_rss(tmp_path / "probe")
     n = NodeProcess(tmp_path / "data", config=f"memory_high_watermark = {idle + HEADROOM}\n")
     n.start()
     try:
