@@ -84,7 +84,7 @@ def _libc_trim() -> Callable[[], object] | None:
     None on a libc without it (musl): RSS then falls only as malloc allows."""
     name = ctypes.util.find_library("c")
     try:
-        fn = getattr(ctypes.CDLL(name), "malloc_trim")
+        fn = ctypes.CDLL(name).malloc_trim
     except (OSError, AttributeError, TypeError):
         return None
     fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
