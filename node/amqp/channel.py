@@ -312,8 +312,7 @@ class WireChannel:
                 self.conn.check(WRITE, "exchange", name or "amq.default", 50, 10)
         self.propose(QueueDeclare(self.id, m.queue, bool(m.passive), bool(m.durable),
                                   bool(m.exclusive), bool(m.auto_delete),
-                                  dict(m.arguments or {}), bool(m.nowait),
-                                  self.conn.config.default_queue_max_length))
+                                  dict(m.arguments or {}), bool(m.nowait)))
 
     def on_queue_bind(self, m: frame.Method) -> None:
         self.conn.check(WRITE, "queue", m.queue, 50, 20)

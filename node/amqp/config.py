@@ -35,13 +35,14 @@ class WireConfig:
     frame_max: int = 131072
     channel_max: int = 2047
     heartbeat: int = 60
-    # bytes of message bodies held (queued, plus what connections hold: unfinished
-    # bodies and open transactions) above which publishers are blocked; 0 = off. The
+    # the node's memory (its resident set, as RabbitMQ 4.x measures it) above which
+    # publishers are blocked (connection.blocked; nothing is nacked); 0 = off. The
     # node's config resolves a relative watermark (the default) into bytes.
     memory_high_watermark: int = 0
     # bytes one connection may hold in unfinished bodies and open transactions
     # before it is not read past its next publish (connection.blocked); 0 = a
-    # quarter of memory_high_watermark (none when that is off)
+    # quarter of memory_high_watermark (none when that is off): a few connections
+    # that each stop mid-message cannot take the node's memory between two reads
     max_connection_buffer: int = 0
     # free bytes on the data dir's filesystem below which publishers are blocked
     # (RabbitMQ's disk_free_limit default is 50 MB); 0 = off
@@ -49,9 +50,6 @@ class WireConfig:
     data_dir: str = ""  # set by the node (the filesystem disk_free_limit watches)
     consumer_credit: int = 256  # initial BasicConsume.credit
     max_message_size: int = 16 * 1024 * 1024  # RabbitMQ 4.x's default (3.x: 128 MiB)
-    # x-max-length of queues that declare none (0 = unbounded); beyond it
-    # publishes are nacked (reject-publish) unless the queue sets x-overflow
-    default_queue_max_length: int = 1_000_000
     # per connection unconfirmed-in-log bound before pausing reads (optional)
     inflight_publish_bytes: int = 64 * 1024 * 1024
     handshake_timeout: float = 10.0  # seconds from TCP accept to Connection.Open

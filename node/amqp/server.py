@@ -10,6 +10,7 @@ import os
 import socket
 import ssl
 import time
+from collections.abc import Callable
 from typing import Any
 
 from node.amqp.config import WireConfig
@@ -23,6 +24,7 @@ from node.replication.port import Proposer
 log = logging.getLogger(__name__)
 
 TIMER_INTERVAL = 0.1  # drain, memory, disk and congestion checks
+MEMORY_ALARM = "low on memory"  # the connection.blocked reason (RabbitMQ's words)
 TICKS_PER_HEARTBEAT_CHECK = 5  # heartbeat and timeout checks every 0.5 s
 WRITE_HIGH_WATER = 1024 * 1024
 WRITE_LOW_WATER = 256 * 1024
@@ -160,8 +162,12 @@ class _Protocol(asyncio.Protocol):
 
 class AmqpServer:
     def __init__(self, proposer: Proposer, node_id: str, config: WireConfig,
-                 throttle: LoginThrottle | None = None) -> None:
+                 throttle: LoginThrottle | None = None,
+                 memory: Callable[[], int] | None = None) -> None:
         self.proposer = proposer
+        # the node's memory as the high-watermark sees it (the app's resident-set
+        # gauge, node/app/memory.py); none: the bodies this node counts
+        self._memory = memory or self.counted_bytes
         self.node_id = node_id
         self.config = config
         self.conns: dict[int, _Protocol] = {}
@@ -257,12 +263,17 @@ class AmqpServer:
 
     def held_bytes(self) -> int:
         """Message bytes held by connections, not yet in a queue: unfinished
-        bodies and open transactions (counted by the memory watermark)."""
+        bodies and open transactions (each connection's against max_connection_buffer)."""
         return self.held.total
 
-    def memory_used(self) -> int:
-        """What the memory high-watermark compares: bodies queued plus held."""
+    def counted_bytes(self) -> int:
+        """Message bodies queued plus held by connections: a lower bound of the
+        node's memory (per-message objects and the Raft log are not in it)."""
         return self.proposer.read_model().message_bytes + self.held.total
+
+    def memory_used(self) -> int:
+        """What the memory high-watermark compares (the process's resident set)."""
+        return self._memory()
 
     # ------------------------------------------------------------ connection caps
 
@@ -400,7 +411,7 @@ class AmqpServer:
         the majority (it could not make a publish safe)."""
         mark = self.config.memory_high_watermark
         if mark > 0 and self.memory_used() > mark:
-            alarm: str | None = "low on memory"
+            alarm: str | None = MEMORY_ALARM
         elif self._disk_low():
             alarm = "low on disk"
         else:

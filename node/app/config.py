@@ -97,9 +97,10 @@ class NodeConfig:
     wire: WireConfig = field(default_factory=WireConfig)
     # memory_high_watermark as a fraction of the memory the node may use (the
     # cgroup limit or RAM; node.app.memory), resolved into wire.memory_high_watermark
-    # at start; None: that absolute value (0 = off). RabbitMQ 3.x's default is 0.4
-    # (4.x: 0.6, of the whole process's memory: this counts message bodies only,
-    # which the Raft log and the queues each hold a copy of, hence the lower one)
+    # at start; None: that absolute value (0 = off). Compared with the process's
+    # resident set, as RabbitMQ 4.x does (default 0.6 there); 0.4 here because a
+    # snapshot forks the node and its child's copy-on-write pages, outside this
+    # figure, can grow towards the parent's size while it writes (docs/operations.md)
     memory_high_watermark_relative: float | None = 0.4
     raft: RaftConfig = field(default_factory=RaftConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
@@ -107,6 +108,8 @@ class NodeConfig:
     tls: TlsConfig = field(default_factory=TlsConfig)
     # --insecure-dev: a cluster whose Raft links are not authenticated
     insecure_dev: bool = False
+    # settings read and ignored (DEPRECATED_KEYS): main logs one warning each
+    deprecations: list[str] = field(default_factory=list)
     # built from `tls` by check_tls() at start-up (so a bad [tls] is exit 2, not a crash)
     amqps_context: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
     # built by check_http_tls(): the management HTTPS listener's
@@ -115,7 +118,7 @@ class NodeConfig:
 
 _WIRE_KEYS = {"frame_max", "channel_max", "heartbeat", "consumer_credit",
               "max_message_size", "inflight_publish_bytes", "login_failure_limit",
-              "max_connections", "disk_free_limit", "default_queue_max_length",
+              "max_connections", "disk_free_limit",
               "max_handshakes", "max_handshakes_per_address", "max_connection_buffer"}
 # seconds (positive numbers)
 _WIRE_SECONDS = {"login_failure_window", "login_failure_delay", "login_failure_max_delay",
@@ -128,9 +131,17 @@ _RAFT_KEYS = {"password", "password_file", "batch_max_commands", "batch_max_byte
               "compaction_min_gap", "segment_bytes"}
 
 
+# keys that were once settings and are now accepted and ignored, with a warning
+# (a rolling upgrade must not fail on an old node.toml or CR), and why
+DEPRECATED_KEYS = {
+    "default_queue_max_length": "queues are unbounded unless x-max-length or "
+                                "x-max-length-bytes say otherwise (as in RabbitMQ); the memory "
+                                "and disk alarms block publishers instead",
+}
+
 # node.toml keys (dotted) whose values are numbers: what a string-only source
 # (a Kubernetes CR's spec.config) must write as TOML numbers
-NUMERIC_KEYS = frozenset(_WIRE_KEYS | _WIRE_SECONDS | {"memory_high_watermark"}
+NUMERIC_KEYS = frozenset(_WIRE_KEYS | _WIRE_SECONDS | {"memory_high_watermark"} | DEPRECATED_KEYS.keys()
                          | {f"raft.{k}" for k in _RAFT_KEYS
                             if k not in ("password", "password_file", "tls_cert", "tls_key", "tls_ca")})
 
@@ -186,6 +197,8 @@ def apply_file(cfg: NodeConfig, path: str) -> None:
                 cfg.memory_high_watermark_relative = None
         elif key in _WIRE_KEYS:
             setattr(cfg.wire, key, _int(key, value, 0, 2**40))
+        elif key in DEPRECATED_KEYS:
+            cfg.deprecations.append(f"{key} in {path} is ignored: {DEPRECATED_KEYS[key]}")
         elif key == "raft" and isinstance(value, dict):
             for rkey, rvalue in value.items():
                 if rkey not in _RAFT_KEYS:

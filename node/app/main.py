@@ -222,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("pysyncobj").setLevel(logging.WARNING)
+    for text in cfg.deprecations:
+        log.warning("DEPRECATED: %s", text)
     if cfg.insecure_dev and (cfg.raft.peers or cfg.raft.join) and not cfg.raft.password \
             and not cfg.raft.tls_ca:
         log.warning("INSECURE (--insecure-dev): cluster without [raft] password or TLS; anyone who "

@@ -1,9 +1,17 @@
-"""The memory a node may use, for the default (relative) memory high-watermark:
-the cgroup's limit when the node runs under one (a container), else the
-machine's RAM, as RabbitMQ computes vm_memory_high_watermark.relative."""
+"""The node's memory for the memory high-watermark alarm, as RabbitMQ measures
+it: the memory the node may use (the cgroup's limit when the node runs under
+one, a container, else the machine's RAM: vm_memory_high_watermark.relative)
+and the memory the process really uses (its resident set, like RabbitMQ's
+rss vm_memory_calculation_strategy), with libc's free pages handed back to
+the OS while over the watermark, so that a drain can clear the alarm."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
+import os
+import time
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -53,3 +61,63 @@ def resolve_watermark(relative: float | None, absolute: int) -> int:
                     "(set memory_high_watermark to a number of bytes)")
         return 0
     return int(total * relative)
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def resident_bytes(statm: str = "/proc/self/statm") -> int | None:
+    """This process's resident set (one short read: cheap enough per timer tick).
+    Forked snapshot children are other processes and are not counted: their
+    pages are shared copy-on-write and only diverge while a snapshot is written
+    (the headroom of the default watermark covers that)."""
+    try:
+        with open(statm) as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _libc_trim() -> Callable[[], object] | None:
+    """glibc's malloc_trim(0): Python frees a drained queue's bodies to malloc,
+    which keeps the pages; this returns every whole free page to the OS.
+    None on a libc without it (musl): RSS then falls only as malloc allows."""
+    name = ctypes.util.find_library("c")
+    try:
+        fn = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    return lambda: fn(0)
+
+
+class ProcessMemory:
+    """The figure the memory alarm compares with the watermark: the resident
+    set, read at most once per `interval`. While over the watermark, free
+    malloc pages are trimmed (at most once per `trim_interval`: on a large heap
+    it takes milliseconds) before the alarm is decided."""
+
+    def __init__(self, watermark: int, interval: float = 0.1, trim_interval: float = 1.0,
+                 read: Callable[[], int | None] = resident_bytes) -> None:
+        self.watermark = watermark
+        self.interval, self.trim_interval = interval, trim_interval
+        self._read = read
+        self._trim = _libc_trim()
+        self._read_at = self._trimmed_at = float("-inf")
+        self.used = 0
+        self.trims = 0
+
+    def __call__(self) -> int:
+        now = time.monotonic()
+        if now - self._read_at < self.interval:
+            return self.used
+        self._read_at = now
+        used = self._read() or 0
+        if (self.watermark > 0 and used > self.watermark and self._trim is not None
+                and now - self._trimmed_at >= self.trim_interval):
+            self._trimmed_at = now
+            self._trim()
+            self.trims += 1
+            used = self._read() or used
+        self.used = used
+        return used

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 from node.admin.metric import MetricsServer
 from node.admin.service import AdminServer
 from node.amqp.config import default_listen
-from node.amqp.server import AmqpServer, throttle_from
+from node.amqp.server import MEMORY_ALARM, AmqpServer, throttle_from
 from node.app.administrator import Administrator
 from node.app.config import NodeConfig, raft_authenticated
-from node.app.memory import resolve_watermark
+from node.app.memory import ProcessMemory, resolve_watermark
 from node.broker.password import hash_password
 from node.replication.raft_node import RaftNode
 from node.replication.status import NodeStatus
@@ -69,7 +69,8 @@ class Node:
                  _bytes(cfg.wire.connection_buffer_limit(), None))
         # one login throttle per node: AMQP logins and HTTP basic auth share its budget
         self.throttle = throttle_from(cfg.wire)
-        self.amqp = AmqpServer(self.raft, cfg.node_id, cfg.wire, self.throttle)
+        self.memory = ProcessMemory(cfg.wire.memory_high_watermark)
+        self.amqp = AmqpServer(self.raft, cfg.node_id, cfg.wire, self.throttle, memory=self.memory)
         self.raft.on_removed = self._removed
         self.administrator = Administrator(self.raft, links_authenticated=raft_authenticated(cfg))
         # queue rows are built on the raft thread at its next tick (read_model.ModelPublisher)
@@ -119,7 +120,8 @@ class Node:
         return replace(self.raft.status(), connections=self.amqp.connection_count(),
                        amqp_port=cfg.amqp_port, amqps_port=cfg.tls.port,
                        connection_held_bytes=self.amqp.held_bytes(),
-                       mem_limit=cfg.wire.memory_high_watermark)
+                       mem_used=self.memory.used, mem_limit=cfg.wire.memory_high_watermark,
+                       mem_alarm=self.amqp.alarm == MEMORY_ALARM)
 
     def status_dict(self) -> dict[str, Any]:
         """For the generic readers: gRPC Status and the Prometheus text."""

@@ -91,9 +91,10 @@ class ExchangeUnbind(NamedTuple):
 class QueueDeclare(NamedTuple):
     """queue == "" asks for a server-named queue (amq.gen-...).
 
-    default_max_length: the declaring node's limit for a queue that sets no
-    x-max-length (0 = none); carried in the command so apply stays the same
-    on every node whatever their configs say."""
+    default_max_length: 0 from today's nodes (queues are unbounded unless
+    x-max-length says otherwise). Older nodes sent their default_queue_max_length
+    here; entries they wrote keep that bound when applied (replay and a rolling
+    upgrade's mixed cluster apply the log identically)."""
 
     chan: ChanId
     queue: str

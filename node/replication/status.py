@@ -91,10 +91,13 @@ class NodeStatus:
     connections: int | None = None
     amqp_port: int | None = None
     amqps_port: int | None = None
-    # bytes connections hold in unfinished bodies and open transactions, and the
-    # memory high-watermark they and message_bytes are compared with (0 = off)
+    # bytes connections hold in unfinished bodies and open transactions; the
+    # node's resident set as the memory alarm last read it, the high-watermark
+    # it is compared with (0 = off), and whether the alarm is on
     connection_held_bytes: int | None = None
+    mem_used: int | None = None
     mem_limit: int | None = None
+    mem_alarm: bool | None = None
     # filled by the management API's backend: absent from to_dict() until set
     member_addresses: dict[str, str] | None = None
 
@@ -114,4 +117,4 @@ class NodeStatus:
 
 
 _APP_FIELDS = frozenset({"connections", "amqp_port", "amqps_port", "connection_held_bytes",
-                         "mem_limit"})
+                         "mem_used", "mem_limit", "mem_alarm"})

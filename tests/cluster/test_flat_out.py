@@ -54,8 +54,8 @@ def test_flat_out_60s_no_leader_change_no_discarded(cluster: Cluster) -> None:
     term = before[leader.node_id]["term"]
     assert all(st["term"] == term for st in before.values()), before
     qa, qb = uniq_queue("flat-a"), uniq_queue("flat-b")
-    # unbounded: the node's default queue length (1,000,000) would nack a fast run
-    declare(f1, qa, qb, arguments={"x-max-length": 1_000_000_000})
+    # no x-max-length: unbounded (issue 27; the old 1,000,000 default nacked a fast run)
+    declare(f1, qa, qb)
 
     # pinned to their node: a reconnect elsewhere would hide a failure
     pubs = [StreamPublisher("a", qa, lambda: [f1], total=None, window=WINDOW, size=SIZE,

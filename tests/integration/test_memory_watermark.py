@@ -1,9 +1,11 @@
-"""Issue 26 item 6: memory the watermark did not count. Unfinished bodies on
-many channels and messages held in an open transaction are counted (the
-node's connection_held_bytes figure); a connection over its buffer
-(memory_high_watermark / 4 here) gets connection.blocked and is not read past
-its next publish, the node's RSS stays bounded, a commit frees it, and other
-connections are served meanwhile. Real node, raw frames (harness/amqp.py)."""
+"""Issue 26 item 6: what connections hold. Unfinished bodies on many channels
+and messages held in an open transaction are counted (the node's
+connection_held_bytes figure); a connection over its buffer
+(max_connection_buffer) gets connection.blocked and is not read past its next
+publish, the node's RSS stays bounded, a commit frees it, and other
+connections are served meanwhile. Held bytes are in the node's resident set,
+so they can raise the node-wide memory alarm (issue 27: RSS-based) too.
+Real node, raw frames (harness/amqp.py)."""
 from __future__ import annotations
 
 import os
@@ -19,35 +21,29 @@ from pamqp import header as pheader
 from pamqp.body import ContentBody
 
 from harness.amqp import RawClient
+from node.amqp.connection import BUFFER_FULL
 from tests.broker_proc import NodeProcess, node_metric, uniq, wait_for
+from tests.support.memory import idle_rss, metric, rss
 
 pytestmark = [pytest.mark.own_node,
               pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")),
                                  reason="needs a mirrorq node of its own")]
 
-WATERMARK = 50_000_000  # the issue's setting; each connection's share is a quarter
-SHARE = WATERMARK // 4
+SHARE = 12_500_000  # each connection's buffer (issue 26: a quarter of a 50 MB watermark)
 MIB = 1024 * 1024
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    # the node's memory alarm at its default (a fraction of RAM): only the
+    # per-connection buffer acts here
     base = Path(tmp_path_factory.mktemp("watermark"))
-    n = NodeProcess(base / "data", config=f"memory_high_watermark = {WATERMARK}\n")
+    n = NodeProcess(base / "data", config=f"max_connection_buffer = {SHARE}\n")
     n.start()
     try:
         yield n
     finally:
         n.kill9()
-
-
-def rss(node: NodeProcess) -> int:
-    assert node.proc is not None
-    with open(f"/proc/{node.proc.pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def held(node: NodeProcess) -> int:
@@ -131,7 +127,7 @@ def test_unfinished_bodies_on_many_channels_block_the_connection(node: NodeProce
                         for _ in range(rounds) for n in range(1, channels + 1))
         sent = send_until_stalled(c, head + body)
         await_blocked(c)
-        assert c.blocked_reason.startswith("low on memory")
+        assert c.blocked_reason == BUFFER_FULL
         figure = held(node)
         grown = rss(node) - before
         print(f"offered {len(body) / MIB:.0f} MiB, the node read {sent / MIB:.1f} MiB, "
@@ -207,11 +203,16 @@ def test_a_held_connection_that_hangs_up_is_released(node: NodeProcess) -> None:
     wait_for(lambda: held(node) == 0, timeout=10, what="the closed connection's bytes freed")
 
 
+HELD = 25_000_000  # at most in one transaction: under its 30 MB buffer
+FIRST = 10_000_000  # the other transaction's: with HELD, over the 30 MB headroom
+
+
 @pytest.fixture
 def small_node(tmp_path: Path) -> Iterator[NodeProcess]:
-    # each connection may hold 3 MB, the node 4 MB: two transactions raise the alarm
-    n = NodeProcess(tmp_path / "data",
-                    config="memory_high_watermark = 4000000\nmax_connection_buffer = 3000000\n")
+    # the node's watermark 30 MB above an idle node's RSS, each connection's buffer 30 MB
+    idle = idle_rss(tmp_path / "probe")
+    n = NodeProcess(tmp_path / "data", config=f"memory_high_watermark = {idle + 30 * MIB}\n"
+                                              f"max_connection_buffer = {30 * MIB}\n")
     n.start()
     try:
         yield n
@@ -221,38 +222,67 @@ def small_node(tmp_path: Path) -> Iterator[NodeProcess]:
 
 def test_held_bytes_raise_the_node_alarm_and_transactions_can_still_commit(
         small_node: NodeProcess) -> None:
-    """Held bytes count toward the node-wide watermark: two open transactions
-    under their own shares block every publisher ("low on memory"). Blocked
-    connections are still read up to their next publish, so each can commit
-    (a blocked socket would have held its transaction, and the alarm, for good)."""
+    """Held bytes are in the node's memory: two open transactions under their
+    own buffers take its RSS over the watermark and block every publisher
+    ("low on memory", the node-wide alarm). Blocked connections are still read
+    up to their next publish, so a transaction whose publishes were all read
+    commits while blocked (a blocked socket would have held its transaction,
+    and the alarm, for good); once the memory is freed it is unblocked."""
     node = small_node
     q = uniq("txalarm")
     clients = [RawClient(node) for _ in range(2)]
+    sent, read = [0, 0], [0, 0]  # publishes sent; answered by the request behind each
+    body = 500_000
+
+    def pump(i: int, timeout: float) -> None:
+        clients[i].fill(timeout)
+        read[i] += sum(isinstance(v, spec.Queue.DeclareOk) for _, v in clients[i].frames())
+
     try:
         for c in clients:
             c.handshake()
             c.open_channel(1)
             c.call(spec.Queue.Declare(queue=q), spec.Queue.DeclareOk)
             c.call(spec.Tx.Select(), spec.Tx.SelectOk)
-            for _ in range(5):
-                c.publish("", q, b"h" * 500_000)  # 2.5 MB each: under its 3 MB share
-        wait_for(lambda: held(node) == 5_000_000, timeout=10, what="5 MB held")
+        deadline = time.monotonic() + 60
+        # the first holds 10 MB (its RSS alone stays under the watermark), all read;
+        # the second publishes until the alarm blocks it (a request behind each
+        # publish is answered once the node has read it)
+        for i, limit in ((0, FIRST), (1, HELD)):
+            c = clients[i]
+            while not c.blocked and sent[i] * body < limit:
+                c.publish("", q, os.urandom(body))
+                c.send_method(spec.Queue.Declare(queue=q, passive=True), 1)
+                sent[i] += 1
+                while not c.blocked and read[i] < sent[i]:
+                    assert time.monotonic() < deadline, "neither read nor blocked"
+                    pump(i, 1.0)
+            assert i == 1 or read[0] * body == FIRST == held(node), "the first was blocked"
         for c in clients:
             await_blocked(c)
             assert c.blocked_reason == "low on memory"
-        for c in clients:
-            c.call(spec.Tx.Commit(), spec.Tx.CommitOk)
-        assert held(node) == 0
-        declared = clients[0].call(spec.Queue.Declare(queue=q, passive=True), spec.Queue.DeclareOk)
-        assert declared.message_count == 10
-        # the bodies are queued now (5 MB > 4 MB): blocked until a consumer drains them
-        clients[0].call(spec.Queue.Purge(queue=q), spec.Queue.PurgeOk)
-        for c in clients:
-            deadline = time.monotonic() + 10
-            while c.blocked:
-                assert time.monotonic() < deadline, "not unblocked after the purge"
-                c.fill(max(0.0, deadline - time.monotonic()))
-                c.frames()
+        assert metric(node, "mem_alarm") == 1 and held(node) > FIRST
+        # blocked, the first is still read up to its next publish: its commit is answered
+        clients[0].call(spec.Tx.Commit(), spec.Tx.CommitOk)
+        assert clients[0].blocked
+        # the second hangs up (its transaction's bytes are freed) and a purge frees
+        # the first's queued bodies: RSS falls once trimmed, the first is unblocked
+        clients[1].abort()
+        wait_for(lambda: held(node) == 0, timeout=10, what="the aborted transaction freed")
+        purger = RawClient(node)
+        try:
+            purger.handshake()
+            purger.open_channel(1)
+            deadline = time.monotonic() + 30
+            while clients[0].blocked:
+                assert time.monotonic() < deadline, \
+                    f"not unblocked after purges (RSS {rss(node) / MIB:.0f} MiB)"
+                purger.call(spec.Queue.Purge(queue=q), spec.Queue.PurgeOk)
+                clients[0].fill(0.2)
+                clients[0].frames()
+        finally:
+            purger.close()
+        assert metric(node, "mem_alarm") == 0
     finally:
         for c in clients:
             c.close()

@@ -154,7 +154,7 @@ def test_mirrorqcluster_from_defaults(helm: str) -> None:
     config = spec["config"]
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in config.items()), config
     assert config == {"heartbeat": "60", "frame_max": "131072", "channel_max": "2047",
-                      "memory_high_watermark": "419430400",
+                      "memory_high_watermark": "0.4",
                       "raft.election_min": "1.0", "raft.election_max": "2.0",
                       "raft.out_of_sync_after": "5.0", "raft.block_after": "10.0",
                       "raft.nack_after": "30.0"}
@@ -183,10 +183,10 @@ def test_mirrorqcluster_from_values(helm: str) -> None:
 def test_float_keys_match_the_node() -> None:
     """The chart writes a whole number as "N.0" exactly for the keys the node reads
     as fractional seconds (any other number key refuses a float)."""
-    from node.app.config import NUMERIC_KEYS, NodeConfig
+    from node.app.config import DEPRECATED_KEYS, NUMERIC_KEYS, NodeConfig
     cfg = NodeConfig(node_id="x", data_dir="/nonexistent")
     node = set()
-    for key in NUMERIC_KEYS:
+    for key in NUMERIC_KEYS - DEPRECATED_KEYS.keys():  # those are read and ignored
         obj, attr = (cfg.raft, key[5:]) if key.startswith("raft.") else (cfg.wire, key)
         if isinstance(getattr(obj, attr), float):
             node.add(key)
@@ -208,7 +208,7 @@ def test_rendered_config_loads_in_the_node(helm: str, tmp_path: Path) -> None:
     path.write_text(cm["data"]["mirrorq.toml"])
     cfg = NodeConfig(node_id="mirrorq-0", data_dir=str(tmp_path / "data"))
     apply_file(cfg, str(path))
-    assert cfg.wire.memory_high_watermark == 419430400 and cfg.wire.heartbeat == 60
+    assert cfg.memory_high_watermark_relative == 0.4 and cfg.wire.heartbeat == 60
     assert cfg.raft.election_min == 1.0 and cfg.raft.batch_max_commands == 64
     assert cfg.raft.tick_interval == 0.05 and cfg.wire.login_failure_window == 30.0
     assert cfg.raft.compaction_min_entries == 1000
@@ -347,6 +347,32 @@ def test_network_policy_and_management_tls_values(helm: str) -> None:
     js.validate(cr, _strict(_crd_schema()))
 
 
+@pytest.mark.parametrize(("value", "relative", "absolute"),
+                         [("0.6", 0.6, None), (".25", 0.25, None), ("500000000", None, 500000000),
+                          ("0", None, 0)])
+def test_memory_high_watermark_as_fraction_or_bytes(helm: str, tmp_path: Path, value: str,
+                                                     relative: float | None,
+                                                     absolute: int | None) -> None:
+    """The chart takes the node's two forms (issue 27): a fraction of the
+    container's memory (--set passes it as a string, values.yaml as a number)
+    or bytes; both reach the node as it reads them."""
+    from mirrorq_operator.builders import build_configmap
+    from mirrorq_operator.model import Spec
+
+    from node.app.config import NodeConfig, apply_file
+    (cr,) = by_kind(docs_of(helm, ["--set", f"config.memory_high_watermark={value}"]),
+                    "MirrorqCluster")
+    assert float(cr["spec"]["config"]["memory_high_watermark"]) == float(value)
+    cm = build_configmap(Spec.from_cr(cr["spec"]), "mirrorq", "mq")
+    path = tmp_path / "mirrorq.toml"
+    path.write_text(cm["data"]["mirrorq.toml"])
+    cfg = NodeConfig(node_id="mirrorq-0", data_dir=str(tmp_path / "data"))
+    apply_file(cfg, str(path))
+    assert cfg.memory_high_watermark_relative == relative
+    if absolute is not None:
+        assert cfg.wire.memory_high_watermark == absolute
+
+
 @pytest.mark.parametrize("bad", [
     ["--set", "replicas=0"],
     ["--set", "replicas=10"],
@@ -359,7 +385,9 @@ def test_network_policy_and_management_tls_values(helm: str) -> None:
     ["--set", "raftTls.secretName=Raft_TLS"],
     ["--set", "raftTls.secret=mirrorq-raft-tls"],
     ["--set", "tls.secretName=Bad_Name"],
-    ["--set", "config.memory_high_watermark=0.4"],
+    ["--set", "config.memory_high_watermark=1.5"],
+    ["--set", "config.memory_high_watermark=-1"],
+    ["--set", "config.memory_high_watermark=0.0"],
     ["--set", "config.raft.election_min=0"],
     ["--set", "cluster.create=yes"],
     ["--set-json", 'operator.extraEnv=[{"value": "no name"}]'],

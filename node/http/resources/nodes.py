@@ -31,10 +31,10 @@ def node_json(ctx: Context, name: str, st: NodeStatus) -> dict[str, Any]:
                     "uptime": int((time.monotonic() - STARTED) * 1000),
                     **process_stats(),
                     # RabbitMQ's mem_used is the node's memory: this process's RSS
-                    # (above); the bytes of message bodies held (what the
-                    # memory_high_watermark alarm compares) are message_bytes
-                    # plus connection_held_bytes (unfinished bodies, open
-                    # transactions); mem_limit is that watermark (0 = off)
+                    # (above), what the memory_high_watermark alarm compares;
+                    # mem_limit is that watermark (0 = off). message_bytes are the
+                    # queued bodies, connection_held_bytes the unfinished bodies
+                    # and open transactions (each connection's max_connection_buffer)
                     "message_bytes": int(st.message_bytes or 0),
                     "connection_held_bytes": int(st.connection_held_bytes or 0),
                     "mem_limit": int(st.mem_limit or 0),

@@ -449,8 +449,9 @@ def test_queue_declare_and_reply_effect() -> None:
     c.handshake()
     chan = c.open(1)
     c.send(1, pc.Queue.Declare(queue="q", durable=True, arguments={"x-a": 1}))
+    # no default bound (issue 27): default_max_length 0, as every new node sends
     assert c.p.cmds[-1] == C.QueueDeclare(chan, "q", False, True, False, False, {"x-a": 1}, False,
-                                         1_000_000)
+                                         0)
     c.effects(E.Reply(chan, "Queue.DeclareOk", {"queue": "q", "message_count": 0,
                                                 "consumer_count": 0}))
     [(ch, ok)] = c.recv()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from node.app.config import ConfigError, NodeConfig, apply_file
-from node.app.memory import resolve_watermark, total_memory
+from node.app.memory import ProcessMemory, resident_bytes, resolve_watermark, total_memory
 
 
 def cfg_from(tmp_path: Path, text: str) -> NodeConfig:
@@ -56,3 +56,32 @@ def test_cgroup_limit_caps_ram(tmp_path: Path) -> None:
     v1.write_text("9223372036854771712\n")  # v1's "unlimited": RAM is smaller
     assert total_memory((str(v2), str(v1)), str(meminfo)) == 25000000 * 1024
     assert total_memory((str(tmp_path / "none"),), str(tmp_path / "nomeminfo")) is None
+
+
+def test_default_queue_max_length_is_accepted_and_ignored(tmp_path: Path) -> None:
+    """Issue 27: a node.toml from before still starts (rolling upgrades), with
+    one deprecation line; the value goes nowhere (queues are unbounded)."""
+    cfg = cfg_from(tmp_path, "default_queue_max_length = 3\n")
+    assert len(cfg.deprecations) == 1 and "default_queue_max_length" in cfg.deprecations[0]
+    assert not hasattr(cfg.wire, "default_queue_max_length")
+    assert cfg_from(tmp_path, "heartbeat = 30\n").deprecations == []
+
+
+def test_the_gauge_reads_this_process_and_trims_while_over() -> None:
+    """ProcessMemory: this process's resident set (as /proc/self/status says),
+    read at most once per interval; over the watermark it trims malloc's free
+    pages (at most once per trim_interval), under it never."""
+    with open("/proc/self/status") as f:
+        vmrss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    used = resident_bytes()
+    assert used is not None and 0.5 * vmrss < used < 2 * vmrss
+    under = ProcessMemory(watermark=2**50, interval=0.0)
+    assert under() > 0 and under.trims == 0
+    over = ProcessMemory(watermark=1, interval=0.0, trim_interval=3600.0)
+    assert over() > 1 and over() > 1
+    assert over.trims == 1  # glibc here: trimmed once, not again within the hour
+    cached = ProcessMemory(watermark=0, interval=3600.0)
+    first = cached()
+    _grow = bytearray(64 * 1024 * 1024)
+    assert cached() == first  # not read again within the interval
+    del _grow

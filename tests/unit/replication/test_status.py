@@ -32,18 +32,19 @@ def test_raft_node_status_has_the_keys_in_order() -> None:
                            "connected": True, "lost": False, "reply_age": None}]
 
 
-APP_KEYS = ["connections", "amqp_port", "amqps_port", "connection_held_bytes", "mem_limit"]
+APP_KEYS = ["connections", "amqp_port", "amqps_port", "connection_held_bytes", "mem_used",
+            "mem_limit", "mem_alarm"]
 
 
 def test_app_fields_follow_once_filled_even_when_none() -> None:
     st = replace(node_status(node_id="n1"), connections=2, amqp_port=5672, amqps_port=None,
-                 connection_held_bytes=0, mem_limit=0)
+                 connection_held_bytes=0, mem_used=0, mem_limit=0, mem_alarm=False)
     d = st.to_dict()
     assert list(d) == [*RAFT_KEYS, *APP_KEYS]
     assert d["amqps_port"] is None  # no TLS listener: still reported, as before
     # TLS only: no plain port, still the app's fields (the amqps port among them)
     d = replace(st, amqp_port=None, amqps_port=5671).to_dict()
-    assert list(d)[-5:] == APP_KEYS
+    assert list(d)[-len(APP_KEYS):] == APP_KEYS
     assert d["amqp_port"] is None and d["amqps_port"] == 5671
     d = replace(st, member_addresses={"n1": "h:1"}).to_dict()
     assert list(d)[-1] == "member_addresses" and d["member_addresses"] == {"n1": "h:1"}

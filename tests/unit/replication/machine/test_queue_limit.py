@@ -1,6 +1,9 @@
-"""The node's default queue length limit (issue 7: limits with clear errors):
-a queue that declares no x-max-length gets the declaring node's bound, and
-publishes past it are nacked instead of dropping older (confirmed) messages."""
+"""QueueDeclare.default_max_length, as older nodes wrote it (issue 7: their
+default_queue_max_length): a queue declared by such a log entry and no
+x-max-length gets that bound, and publishes past it are nacked instead of
+dropping older (confirmed) messages. Today's nodes send 0 (issue 27: queues
+are unbounded), but replay and a rolling upgrade's mixed cluster must apply
+the old entries exactly as before."""
 from __future__ import annotations
 
 from node.replication.command import QueueDeclare
