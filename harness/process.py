@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -106,6 +107,17 @@ BASE_CONFIG = f'[raft]\npassword = "{CLUSTER_PASSWORD}"\n'
 LIVE: dict[int, subprocess.Popen[bytes]] = {}
 
 
+def write_token_file(path: Path, token: str | None = None) -> str:
+    """An admin token in `path`, mode 0600 as `local-cluster` writes it (a node
+    refuses an admin port without one); returns the token."""
+    token = token or secrets.token_urlsafe(24)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
 def kill_leftovers() -> None:
     for pid, proc in list(LIVE.items()):
         if proc.poll() is None:
@@ -138,6 +150,9 @@ class ClusterNode:
         self.raft_port = free_port()
         self.admin_port = free_port()
         self.metrics_port = free_port()
+        # the admin port's token: in a 0600 file named on the command line, never in argv
+        self.admin_token_file = data_dir.parent / f"{node_id}.admin-token"
+        self.admin_token = secrets.token_urlsafe(24)
         self.config_path = config_path
         self.extra_args = list(extra_args)
         self.env: dict[str, str] = {}  # added to the inherited environment (e.g. MIRRORQ_RAFT_PASSWORD)
@@ -172,7 +187,9 @@ class ClusterNode:
                 "--host", self.host,
                 "--amqp-port", str(self.amqp_port), "--raft-port", str(self.raft_port),
                 "--admin-port", str(self.admin_port), "--metrics-port", str(self.metrics_port),
-                "--data-dir", str(self.data_dir)]
+                "--admin-token-file", str(self.admin_token_file), "--data-dir", str(self.data_dir)]
+        if self.host != "127.0.0.1":  # admin listens on loopback by default; the tests dial host
+            args += ["--admin-listen", self.host]
         if self.peers:
             args += ["--peers", ",".join(f"{k}={v}" for k, v in sorted(self.peers.items()))]
         if join:
@@ -187,6 +204,7 @@ class ClusterNode:
     def start(self, join: bool = False, wait: bool = True, timeout: float = 30.0) -> ClusterNode:
         assert not self.alive(), f"{self.node_id} already running"
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        write_token_file(self.admin_token_file, self.admin_token)
         if self.datafs is not None:
             self.datafs.mount()  # before the node opens anything in data_dir
         with open(self.log_path, "ab") as log:
@@ -255,7 +273,13 @@ class ClusterNode:
     # -------------------------------------------------------------- admin
     def status(self, timeout: float = 3.0) -> dict[str, Any]:
         from node.admin.client import call_status
-        return call_status(self.host, self.admin_port, timeout=timeout)
+        return call_status(self.host, self.admin_port, timeout=timeout, token=self.admin_token)
+
+    @property
+    def admin_cli(self) -> list[str]:
+        """The `mirrorq` admin CLI's options that reach this node (its token by file)."""
+        return ["--admin", f"{self.host}:{self.admin_port}",
+                "--token-file", str(self.admin_token_file)]
 
     def try_status(self, timeout: float = 2.0) -> dict[str, Any] | None:
         if not self.alive() or self.paused:
@@ -443,7 +467,8 @@ class Cluster:
         node = self._new_node(node_id, host, netns)
         node.peers = {o.node_id: o.raft_address for o in self.nodes}
         leader = self.leader(timeout)
-        call_add_member(leader.host, leader.admin_port, node_id, node.raft_address, timeout=timeout)
+        call_add_member(leader.host, leader.admin_port, node_id, node.raft_address, timeout=timeout,
+                        token=leader.admin_token)
         self.nodes.append(node)
         for o in self.nodes:
             if o is not node:
@@ -456,7 +481,8 @@ class Cluster:
         the caller checks that it stops serving)."""
         from node.admin.client import call_remove_member
         leader = self.leader(timeout)
-        res = call_remove_member(leader.host, leader.admin_port, node.node_id, timeout=timeout)
+        res = call_remove_member(leader.host, leader.admin_port, node.node_id, timeout=timeout,
+                                 token=leader.admin_token)
         self.nodes.remove(node)
         self.removed.append(node)
         for o in self.nodes:

@@ -17,7 +17,12 @@ from urllib.parse import urlparse
 
 import pytest
 
-from harness.process import free_port, port_open, wait_for  # one copy: the harness package
+from harness.process import (  # one copy: the harness package
+    free_port,
+    port_open,
+    wait_for,
+    write_token_file,
+)
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
@@ -69,10 +74,15 @@ class NodeProcess(Broker):
     ready_host = "127.0.0.1"  # where start() waits for the listener (::1 for an IPv6-only node)
 
     def __init__(self, data_dir: Path, node_id: str = "n1", extra_args: tuple[str, ...] = (),
-                 config: str | None = None, amqps: bool = False, tls_only: bool = False) -> None:
+                 config: str | None = None, amqps: bool = False, tls_only: bool = False,
+                 admin_token: bool = True) -> None:
         """amqps: also listen for AMQP over TLS on self.amqps_port (--amqps-port; the
         config must carry [tls] cert and key); tls_only: the config says [tls] only =
-        true, so readiness is the amqps port (--amqp-port is still passed, and ignored)."""
+        true, so readiness is the amqps port (--amqp-port is still passed, and ignored).
+        The admin port gets a generated token (`admin_token`, in the 0600 file
+        `admin_token_file` passed as --admin-token-file) unless `config` has an
+        [admin] table of its own (its token is the test's business then) or
+        `admin_token` is False."""
         self.data_dir = data_dir
         self.node_id = node_id
         self.amqp_port = free_port()
@@ -82,6 +92,11 @@ class NodeProcess(Broker):
         self.admin_port = free_port()
         self.metrics_port = free_port()
         self.extra_args = extra_args
+        self.admin_token: str | None = None
+        self.admin_token_file: Path | None = None
+        if admin_token and (config is None or "[admin]" not in config):
+            self.admin_token_file = data_dir.parent / f"{node_id}-{uuid.uuid4().hex[:6]}.token"
+            self.admin_token = write_token_file(self.admin_token_file)
         self.config_path: Path | None = None
         if config is not None:
             self.config_path = data_dir.parent / f"{node_id}-{uuid.uuid4().hex[:6]}.toml"
@@ -98,6 +113,8 @@ class NodeProcess(Broker):
             args += ["--config", str(self.config_path)]
         if self.amqps_port is not None:
             args += ["--amqps-port", str(self.amqps_port)]
+        if self.admin_token_file is not None:
+            args += ["--admin-token-file", str(self.admin_token_file)]
         return args + list(self.extra_args)
 
     def start(self, timeout: float = 30.0) -> None:
@@ -127,6 +144,12 @@ class NodeProcess(Broker):
             assert self.amqps_port is not None
             return self.amqps_port
         return self.amqp_port
+
+    @property
+    def admin_cli(self) -> list[str]:
+        """The `mirrorq` admin CLI's options that reach this node."""
+        tokens = ["--token-file", str(self.admin_token_file)] if self.admin_token_file else []
+        return ["--admin", f"127.0.0.1:{self.admin_port}", *tokens]
 
     def tail_log(self, n: int = 40) -> str:
         try:

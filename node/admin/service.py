@@ -3,8 +3,9 @@
 The service is typed: node/admin/admin.proto, with the generated
 admin_pb2*.py checked in (`make proto`); the client is node/admin/client.py.
 Changes are handed to a Membership, the node's one Administrator, which
-serializes them. Security: an optional bearer token (checked by a server
-interceptor) and optional TLS (mutual when a client CA is given).
+serializes them. Security: a bearer token (checked by a server interceptor;
+node/app refuses to start an admin port without one unless --insecure-dev)
+and optional TLS (mutual when a client CA is given).
 """
 from __future__ import annotations
 
@@ -214,7 +215,7 @@ class AdminServer:
         interceptors = [_TokenInterceptor(self._token)] if self._token else []
         self._server = grpc.aio.server(interceptors=interceptors)
         pb_grpc.add_AdminServicer_to_server(_Servicer(self), self._server)
-        address = f"{host}:{port}"
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         if self._tls is not None:
             cert, key, client_ca = self._tls
             creds = grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca,

@@ -2,8 +2,9 @@
 drain | revive | users | vhosts | permissions`.
 
 Every command takes `--admin HOST:PORT` (or `--admin-port P [--host H]`),
-`--json` (machine output; a table otherwise), `--token`/`--token-file` (default
-$MIRRORQ_ADMIN_TOKEN) and `--ca FILE` for a TLS admin port (default
+`--json` (machine output; a table otherwise), `--token-file FILE` (default
+$MIRRORQ_ADMIN_TOKEN; there is no --token: ps would show it to every local
+user) and `--ca FILE` for a TLS admin port (default
 $MIRRORQ_ADMIN_CA; `--cert`/`--key` for mutual TLS). The options may stand
 before or after a sub-command (`users --admin-port P list --json`). Bad input
 and every failed call is one line on stderr and exit code 2.
@@ -41,8 +42,10 @@ def _common(p: argparse.ArgumentParser, port_type: Callable[[str], int]) -> None
     p.add_argument("--admin-port", type=port_type, default=s, help="with --host (default 127.0.0.1)")
     p.add_argument("--host", default=s, help="host of --admin-port")
     p.add_argument("--json", action="store_true", default=s, help="machine-readable output")
-    p.add_argument("--token", default=s, help="admin token (default: $MIRRORQ_ADMIN_TOKEN)")
-    p.add_argument("--token-file", default=s, help="file holding the admin token")
+    # --token is gone (issue 26: a token in argv shows in ps): still parsed, to say so
+    p.add_argument("--token", default=s, help=argparse.SUPPRESS)
+    p.add_argument("--token-file", default=s, metavar="FILE",
+                   help="file holding the admin token (default: $MIRRORQ_ADMIN_TOKEN)")
     p.add_argument("--ca", default=s, metavar="FILE",
                    help="CA of a TLS admin port, PEM (default: $MIRRORQ_ADMIN_CA)")
     p.add_argument("--cert", default=s, metavar="FILE", help="client certificate (mutual TLS)")
@@ -135,10 +138,11 @@ def _read_text(path: str, what: str) -> str:
 
 
 def _security(args: argparse.Namespace) -> dict[str, Any]:
-    token = _opt(args, "token")
+    if _opt(args, "token") is not None:
+        raise UsageError("--token is not an option: a token on the command line shows in ps "
+                         "to every local user; use --token-file FILE or $MIRRORQ_ADMIN_TOKEN")
+    token = None
     if _opt(args, "token_file") is not None:
-        if token is not None:
-            raise UsageError("use --token or --token-file, not both")
         token = _read_text(args.token_file, "token file").strip()
         if not token:
             raise UsageError(f"token file {args.token_file} is empty")

@@ -23,9 +23,12 @@ class ConfigError(Exception):
 
 @dataclass
 class AdminConfig:
-    """[admin]: a bearer token for every admin RPC, and TLS (PEM contents,
-    read when the config is loaded so that a bad path fails at start)."""
+    """[admin]: a bearer token for every admin RPC, the address the port binds,
+    and TLS (PEM contents, read when the config is loaded so that a bad path
+    fails at start). Issue 26: a node refuses an admin port without a token
+    (unless --insecure-dev), and the port listens on loopback unless told."""
     token: str | None = None
+    listen: str = "127.0.0.1"
     tls_cert: bytes | None = None
     tls_key: bytes | None = None
     tls_client_ca: bytes | None = None  # set: clients need a certificate it signed
@@ -391,7 +394,12 @@ def check_tls(cfg: NodeConfig) -> None:
         raise ConfigError(str(exc)) from exc
 
 
-_ADMIN_KEYS = {"token", "token_file", "tls_cert", "tls_key", "tls_client_ca"}
+_ADMIN_KEYS = {"token", "token_file", "listen", "tls_cert", "tls_key", "tls_client_ca"}
+NO_ADMIN_TOKEN = ("the admin API (--admin-port) needs a token: --admin-token-file FILE, "
+                  f"[admin] token_file (or token) in the config, or {ADMIN_TOKEN_ENV} (or "
+                  "client certificates: [admin] tls_client_ca); or --insecure-dev for a "
+                  "throwaway development node (anyone who reaches the port, any local user "
+                  "included, could administer it)")
 
 
 def _read_file(key: str, path: Any, pem: bool) -> bytes:
@@ -405,6 +413,31 @@ def _read_file(key: str, path: Any, pem: bool) -> bytes:
     if pem and b"-----BEGIN " not in data:
         raise ConfigError(f"admin.{key} {path} is not a PEM file")
     return data
+
+
+def read_admin_token_file(path: str, source: str) -> str:
+    """The token in file `path` (surrounding whitespace dropped), checked;
+    `source` names the option in errors."""
+    try:
+        with open(path, "rb") as f:
+            token = f.read().decode().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {source} {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source} {path} must hold UTF-8 text") from exc
+    return check_admin_token(token, f"the admin token in {path}")
+
+
+def admin_authenticated(cfg: NodeConfig) -> bool:
+    """Admin callers prove who they are: the token, or a client certificate."""
+    return bool(cfg.admin.token or cfg.admin.tls_client_ca)
+
+
+def check_admin(cfg: NodeConfig) -> None:
+    """An admin port needs a credential unless --insecure-dev says this node is
+    a throwaway: the API can do everything (users, membership)."""
+    if cfg.admin_port and not admin_authenticated(cfg) and not cfg.insecure_dev:
+        raise ConfigError(NO_ADMIN_TOKEN)
 
 
 def check_admin_token(token: str, source: str) -> str:
@@ -429,14 +462,16 @@ def _admin_config(table: Any, path: str) -> AdminConfig:
         if not isinstance(token, str):
             raise ConfigError("admin.token must be a string")
     elif "token_file" in table:
-        try:
-            token = _read_file("token_file", table["token_file"], pem=False).decode().strip()
-        except UnicodeDecodeError as exc:
-            raise ConfigError("admin.token_file must hold UTF-8 text") from exc
+        token = _read_file_token(table["token_file"], path)
     else:
         token = None
     if token is not None:
         admin.token = check_admin_token(token, "admin token")
+    if "listen" in table:
+        listen = table["listen"]
+        if not isinstance(listen, str) or not listen.strip():
+            raise ConfigError('admin.listen must be one address, e.g. "127.0.0.1"')
+        admin.listen = listen.strip().removeprefix("[").removesuffix("]")
     if ("tls_cert" in table) != ("tls_key" in table):
         raise ConfigError("admin.tls_cert and admin.tls_key go together")
     if "tls_client_ca" in table and "tls_cert" not in table:
@@ -447,6 +482,16 @@ def _admin_config(table: Any, path: str) -> AdminConfig:
     if "tls_client_ca" in table:
         admin.tls_client_ca = _read_file("tls_client_ca", table["tls_client_ca"], pem=True)
     return admin
+
+
+def _read_file_token(value: Any, path: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError("admin.token_file must be a file path")
+    try:
+        return _read_file("token_file", _relative(path, value, "admin.token_file"),
+                          pem=False).decode().strip()
+    except UnicodeDecodeError as exc:
+        raise ConfigError("admin.token_file must hold UTF-8 text") from exc
 
 
 _HTTP_KEYS = {"port", "tls_port", "tls_only", "tls_cert", "tls_key", "tls_client_ca", "member_urls", "idle_timeout",

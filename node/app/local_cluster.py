@@ -5,8 +5,9 @@ Layout for `--nodes N --base-port P` (node i = 0..N-1 is called n{i+1}):
     metrics P+10020+i, Raft P+20000+i
 so `--base-port 5672` gives n1 5672 / 15672 (HTTP, RabbitMQ's management
 port) / 15682 (admin) / 15692 / 25672. Everything lives under --dir D: D/cluster.json (layout and
-pids), D/cluster.toml (generated Raft password, mode 0600), D/nI/ (data) and
-D/nI.log (stdout and stderr of the node). A cluster needs a Raft password: a
+pids), D/cluster.toml (generated Raft password, mode 0600), D/admin.token (the
+generated admin token every node requires, mode 0600; the admin ports listen on
+loopback), D/nI/ (data) and D/nI.log (stdout and stderr of the node). A cluster needs a Raft password: a
 `--config` that sets none gets the generated one through MIRRORQ_RAFT_PASSWORD.
 With more than one node, D/tls/ holds a cluster CA (ca.pem, ca.key) and a
 certificate per member (nI.pem, nI.key), generated once: the members' Raft
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from node.amqp.config import ipv6_available
+from node.app.config import is_loopback
 from node.app.pki import make_ca, make_member
 
 EXIT_USAGE = 2
@@ -42,6 +44,7 @@ METRICS_OFFSET = 10020
 RAFT_OFFSET = 20000
 STATE_FILE = "cluster.json"
 CONFIG_FILE = "cluster.toml"
+TOKEN_FILE = "admin.token"
 
 
 class ClusterError(Exception):
@@ -61,10 +64,13 @@ def layout(nodes: int, base_port: int, host: str = "127.0.0.1") -> list[dict[str
                            f"{top} (> 65535); use a base port <= {65535 - RAFT_OFFSET - nodes + 1}")
     out = []
     listen = amqp_listen(host)
+    # every node runs here: the admin API (all power) stays on loopback
+    admin_host = host if is_loopback(host) else "127.0.0.1"
     for i in range(nodes):
         out.append({
             "id": f"n{i + 1}",
             "host": host,
+            "admin_host": admin_host,
             "listen": listen,
             "amqp_port": base_port + i,
             "http_port": base_port + HTTP_OFFSET + i,
@@ -103,7 +109,8 @@ def check_ports_free(nodes: list[dict[str, Any]]) -> None:
         for kind in ("amqp_port", "http_port", "admin_port", "metrics_port", "raft_port"):
             if not n.get(kind):
                 continue
-            hosts = (n.get("listen") or [n["host"]]) if kind == "amqp_port" else [n["host"]]
+            hosts = (n.get("listen") or [n["host"]]) if kind == "amqp_port" \
+                else [admin_host(n)] if kind == "admin_port" else [n["host"]]
             for host in hosts:
                 if not port_free(host, n[kind]):
                     raise ClusterError(f"port {n[kind]} ({n['id']} {kind.removesuffix('_port')}) "
@@ -112,6 +119,10 @@ def check_ports_free(nodes: list[dict[str, Any]]) -> None:
 
 def peers_arg(nodes: list[dict[str, Any]], me: str) -> str:
     return ",".join(f"{n['id']}={n['host']}:{n['raft_port']}" for n in nodes if n["id"] != me)
+
+
+def admin_host(n: dict[str, Any]) -> str:
+    return str(n.get("admin_host") or "127.0.0.1")  # cluster.json of an older build: none
 
 
 def amqp_url(n: dict[str, Any]) -> str:
@@ -180,10 +191,11 @@ def pid_alive(pid: int | None, node_id: str | None = None) -> bool:
 
 # ---------------------------------------------------------------- admin
 
-def node_status(n: dict[str, Any], timeout: float = 2.0) -> dict[str, Any] | None:
+def node_status(n: dict[str, Any], token: str | None,
+                timeout: float = 2.0) -> dict[str, Any] | None:
     from node.admin.client import call_status
     try:
-        return call_status(n["host"], n["admin_port"], timeout=timeout)
+        return call_status(admin_host(n), n["admin_port"], timeout=timeout, token=token or "")
     except Exception:  # noqa: BLE001 - unreachable is a status, not an error
         return None
 
@@ -199,11 +211,11 @@ def _leader_id(st: dict[str, Any], nodes: list[dict[str, Any]]) -> str | None:
     return str(leader)
 
 
-def healthy(nodes: list[dict[str, Any]]) -> tuple[bool, str]:
+def healthy(nodes: list[dict[str, Any]], token: str | None) -> tuple[bool, str]:
     """A leader that every node agrees on, and every node in the in-sync set."""
     statuses = {}
     for n in nodes:
-        st = node_status(n)
+        st = node_status(n, token)
         if st is None:
             return False, f"{n['id']} admin API not answering"
         statuses[n["id"]] = st
@@ -228,7 +240,8 @@ def _spawn(d: Path, n: dict[str, Any], nodes: list[dict[str, Any]], config: Path
     argv = [sys.executable, "-m", "node.app", "serve", "--node-id", n["id"], "--host", n["host"],
             "--listen", ",".join(n.get("listen") or [n["host"]]), "--raft-listen", n["host"],
             "--amqp-port", str(n["amqp_port"]), "--raft-port", str(n["raft_port"]),
-            "--admin-port", str(n["admin_port"]), "--metrics-port", str(n["metrics_port"]),
+            "--admin-port", str(n["admin_port"]), "--admin-listen", admin_host(n),
+            "--admin-token-file", str(d / TOKEN_FILE), "--metrics-port", str(n["metrics_port"]),
             "--data-dir", str(d / n["id"]), "--config", str(config), "--log-level", log_level]
     if n.get("http_port"):  # cluster.json written before the HTTP API has none
         argv += ["--http-port", str(n["http_port"])]
@@ -264,6 +277,24 @@ def _config_file(d: Path) -> Path:
             f.write("# generated by `mirrorq local-cluster up`; shared by every node of this cluster\n"
                     f"[raft]\npassword = \"{secrets.token_hex(16)}\"\n")
     return path
+
+
+def _token_file(d: Path) -> str:
+    """D/admin.token: generated once (0600), required by every node's admin port;
+    its content, for this process's own admin calls."""
+    path = d / TOKEN_FILE
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32) + "\n")
+    return read_token(d) or ""
+
+
+def read_token(d: Path) -> str | None:
+    try:
+        return (d / TOKEN_FILE).read_text().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def _sets_raft_password(config: Path) -> bool:
@@ -313,6 +344,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     password = None if _sets_raft_password(config) else _generated_password(d)
     state = {"nodes": nodes, "base_port": args.base_port, "host": args.host,
              "config": str(config), "started_at": time.time()}
+    token = _token_file(d)
     if len(nodes) > 1:
         make_ca(d / "tls")
     for n in nodes:
@@ -328,7 +360,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             tail = _tail(d / f"{dead[0]}.log")
             _stop(d, state)
             raise ClusterError(f"node {dead[0]} exited during start-up{how}: {tail}")
-        ok, why = healthy(nodes)
+        ok, why = healthy(nodes, token)
         if ok:
             break
         time.sleep(0.2)
@@ -339,8 +371,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"mirrorq local cluster of {len(nodes)} nodes up in {d} ({why})")
     for n in nodes:
         http = f"http://{n['host']}:{n['http_port']}/  " if n.get("http_port") else ""
-        print(f"  {n['id']}  {amqp_url(n)}  pid {n['pid']}  {http}admin {n['host']}:{n['admin_port']}  "
-              f"metrics http://{n['host']}:{n['metrics_port']}/metrics  raft {n['raft_port']}")
+        print(f"  {n['id']}  {amqp_url(n)}  pid {n['pid']}  {http}admin {admin_host(n)}:"
+              f"{n['admin_port']}  metrics http://{n['host']}:{n['metrics_port']}/metrics  "
+              f"raft {n['raft_port']}")
+    print(f"admin CLI (token in {d / TOKEN_FILE}, mode 0600): mirrorq status --admin-port "
+          f"{nodes[0]['admin_port']} --token-file {d / TOKEN_FILE}")
     sys.stdout.flush()
     if args.foreground:
         return _foreground(d, state)
@@ -453,9 +488,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     if state is None:
         raise ClusterError(f"no local cluster in {d} (no {STATE_FILE})")
     rows = []
+    token = read_token(d)
     for n in state["nodes"]:
         alive = pid_alive(n.get("pid"), n["id"])
-        st = node_status(n) if alive else None
+        st = node_status(n, token) if alive else None
         rows.append({
             "id": n["id"], "pid": n.get("pid") if alive else None, "alive": alive,
             "amqp_port": n["amqp_port"], "http_port": n.get("http_port"),
@@ -504,8 +540,9 @@ def add_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
                          "+20000 (+i for node i)")
     up.add_argument("--dir", required=True, help="where cluster.json, data and logs live")
     up.add_argument("--host", default="127.0.0.1",
-                    help="the address every node listens on and advertises (AMQP, admin, "
-                         "metrics, Raft); default 127.0.0.1: loopback only (AMQP also on ::1)")
+                    help="the address every node listens on and advertises (AMQP, HTTP, "
+                         "metrics, Raft; admin stays on loopback); default 127.0.0.1: loopback "
+                         "only (AMQP also on ::1)")
     up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for a healthy cluster")
     up.add_argument("--config", help="TOML given to every node (without a raft.password, the "
                                      "directory's generated one is used)")

@@ -18,8 +18,10 @@ from node.amqp.config import default_listen
 from node.app.config import (
     ConfigError,
     NodeConfig,
+    admin_authenticated,
     apply_env,
     apply_file,
+    check_admin,
     check_cluster_password,
     check_data_dir,
     check_http_tls,
@@ -29,6 +31,7 @@ from node.app.config import (
     parse_peers,
     raft_authenticated,
     raft_bind_host,
+    read_admin_token_file,
     validate,
 )
 from node.replication.config import SHORT_RAFT_PASSWORD
@@ -63,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--data-dir", required=True)
     serve.add_argument("--host", default="127.0.0.1",
                        help="this node's address: its Raft address as peers dial it, where the "
-                            "admin and metrics ports listen (default 127.0.0.1)")
+                            "metrics and HTTP ports listen (default 127.0.0.1)")
     serve.add_argument("--listen", action="append", metavar="ADDR",
                        help="address the AMQP and amqps listeners bind (repeatable or comma-"
                             "separated; overrides [amqp] listen; default: every address, IPv4 "
@@ -77,12 +80,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--join", action="store_true",
                        help="joining an existing cluster: never campaign before hearing a leader")
     serve.add_argument("--insecure-dev", action="store_true",
-                       help="allow a cluster without [raft] password or TLS (throwaway development "
-                            "only: anyone who reaches the Raft port can join the log)")
+                       help="allow a cluster without [raft] password or TLS, and an admin port "
+                            "without a token (throwaway development only: anyone who reaches the "
+                            "Raft port can join the log, any local user can administer the node)")
     serve.add_argument("--raft-tls-cert", help="PEM certificate of this member (mutual TLS between members)")
     serve.add_argument("--raft-tls-key", help="PEM private key for --raft-tls-cert")
     serve.add_argument("--raft-tls-ca", help="PEM CA that signed every member's certificate")
-    serve.add_argument("--admin-port", type=_port, help="gRPC admin API (local-cluster: 15682)")
+    serve.add_argument("--admin-port", type=_port,
+                       help="gRPC admin API (local-cluster: 15682); needs a token (--admin-token-"
+                            "file, [admin] token_file, MIRRORQ_ADMIN_TOKEN) unless --insecure-dev")
+    serve.add_argument("--admin-listen", metavar="ADDR",
+                       help="address the admin port binds (overrides [admin] listen; default "
+                            "127.0.0.1: loopback only)")
+    serve.add_argument("--admin-token-file", metavar="FILE",
+                       help="file holding the admin API's bearer token (overrides [admin] token "
+                            "and MIRRORQ_ADMIN_TOKEN); the token itself is never an option: "
+                            "ps would show it")
     serve.add_argument("--http-port", type=_port,
                        help="management HTTP API, RabbitMQ's (overrides [http] port; 15672 is "
                             "RabbitMQ's)")
@@ -108,6 +121,10 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
     if args.config:
         apply_file(cfg, args.config)
     apply_env(cfg, os.environ)
+    if args.admin_token_file:
+        cfg.admin.token = read_admin_token_file(args.admin_token_file, "--admin-token-file")
+    if args.admin_listen:
+        cfg.admin.listen = args.admin_listen.strip().removeprefix("[").removesuffix("]")
     if args.listen:
         cfg.amqp_listen = check_listen([a for arg in args.listen for a in arg.split(",")],
                                        "--listen")
@@ -146,6 +163,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         cfg.raft.unsafe_early_confirm = True
     validate(cfg)
     check_cluster_password(cfg)
+    check_admin(cfg)
     cfg.raft.bind_host = raft_bind_host(cfg.raft.host, cfg.raft.bind_host, raft_authenticated(cfg))
     check_tls(cfg)
     check_http_tls(cfg)
@@ -159,12 +177,28 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
             hosts = cfg.amqp_listen or default_listen()
         elif port == cfg.raft.port and cfg.raft.bind_host:
             hosts = [cfg.raft.bind_host]
+        elif port == cfg.admin_port:
+            hosts = [cfg.admin.listen]
         else:
             hosts = [cfg.amqp_host]
         for host in hosts:
             _check_port_free(host, port)
     check_data_dir(cfg.data_dir)
     return cfg
+
+
+def _warn_admin(cfg: NodeConfig) -> None:
+    if not cfg.admin_port:
+        return
+    if not admin_authenticated(cfg):  # only --insecure-dev gets here (check_admin)
+        log.warning("INSECURE (--insecure-dev): the gRPC admin API on %s:%d has no token: any "
+                    "local user%s can create administrators and change membership. Throwaway "
+                    "development nodes only.", cfg.admin.listen, cfg.admin_port,
+                    "" if is_loopback(cfg.admin.listen) else " and anyone who reaches it")
+    elif cfg.admin.tls() is None and not is_loopback(cfg.admin.listen):
+        log.warning("the gRPC admin API listens on %s:%d without TLS: its token crosses the "
+                    "network in clear ([admin] tls_cert/tls_key)", cfg.admin.listen,
+                    cfg.admin_port)
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -241,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                     "have no TLS: anyone who sees one handshake on the network can test guesses "
                     "offline. Use a long random password (e.g. `openssl rand -hex 16`) or Raft TLS.",
                     len(cfg.raft.password), SHORT_RAFT_PASSWORD)
+    _warn_admin(cfg)
     if cfg.raft.unsafe_early_confirm:
         log.critical("MIRRORQ_UNSAFE_EARLY_CONFIRM=1: confirming publishes BEFORE replication; "
                      "confirmed messages WILL be lost on failures (chaos-suite self-test only)")

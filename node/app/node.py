@@ -136,7 +136,7 @@ class Node:
             # admin first: the Status of a node that cannot find a leader (e.g. a wrong
             # Raft password) says so (role, term, leader None) instead of not answering
             if admin is not None and cfg.admin_port:
-                await admin.start(cfg.amqp_host, cfg.admin_port)
+                await admin.start(cfg.admin.listen, cfg.admin_port)
             await raft.wait_ready()
             if metrics is not None and cfg.metrics_port:
                 await metrics.start(cfg.amqp_host, cfg.metrics_port)

@@ -77,10 +77,10 @@ def test_s25_drain_follower_under_load_then_revive(cluster: Cluster) -> None:
         client = registered_conn(f2, q)
 
         with pytest.raises(grpc.RpcError) as err:
-            call_drain(leader.host, leader.admin_port, node_id="nobody")
+            call_drain(leader.host, leader.admin_port, node_id="nobody", token=leader.admin_token)
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
-        reply = call_drain(f2.host, f2.admin_port)
+        reply = call_drain(f2.host, f2.admin_port, token=f2.admin_token)
         assert reply["ok"] is True and reply["status"]["draining"] == [f2.node_id]
 
         # its client is closed with 320, and nobody gets in any more
@@ -111,7 +111,7 @@ def test_s25_drain_follower_under_load_then_revive(cluster: Cluster) -> None:
         assert f2.node_id not in leader.status()["in_sync"]
 
         # revived: back in sync and serving
-        reply = call_revive(f2.host, f2.admin_port)
+        reply = call_revive(f2.host, f2.admin_port, token=f2.admin_token)
         assert reply["ok"] is True and reply["status"]["draining"] == []
         wait_for(lambda: f2.node_id in leader.status()["in_sync"], timeout=30,
                  what=f"{f2.node_id} back in the in-sync set")

@@ -1,7 +1,6 @@
 """`mirrorq local-cluster up | status --json | down`, and its one-line errors (exit 2)."""
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import random
@@ -20,6 +19,7 @@ import pytest
 from node.amqp.config import ipv6_available
 from node.app import local_cluster as lc
 from tests.broker_proc import REPO, wait_for
+from tests.support.net import listening, loopback
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -211,37 +211,6 @@ def test_foreground_supervisor_exits_nonzero_once_every_node_is_gone(tmp_path: P
         _kill_recorded(d)
 
 
-def _listening(pid: int) -> set[tuple[str, int]]:
-    """(address, port) of every TCP socket `pid` listens on, IPv4 and IPv6, from /proc."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
-    out = set()
-    for table in ("tcp", "tcp6"):
-        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
-            fields = line.split()
-            local, state, inode = fields[1], fields[3], fields[9]
-            if state != "0A" or inode not in inodes:  # 0A: LISTEN
-                continue
-            hexaddr, hexport = local.split(":")
-            raw = bytes.fromhex(hexaddr)
-            if sys.byteorder == "little":  # printed as 32-bit words in host order
-                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-            out.add((str(ipaddress.ip_address(raw)), int(hexport, 16)))
-    return out
-
-
-def _loopback(address: str) -> bool:
-    ip = ipaddress.ip_address(address)
-    mapped = getattr(ip, "ipv4_mapped", None)  # gRPC listens on ::ffff:127.0.0.1
-    return bool((mapped or ip).is_loopback)
-
-
 @pytest.fixture(scope="module")
 def loopback_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A 2-node `local-cluster up` with the defaults; its cluster.json."""
@@ -259,11 +228,11 @@ def loopback_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[
 def test_local_cluster_keeps_amqp_admin_and_metrics_on_loopback(
         loopback_cluster: dict[str, Any]) -> None:
     for n in loopback_cluster["nodes"]:
-        socks = _listening(n["pid"])
+        socks = listening(n["pid"])
         ports = {port for _addr, port in socks}
         assert {n["amqp_port"], n["http_port"], n["admin_port"], n["metrics_port"]} <= ports, \
             (n, socks)
-        outside = {(a, p) for a, p in socks if p != n["raft_port"] and not _loopback(a)}
+        outside = {(a, p) for a, p in socks if p != n["raft_port"] and not loopback(a)}
         assert not outside, f"{n['id']} listens beyond loopback: {sorted(outside)}"
         amqp = {a for a, p in socks if p == n["amqp_port"]}
         if ipv6_available("::1"):  # for clients that resolve localhost to ::1 first
@@ -275,16 +244,18 @@ def test_local_cluster_keeps_amqp_admin_and_metrics_on_loopback(
 
 def test_local_cluster_keeps_raft_on_loopback(loopback_cluster: dict[str, Any]) -> None:
     for n in loopback_cluster["nodes"]:
-        raft = {a for a, p in _listening(n["pid"]) if p == n["raft_port"]}
-        assert raft and all(_loopback(a) for a in raft), f"{n['id']} Raft listens on {raft}"
+        raft = {a for a, p in listening(n["pid"]) if p == n["raft_port"]}
+        assert raft and all(loopback(a) for a in raft), f"{n['id']} Raft listens on {raft}"
 
 
 def test_local_cluster_keys_password_and_data_are_private(loopback_cluster: dict[str, Any]) -> None:
-    """Issue 26 item 12: the private keys and cluster.toml (the Raft password) are 0600,
+    """Issue 26 items 4 and 12: the private keys, cluster.toml (the Raft password) and
+    admin.token are 0600 in a 0700 directory,
     the tls/ and data directories 0700, every data file and node log 0600."""
     d = Path(loopback_cluster["config"]).parent
     modes = {p.relative_to(d).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in
-             [d / "cluster.toml", d / "tls", *(d / "tls").glob("*.key"), *d.glob("n*.log")]}
+             [d, d / "cluster.toml", d / "admin.token", d / "tls", *(d / "tls").glob("*.key"),
+              *d.glob("n*.log")]}
     for n in loopback_cluster["nodes"]:
         data = d / n["id"]
         modes.update({p.relative_to(d).as_posix(): stat.S_IMODE(p.stat().st_mode)
@@ -293,3 +264,85 @@ def test_local_cluster_keys_password_and_data_are_private(loopback_cluster: dict
     loose = {k: f"{m:04o}" for k, m in modes.items()
              if m != (0o700 if (d / k).is_dir() else 0o600)}
     assert loose == {}, loose
+
+
+def _mirrorq(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MIRRORQ_ADMIN_")}
+    return subprocess.run([sys.executable, "-m", "node.app", *args], cwd=str(REPO),
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                          env={**clean, **(env or {})})
+
+
+def test_local_cluster_admin_needs_its_generated_token(loopback_cluster: dict[str, Any]) -> None:
+    """Issue 26 item 4: `local-cluster up` generates D/admin.token and every node
+    requires it; the admin CLI works with --token-file (or MIRRORQ_ADMIN_TOKEN),
+    not without; no token is an option or in a node's argv (ps). Before: no
+    token at all."""
+    d = Path(loopback_cluster["config"]).parent
+    token_file = d / "admin.token"
+    token = token_file.read_text().strip()
+    assert len(token) >= 32
+    n1 = loopback_cluster["nodes"][0]
+    admin = f"127.0.0.1:{n1['admin_port']}"
+    proc = _mirrorq("status", "--admin", admin, "--token-file", str(token_file), "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["node_id"] == "n1", proc.stderr
+    proc = _mirrorq("users", "--admin", admin, "list", env={"MIRRORQ_ADMIN_TOKEN": token})
+    assert proc.returncode == 0 and "guest" in proc.stdout, proc.stderr
+    _assert_usage_error(_mirrorq("status", "--admin", admin), "UNAUTHENTICATED")
+    _assert_usage_error(_mirrorq("status", "--admin", admin, "--token", token), "--token-file")
+    # local-cluster's own commands carry it
+    st = _cli("status", "--dir", str(d), "--json")
+    assert st.returncode == 0 and all(r["role"] != "down" for r in json.loads(st.stdout)["nodes"])
+    for n in loopback_cluster["nodes"]:
+        argv = Path(f"/proc/{n['pid']}/cmdline").read_bytes()
+        assert token.encode() not in argv and b"--admin-token-file" in argv
+
+
+def test_another_local_user_cannot_administer_a_local_cluster(
+        loopback_cluster: dict[str, Any]) -> None:
+    """Issue 26 item 4, the issue's reproduction: a process running as `nobody`
+    cannot read the token file, and its admin call without the token (raw gRPC
+    with curl: nobody cannot run this checkout's Python) is refused, so it
+    creates no administrator. Before: UserPut succeeded."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a process as nobody")
+    import pwd
+    import shutil
+    import tempfile
+
+    from node.admin import admin_pb2 as pb
+    from node.admin.client import call_user_list
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no user nobody")
+    curl = shutil.which("curl")
+    if curl is None:
+        pytest.skip("no curl")
+    d = Path(loopback_cluster["config"]).parent
+    token_file = d / "admin.token"
+
+    def as_nobody(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=30,
+                              stdin=subprocess.DEVNULL, cwd="/", user=nobody.pw_uid,
+                              group=nobody.pw_gid, extra_groups=[])
+
+    read = as_nobody("cat", str(token_file))
+    assert read.returncode != 0 and "Permission denied" in read.stderr, read
+    # a gRPC frame: uncompressed flag, length, the UserPutRequest; in a directory
+    # nobody can read (pytest's own temporary directories are root's, 0700)
+    msg = pb.UserPutRequest(name="evil", password="pw", tags=["administrator"]).SerializeToString()
+    port = loopback_cluster["nodes"][0]["admin_port"]
+    with tempfile.TemporaryDirectory(prefix="mirrorq-nobody-") as shared:
+        os.chmod(shared, 0o755)
+        body = Path(shared) / "userput.bin"
+        body.write_bytes(b"\0" + len(msg).to_bytes(4, "big") + msg)
+        body.chmod(0o644)
+        call = as_nobody(curl, "-sS", "--http2-prior-knowledge", "-D", "-", "-o", "/dev/null",
+                         "-H", "content-type: application/grpc", "-H", "te: trailers",
+                         "--data-binary", f"@{body}",
+                         f"http://127.0.0.1:{port}/mirrorq.Admin/UserPut")
+    assert call.returncode == 0, call.stderr  # it reached the admin API
+    assert "grpc-status: 16" in call.stdout, call.stdout  # UNAUTHENTICATED
+    users = call_user_list("127.0.0.1", port, token=token_file.read_text().strip())["users"]
+    assert "evil" not in {u["name"] for u in users}, users

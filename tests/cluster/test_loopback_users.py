@@ -39,9 +39,10 @@ def test_guest_refused_from_a_non_loopback_address(lab: NetLab,
     with pytest.raises(pika.exceptions.ProbableAuthenticationError) as err:
         connect(node.host, node.amqp_port, "guest", "guest")
     assert "can only connect via localhost" in str(err.value), str(err.value)
-    # a real user is fine from anywhere (the admin API listens on the node's address too)
-    call_user_put(node.host, node.admin_port, "app", "pw")
-    call_permission_set(node.host, node.admin_port, "app", "/", ".*", ".*", ".*")
+    # a real user is fine from anywhere (the harness has admin listen on the node's address)
+    call_user_put(node.host, node.admin_port, "app", "pw", token=node.admin_token)
+    call_permission_set(node.host, node.admin_port, "app", "/", ".*", ".*", ".*",
+                        token=node.admin_token)
     conn = connect(node.host, node.amqp_port, "app", "pw")
     conn.channel().queue_declare("lb-q")
     conn.close()

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import ipaddress
 import json
 import socket
 import ssl
 import struct
-import subprocess
 import threading
 import time
 import urllib.error
@@ -44,6 +42,7 @@ from node.replication.raft.transport import (
     PROTOCOL,
 )
 from tests.broker_proc import NodeProcess, start_http_node
+from tests.support.net import connects, non_loopback_ipv4
 
 
 def _frame(kind: int, payload: bytes) -> bytes:
@@ -167,37 +166,17 @@ def test_a_flood_of_unauthenticated_sockets_locks_out_no_member_and_no_client(cl
 
 # ---------------------------------------------- item 10: no password, no TLS
 
-def _non_loopback_ipv4() -> str | None:
-    """An address of this machine other than loopback (None if it has none)."""
-    try:
-        out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=5).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    for a in out.split():
-        if "." in a and not ipaddress.ip_address(a).is_loopback:
-            return a
-    return None
-
-
-def _connects(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=3):
-            return True
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("own_host", ["loopback", "routable"])
 def test_without_password_or_tls_raft_listens_on_loopback_only(tmp_path: Path, own_host: str) -> None:
-    ip = _non_loopback_ipv4()
+    ip = non_loopback_ipv4()
     if ip is None:
         pytest.skip("this machine has no non-loopback address to probe")
     extra: tuple[str, ...] = ("--host", ip) if own_host == "routable" else ()
     n = NodeProcess(tmp_path / "n1", extra_args=extra)
     n.start()
     try:
-        wait_for(lambda: _connects("127.0.0.1", n.raft_port), timeout=15, what="Raft port on loopback")
-        assert not _connects(ip, n.raft_port), f"an unauthenticated Raft port answers on {ip}"
+        wait_for(lambda: connects("127.0.0.1", n.raft_port), timeout=15, what="Raft port on loopback")
+        assert not connects(ip, n.raft_port), f"an unauthenticated Raft port answers on {ip}"
     finally:
         n.stop()
 
@@ -216,7 +195,8 @@ def test_without_password_or_tls_add_member_of_a_routable_address_is_refused(tmp
         assert err.value.code == 409, err.value.code
         assert "not authenticated" in err.value.read().decode()
         with pytest.raises(grpc.RpcError) as rpc:
-            call_add_member("127.0.0.1", n.admin_port, "n9", "192.0.2.9:25672", timeout=20)
+            call_add_member("127.0.0.1", n.admin_port, "n9", "192.0.2.9:25672", timeout=20,
+                            token=n.admin_token)
         assert rpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT, rpc.value
         assert "not authenticated" in (rpc.value.details() or "")
         conn = pika.BlockingConnection(pika.URLParameters(n.url))  # still serves, alone

@@ -109,7 +109,7 @@ def test_intruders_without_the_password_cannot_join_or_disturb(
     n3 = c.node("n3")
     leader = c.leader()
     if leader is n3:  # n3 is the one replaced below: the leader must be another node
-        call_transfer_leadership(n3.host, n3.admin_port, "n1")
+        call_transfer_leadership(n3.host, n3.admin_port, "n1", token=n3.admin_token)
         wait_for(lambda: c.leader() is c.node("n1"), timeout=30, what="n1 to lead")
         leader = c.node("n1")
     queue = "raft-password-q"

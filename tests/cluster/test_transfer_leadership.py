@@ -27,9 +27,10 @@ def test_transfer_leadership_to_a_named_follower(cluster: Cluster) -> None:
         wait_for(lambda: len(pub.confirmed) >= 500 or pub.error, timeout=60, what="500 confirms")
         pub.join(30)
         with pytest.raises(grpc.RpcError) as err:  # only the leader can hand leadership over
-            call_transfer_leadership(f2.host, f2.admin_port, f1.node_id)
+            call_transfer_leadership(f2.host, f2.admin_port, f1.node_id, token=f2.admin_token)
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        reply = call_transfer_leadership(leader.host, leader.admin_port, f1.node_id)
+        reply = call_transfer_leadership(leader.host, leader.admin_port, f1.node_id,
+                                         token=leader.admin_token)
         assert reply["ok"] is True
         wait_for(lambda: all(n.status()["leader"] == f1.node_id for n in cluster.nodes),
                  timeout=15, what=f"every node to follow {f1.node_id}")

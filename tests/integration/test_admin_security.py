@@ -142,9 +142,9 @@ def test_token_required_on_every_rpc(tmp_path: Path, nodes: list[NodeProcess]) -
     assert st["node_id"] == node.node_id and st["members"] == [node.node_id]
     assert call_user_list("127.0.0.1", port, token=TOKEN)["users"][0]["name"] == "guest"
 
-    # the CLI: --token, --token-file, $MIRRORQ_ADMIN_TOKEN; without it one line and exit 2
+    # the CLI: --token-file, $MIRRORQ_ADMIN_TOKEN; without it one line and exit 2
     admin = f"127.0.0.1:{port}"
-    proc = run_cli("status", "--admin", admin, "--token", TOKEN, "--json")
+    proc = run_cli("status", "--admin", admin, "--json", env={"MIRRORQ_ADMIN_TOKEN": TOKEN})
     assert proc.returncode == 0, proc.stderr
     assert '"node_id": "n1"' in proc.stdout
     token_file = tmp_path / "token"
@@ -154,7 +154,12 @@ def test_token_required_on_every_rpc(tmp_path: Path, nodes: list[NodeProcess]) -
     proc = run_cli("queues", "--admin", admin, env={"MIRRORQ_ADMIN_TOKEN": TOKEN})
     assert proc.returncode == 0, proc.stderr
     assert_usage_error(run_cli("status", "--admin", admin), "UNAUTHENTICATED")
-    assert_usage_error(run_cli("status", "--admin", admin, "--token", "nope"), "UNAUTHENTICATED")
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text("nope\n")
+    assert_usage_error(run_cli("status", "--admin", admin, "--token-file", str(wrong)),
+                       "UNAUTHENTICATED")
+    # issue 26: no token on the command line (ps shows it to every local user)
+    assert_usage_error(run_cli("status", "--admin", admin, "--token", TOKEN), "--token-file")
     assert_usage_error(run_cli("drain", "--admin", admin), "UNAUTHENTICATED")
     empty = tmp_path / "empty-token"
     empty.write_text("\n")
@@ -175,12 +180,13 @@ def test_tls_admin_port(tmp_path: Path, nodes: list[NodeProcess], pki: Pki) -> N
     # TLS does not replace the token
     assert code_of(call_status, "127.0.0.1", port, tls_ca=pki.ca) == grpc.StatusCode.UNAUTHENTICATED
     admin = f"127.0.0.1:{port}"
-    proc = run_cli("status", "--admin", admin, "--token", TOKEN, "--ca", pki.ca)
+    proc = run_cli("status", "--admin", admin, "--ca", pki.ca, env={"MIRRORQ_ADMIN_TOKEN": TOKEN})
     assert proc.returncode == 0 and "node_id" in proc.stdout, proc.stderr
     proc = run_cli("status", "--admin", admin, "--json",
                    env={"MIRRORQ_ADMIN_TOKEN": TOKEN, "MIRRORQ_ADMIN_CA": pki.ca})
     assert proc.returncode == 0, proc.stderr
-    assert_usage_error(run_cli("status", "--admin", admin, "--token", TOKEN), "UNAVAILABLE")
+    assert_usage_error(run_cli("status", "--admin", admin, env={"MIRRORQ_ADMIN_TOKEN": TOKEN}),
+                       "UNAVAILABLE")
     assert_usage_error(run_cli("status", "--admin", admin, "--ca", str(tmp_path / "nope.pem")),
                        "no such file")
 

@@ -71,7 +71,7 @@ def test_bad_config_file_exit_2(tmp_path: Path, text: str, needle: str) -> None:
 
 def test_admin_status_and_metrics(own_node: NodeProcess) -> None:
     own_node.start()
-    proc = run_cli("status", "--admin-port", str(own_node.admin_port), "--json")
+    proc = run_cli("status", *own_node.admin_cli, "--json")
     assert proc.returncode == 0, proc.stderr
     status = json.loads(proc.stdout)
     assert status["node_id"] == own_node.node_id and status["role"] == "leader"
@@ -130,15 +130,15 @@ def test_admin_status_and_metrics(own_node: NodeProcess) -> None:
     assert m[f'mirrorq_confirm_latency_seconds_bucket{{node="{node}",le="+Inf"}}'] == 6
     assert "mirrorq_journal_flushes_total" in " ".join(m)
     own_node.kill9()
-    assert_usage_error(run_cli("status", "--admin-port", str(own_node.admin_port)), "cannot reach")
+    assert_usage_error(run_cli("status", *own_node.admin_cli), "cannot reach")
 
 
 def test_drain_and_revive_cli(own_node: NodeProcess) -> None:
     own_node.start()
-    port = str(own_node.admin_port)
-    assert_usage_error(run_cli("drain", "--admin-port", port, "--node-id", "ghost"), "drain refused")
+    admin = own_node.admin_cli
+    assert_usage_error(run_cli("drain", *admin, "--node-id", "ghost"), "drain refused")
     assert_usage_error(run_cli("drain"), "--admin-port")
-    proc = run_cli("drain", "--admin-port", port, "--json")
+    proc = run_cli("drain", *admin, "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["status"]["draining"] == [own_node.node_id]
@@ -152,7 +152,7 @@ def test_drain_and_revive_cli(own_node: NodeProcess) -> None:
         return False
     wait_for(refused, timeout=10, what="the AMQP listener to close")
     assert doc["status"]["in_sync"] == [own_node.node_id]
-    proc = run_cli("revive", "--admin-port", port, "--json")
+    proc = run_cli("revive", *admin, "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["status"]["draining"] == []
     wait_for(lambda: not refused(), timeout=10, what="the AMQP listener to reopen")

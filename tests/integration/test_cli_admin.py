@@ -51,8 +51,8 @@ def node(own_node: NodeProcess) -> NodeProcess:
 
 
 def test_queues(node: NodeProcess) -> None:
-    admin = f"127.0.0.1:{node.admin_port}"
-    assert ok_json("queues", "--admin", admin) == {"queues": []}
+    admin = node.admin_cli
+    assert ok_json("queues", *admin) == {"queues": []}
     conn = connect(node)
     ch = conn.channel()
     ch.confirm_delivery()
@@ -65,7 +65,7 @@ def test_queues(node: NodeProcess) -> None:
     ch.basic_consume("cli-transient", lambda *_: None, auto_ack=True)
 
     def rows() -> dict[str, Any] | None:
-        doc = ok_json("queues", "--admin", admin)
+        doc = ok_json("queues", *admin)
         by_name = {q["name"]: q for q in doc["queues"]}
         return by_name if by_name.get("cli-durable", {}).get("unacked") == 2 else None
     try:
@@ -76,58 +76,59 @@ def test_queues(node: NodeProcess) -> None:
             "cli-transient": {"name": "cli-transient", "vhost": "/", "ready": 0, "unacked": 0,
                               "consumers": 1, "durable": False}}
         # the human form: a table with a header; --admin-port works too
-        proc = run_cli("queues", "--admin-port", str(node.admin_port))
+        proc = run_cli("queues", "--admin-port", str(node.admin_port),
+                       env={"MIRRORQ_ADMIN_TOKEN": str(node.admin_token)})
         assert proc.returncode == 0, proc.stderr
         lines = proc.stdout.splitlines()
         assert lines[0].split() == ["VHOST", "NAME", "READY", "UNACKED", "CONSUMERS", "DURABLE"]
         assert ["/", "cli-durable", "3", "2", "1", "yes"] in [ln.split() for ln in lines]
-        assert ok_json("queues", "--admin", admin, "--vhost", "elsewhere") == {"queues": []}
-        st = ok_json("status", "--admin", admin)
+        assert ok_json("queues", *admin, "--vhost", "elsewhere") == {"queues": []}
+        st = ok_json("status", *admin)
         assert st["queues"] == 2 and st["connections"] == 1
     finally:
         conn.close()
 
 
 def test_status_table_and_members_list(node: NodeProcess) -> None:
-    admin = f"127.0.0.1:{node.admin_port}"
-    proc = run_cli("status", "--admin", admin)
+    admin = node.admin_cli
+    proc = run_cli("status", *admin)
     assert proc.returncode == 0, proc.stderr
     table = dict(line.split(None, 1) for line in proc.stdout.splitlines())
     assert table["node_id"] == node.node_id and table["role"] == "leader"
-    assert ok_json("members", "--admin", admin, "list") == {
+    assert ok_json("members", *admin, "list") == {
         "leader": node.node_id, "members": [node.node_id], "in_sync": [node.node_id],
         "draining": []}
-    assert_usage_error(run_cli("members", "--admin", admin, "remove", node.node_id),
+    assert_usage_error(run_cli("members", *admin, "remove", node.node_id),
                        "FAILED_PRECONDITION: members remove refused")
-    assert_usage_error(run_cli("members", "--admin", admin, "add", "n9", "nohostport"),
+    assert_usage_error(run_cli("members", *admin, "add", "n9", "nohostport"),
                        "HOST:PORT")
     assert_usage_error(run_cli("members", "list"), "--admin")
     assert_usage_error(run_cli("status", "--admin", "127.0.0.1"), "HOST:PORT")
-    assert_usage_error(run_cli("status", "--admin", admin, "--admin-port", "1"), "not both")
+    assert_usage_error(run_cli("status", *admin, "--admin-port", "1"), "not both")
 
 
 def test_vhosts_and_permissions(node: NodeProcess) -> None:
-    admin = f"127.0.0.1:{node.admin_port}"
-    assert ok_json("vhosts", "--admin", admin, "list") == {"vhosts": [{"name": "/"}]}
-    assert ok_json("vhosts", "--admin", admin, "add", "staging") == {"ok": True,
+    admin = node.admin_cli
+    assert ok_json("vhosts", *admin, "list") == {"vhosts": [{"name": "/"}]}
+    assert ok_json("vhosts", *admin, "add", "staging") == {"ok": True,
                                                                      "vhost": "staging"}
-    proc = run_cli("vhosts", "--admin", admin, "list")
+    proc = run_cli("vhosts", *admin, "list")
     assert proc.returncode == 0 and proc.stdout.split() == ["NAME", "/", "staging"], proc.stdout
 
-    proc = run_cli("users", "--admin", admin, "add", "carol", "--password-stdin",
+    proc = run_cli("users", *admin, "add", "carol", "--password-stdin",
                    stdin="from-stdin\n")
     assert proc.returncode == 0, proc.stderr
-    doc = ok_json("permissions", "--admin", admin, "set", "carol", "^carol-.*", ".*", ".*",
+    doc = ok_json("permissions", *admin, "set", "carol", "^carol-.*", ".*", ".*",
                   "--vhost", "staging")
     assert doc == {"ok": True, "user": "carol", "vhost": "staging", "configure": "^carol-.*",
                    "write": ".*", "read": ".*"}
-    perms = ok_json("permissions", "--admin", admin, "list")["permissions"]
+    perms = ok_json("permissions", *admin, "list")["permissions"]
     assert {"user": "carol", "vhost": "staging", "configure": "^carol-.*", "write": ".*",
             "read": ".*"} in perms
-    assert ok_json("permissions", "--admin", admin, "list", "--vhost", "staging") == {
+    assert ok_json("permissions", *admin, "list", "--vhost", "staging") == {
         "permissions": [{"user": "carol", "vhost": "staging", "configure": "^carol-.*",
                          "write": ".*", "read": ".*"}]}
-    proc = run_cli("permissions", "--admin", admin, "list", "--user", "carol")
+    proc = run_cli("permissions", *admin, "list", "--user", "carol")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[:5] == ["USER", "VHOST", "CONFIGURE", "WRITE", "READ"]
     assert "^carol-.*" in proc.stdout
@@ -137,39 +138,39 @@ def test_vhosts_and_permissions(node: NodeProcess) -> None:
     conn.channel().queue_declare("carol-q")
     conn.close()
 
-    assert_usage_error(run_cli("permissions", "--admin", admin, "set", "carol", "(", ".*", ".*",
+    assert_usage_error(run_cli("permissions", *admin, "set", "carol", "(", ".*", ".*",
                                "--vhost", "staging"), "INVALID_ARGUMENT")
-    assert_usage_error(run_cli("permissions", "--admin", admin, "set", "nobody", ".*", ".*", ".*"),
+    assert_usage_error(run_cli("permissions", *admin, "set", "nobody", ".*", ".*", ".*"),
                        "FAILED_PRECONDITION")
-    assert_usage_error(run_cli("permissions", "--admin", admin, "set", "carol", ".*", ".*", ".*",
+    assert_usage_error(run_cli("permissions", *admin, "set", "carol", ".*", ".*", ".*",
                                "--vhost", "missing"), "FAILED_PRECONDITION")
-    assert ok_json("permissions", "--admin", admin, "clear", "carol", "--vhost", "staging") == {
+    assert ok_json("permissions", *admin, "clear", "carol", "--vhost", "staging") == {
         "ok": True, "user": "carol", "vhost": "staging"}
-    assert_usage_error(run_cli("permissions", "--admin", admin, "clear", "carol", "--vhost",
+    assert_usage_error(run_cli("permissions", *admin, "clear", "carol", "--vhost",
                                "staging"), "FAILED_PRECONDITION")
-    assert ok_json("vhosts", "--admin", admin, "delete", "staging") == {"ok": True,
+    assert ok_json("vhosts", *admin, "delete", "staging") == {"ok": True,
                                                                         "deleted": "staging"}
-    assert_usage_error(run_cli("vhosts", "--admin", admin, "delete", "staging"),
+    assert_usage_error(run_cli("vhosts", *admin, "delete", "staging"),
                        "FAILED_PRECONDITION: vhosts delete refused")
-    assert ok_json("vhosts", "--admin", admin, "list") == {"vhosts": [{"name": "/"}]}
+    assert ok_json("vhosts", *admin, "list") == {"vhosts": [{"name": "/"}]}
 
 
 def test_user_password_off_the_command_line(node: NodeProcess) -> None:
-    admin = f"127.0.0.1:{node.admin_port}"
-    proc = run_cli("users", "--admin", admin, "add", "dave", "--password-env", "DAVE_PW",
+    admin = node.admin_cli
+    proc = run_cli("users", *admin, "add", "dave", "--password-env", "DAVE_PW",
                    "--tags", "monitoring", env={"DAVE_PW": "from-env"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "user dave saved (tags: monitoring)"
-    assert {"name": "dave", "tags": ["monitoring"]} in ok_json("users", "--admin", admin,
+    assert {"name": "dave", "tags": ["monitoring"]} in ok_json("users", *admin,
                                                                "list")["users"]
-    assert ok_json("permissions", "--admin", admin, "set", "dave", ".*", ".*", ".*")["ok"]
+    assert ok_json("permissions", *admin, "set", "dave", ".*", ".*", ".*")["ok"]
     connect(node, "dave", "from-env").close()
-    assert_usage_error(run_cli("users", "--admin", admin, "add", "dave"), "password")
-    assert_usage_error(run_cli("users", "--admin", admin, "add", "dave", "pw", "--password-stdin",
+    assert_usage_error(run_cli("users", *admin, "add", "dave"), "password")
+    assert_usage_error(run_cli("users", *admin, "add", "dave", "pw", "--password-stdin",
                                stdin="x\n"), "password")
-    assert_usage_error(run_cli("users", "--admin", admin, "add", "dave", "--password-env",
+    assert_usage_error(run_cli("users", *admin, "add", "dave", "--password-env",
                                "UNSET_PW_VAR"), "UNSET_PW_VAR")
-    assert_usage_error(run_cli("users", "--admin", admin, "add", "dave", "--password-stdin",
+    assert_usage_error(run_cli("users", *admin, "add", "dave", "--password-stdin",
                                stdin=""), "empty")
 
 
@@ -185,29 +186,29 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 def test_transfer_leader_and_members_add_remove(cluster: Cluster) -> None:
     leader = cluster.leader()
     follower = cluster.followers()[0]
-    admin = f"{leader.host}:{leader.admin_port}"
-    assert_usage_error(run_cli("transfer-leader", "--admin",
-                               f"{follower.host}:{follower.admin_port}", "--to", leader.node_id),
+    admin = leader.admin_cli
+    assert_usage_error(run_cli("transfer-leader", *follower.admin_cli,
+                               "--to", leader.node_id),
                        "FAILED_PRECONDITION: transfer-leader refused")
-    doc = ok_json("transfer-leader", "--admin", admin, "--to", follower.node_id)
+    doc = ok_json("transfer-leader", *admin, "--to", follower.node_id)
     assert doc["ok"] is True and doc["leader"] == follower.node_id
     assert doc["status"]["leader"] == follower.node_id
     leader = cluster.wait_healthy()
     assert leader is follower
-    admin = f"{leader.host}:{leader.admin_port}"
+    admin = leader.admin_cli
 
     # members add (then the node starts with --join) and remove, through the CLI
     new = cluster._new_node("n4", "127.0.0.1", None)
     new.peers = {o.node_id: o.raft_address for o in cluster.nodes}
-    doc = ok_json("members", "--admin", admin, "add", new.node_id, new.raft_address)
+    doc = ok_json("members", *admin, "add", new.node_id, new.raft_address)
     assert doc["ok"] is True and new.node_id in doc["status"]["members"]
     cluster.nodes.append(new)
     new.start(join=True)
     cluster.wait_healthy(timeout=60)
-    proc = run_cli("members", "--admin", admin, "remove", new.node_id)
+    proc = run_cli("members", *admin, "remove", new.node_id)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"removed {new.node_id}\nMEMBER"), proc.stdout
     cluster.nodes.remove(new)
     cluster.removed.append(new)
-    members = ok_json("members", "--admin", admin, "list")["members"]
+    members = ok_json("members", *admin, "list")["members"]
     assert sorted(members) == ["n1", "n2", "n3"]

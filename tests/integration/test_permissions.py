@@ -27,7 +27,7 @@ VHOST = "app"
 
 
 def cli_ok(node: NodeProcess, *args: str) -> str:
-    proc = run_cli(args[0], "--admin-port", str(node.admin_port), *args[1:])
+    proc = run_cli(args[0], *node.admin_cli, *args[1:])
     assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
     return proc.stdout
 
@@ -206,10 +206,10 @@ def test_permissions_cli_lists_and_clears(node: NodeProcess) -> None:
     assert "temp" in json.dumps(perms)
     cli_ok(node, "permissions", "clear", "temp", "--vhost", VHOST)
     refused_open(node, "temp", VHOST, f"access to vhost '{VHOST}' refused for user 'temp'")
-    proc = run_cli("permissions", "--admin-port", str(node.admin_port), "set", "temp", "(", ".*",
+    proc = run_cli("permissions", *node.admin_cli, "set", "temp", "(", ".*",
                    ".*", "--vhost", VHOST)
     assert proc.returncode == 2 and "regular expression" in proc.stderr, proc.stderr
-    proc = run_cli("permissions", "--admin-port", str(node.admin_port), "set", "temp", ".*",
+    proc = run_cli("permissions", *node.admin_cli, "set", "temp", ".*",
                    ".*", ".*", "--vhost", "missing")
     assert proc.returncode == 2 and "missing" in proc.stderr, proc.stderr
 

@@ -226,7 +226,7 @@ def test_tls_only_mode_has_no_plain_listener(pki: Pki, tmp_path: Path) -> None:
 
 def status(node: NodeProcess) -> dict[str, object]:
     from node.admin.client import call_status
-    return call_status("127.0.0.1", node.admin_port, timeout=5)
+    return call_status("127.0.0.1", node.admin_port, timeout=5, token=node.admin_token)
 
 
 def test_max_connections_and_drain_apply_to_amqps(pki: Pki, tmp_path: Path) -> None:
@@ -248,10 +248,10 @@ def test_max_connections_and_drain_apply_to_amqps(pki: Pki, tmp_path: Path) -> N
         finally:
             first.close()
         wait_for(lambda: status(node)["connections"] == 0, timeout=10, what="the connection to go")
-        call_drain("127.0.0.1", node.admin_port, timeout=20)
+        call_drain("127.0.0.1", node.admin_port, timeout=20, token=node.admin_token)
         wait_for(lambda: refused(node.amqps_port) and refused(node.amqp_port),  # type: ignore[arg-type]
                  timeout=10, what="drain to close both listeners")
-        call_revive("127.0.0.1", node.admin_port, timeout=20)
+        call_revive("127.0.0.1", node.admin_port, timeout=20, token=node.admin_token)
         wait_for(lambda: not refused(node.amqps_port), timeout=10,  # type: ignore[arg-type]
                  what="revive to reopen the amqps listener")
         conn = pika_tls(node, client_context(pki))

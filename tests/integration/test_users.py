@@ -47,23 +47,23 @@ def closed_by_broker(conn: pika.BlockingConnection,
 
 
 def users(node: NodeProcess) -> dict[str, list[str]]:
-    proc = run_cli("users", "--admin-port", str(node.admin_port), "list", "--json")
+    proc = run_cli("users", *node.admin_cli, "list", "--json")
     assert proc.returncode == 0, proc.stderr
     return {u["name"]: u["tags"] for u in json.loads(proc.stdout)["users"]}
 
 
 def test_users_seeded_added_used_deleted(own_node: NodeProcess) -> None:
     own_node.start()
-    port = str(own_node.admin_port)
+    admin = own_node.admin_cli
     assert users(own_node) == {"guest": ["administrator"]}  # the configured default, now replicated
     # (with RabbitMQ's default_user_tags: the management API needs a tag)
-    proc = run_cli("users", "--admin-port", port, "add", "alice", "s3cret", "--tags", "administrator")
+    proc = run_cli("users", *admin, "add", "alice", "s3cret", "--tags", "administrator")
     assert proc.returncode == 0, proc.stderr
     assert users(own_node) == {"alice": ["administrator"], "guest": ["administrator"]}
     with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as exc:  # no permissions yet
         connect(own_node, "alice", "s3cret")
     assert "530" in str(exc.value) and "access to vhost '/' refused" in str(exc.value), exc.value
-    proc = run_cli("permissions", "--admin-port", port, "set", "alice", ".*", ".*", ".*")
+    proc = run_cli("permissions", *admin, "set", "alice", ".*", ".*", ".*")
     assert proc.returncode == 0, proc.stderr
     conn = connect(own_node, "alice", "s3cret")
     ch = conn.channel()
@@ -72,7 +72,7 @@ def test_users_seeded_added_used_deleted(own_node: NodeProcess) -> None:
     assert refused(own_node, "alice", "wrong")
     assert refused(own_node, "mallory", "s3cret")
     # password change: the old one stops working
-    assert run_cli("users", "--admin-port", port, "add", "alice", "n3w").returncode == 0
+    assert run_cli("users", *admin, "add", "alice", "n3w").returncode == 0
     assert refused(own_node, "alice", "s3cret")
     connect(own_node, "alice", "n3w").close()
     # survives a restart (replicated state, journal + snapshot)
@@ -80,14 +80,14 @@ def test_users_seeded_added_used_deleted(own_node: NodeProcess) -> None:
     own_node.start()
     connect(own_node, "alice", "n3w").close()
     held = connect(own_node, "alice", "n3w")
-    assert run_cli("users", "--admin-port", port, "delete", "alice").returncode == 0
+    assert run_cli("users", *admin, "delete", "alice").returncode == 0
     assert refused(own_node, "alice", "n3w")
     # RabbitMQ closes a deleted user's connections
     closed = closed_by_broker(held)
     assert closed.reply_code == 320 and "user 'alice' was deleted" in closed.reply_text, closed
     connect(own_node, "guest", "guest").close()
-    assert_usage_error(run_cli("users", "--admin-port", port, "delete", "alice"), "no user")
-    assert_usage_error(run_cli("users", "--admin-port", port, "frob"), "invalid choice")
+    assert_usage_error(run_cli("users", *admin, "delete", "alice"), "no user")
+    assert_usage_error(run_cli("users", *admin, "frob"), "invalid choice")
     assert_usage_error(run_cli("users", "list"), "--admin-port")
 
 
