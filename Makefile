@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 
 run: $(RUN_STAMP)
 	@mkdir -p data
-	@echo "mirrorq: starting a 3-node local cluster (n1..n3, AMQP on $(AMQP_PORT)..$$(($(AMQP_PORT)+2))); Ctrl-C stops it"
+	@echo "mirrorq: starting a 3-node local cluster (n1..n3, AMQP on $(AMQP_PORT)..$$(($(AMQP_PORT)+2)); admin token in data/cluster/admin.token); Ctrl-C stops it"
 	$(VENV)/bin/mirrorq local-cluster up --nodes 3 --base-port $(AMQP_PORT) --dir data/cluster --foreground
 
 lint: $(STAMP)

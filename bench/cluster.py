@@ -153,7 +153,10 @@ class MirrorqCluster:
         self.dir = workdir / "mirrorq"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config = self.dir / "cluster.toml"
-        self.config.write_text(f'[raft]\npassword = "{secrets.token_hex(16)}"\n')
+        self.admin_token = secrets.token_hex(16)  # nodes refuse an admin port without one
+        self.config.write_text(f'[raft]\npassword = "{secrets.token_hex(16)}"\n'
+                               f'[admin]\ntoken = "{self.admin_token}"\n')
+        self.config.chmod(0o600)
         self.nodes: list[dict[str, Any]] = []
         for i in range(n):
             self.nodes.append({"id": f"m{i + 1}", "amqp": free_port(), "raft": free_port(),
@@ -191,7 +194,7 @@ class MirrorqCluster:
         if nd["proc"] is None or nd["proc"].poll() is not None:
             return None
         try:
-            return call_status("127.0.0.1", nd["admin"], timeout=timeout)
+            return call_status("127.0.0.1", nd["admin"], timeout=timeout, token=self.admin_token)
         except Exception:  # noqa: BLE001 - unreachable
             return None
 

@@ -113,7 +113,7 @@ class MirrorqNode:
         data.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "node.app", "serve", "--node-id", "b1",
                 "--amqp-port", str(self.port), "--raft-port", str(free_port()),
-                "--admin-port", str(free_port()), "--metrics-port", str(free_port()),
+                "--metrics-port", str(free_port()),
                 "--data-dir", str(data), "--log-level", "WARNING"]
         log(f"starting mirrorq: {' '.join(argv[1:])}")
         with open(self.logfile, "ab") as out:

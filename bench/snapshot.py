@@ -55,11 +55,14 @@ class Node:
         self.metrics_port = free_port()
         self.logfile = workdir / "node.log"
         self.config = workdir / "node.toml"
+        self.admin_token = uuid.uuid4().hex  # nodes refuse an admin port without one
         self.config.write_text(
             "[raft]\n"
             f'password = "{uuid.uuid4().hex}"\n'
             "compaction_min_entries = 1000000000\n"
-            f"compaction_min_time = {interval}\n")
+            f"compaction_min_time = {interval}\n"
+            f'[admin]\ntoken = "{self.admin_token}"\n')
+        self.config.chmod(0o600)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -242,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         try:
             from node.admin.client import call_status
-            st = call_status("127.0.0.1", node.admin_port, timeout=5)
+            st = call_status("127.0.0.1", node.admin_port, timeout=5, token=node.admin_token)
             result["snapshot"]["node_reported"] = {k: v for k, v in st.items() if "snapshot" in k}
         except Exception as exc:  # noqa: BLE001 - optional
             result["snapshot"]["node_reported"] = {"error": repr(exc)}

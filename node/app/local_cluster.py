@@ -545,7 +545,8 @@ def add_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
                          "only (AMQP also on ::1)")
     up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for a healthy cluster")
     up.add_argument("--config", help="TOML given to every node (without a raft.password, the "
-                                     "directory's generated one is used)")
+                                     "directory's generated one is used; the admin token is "
+                                     "always the directory's admin.token)")
     up.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     up.add_argument("--foreground", action="store_true",
                     help="stay in the foreground after start-up, reporting nodes that exit; "

@@ -50,7 +50,8 @@ TLS_VOLUME = "tls"
 # else NAME-default-user, which the operator creates once (username mirrorq, random
 # password and admin token) and never replaces. Every pod gets them as environment
 # variables (node.app.config.apply_env): the only AMQP user, and the admin token
-# (optional key: without it the admin API has no token).
+# (an optional key for the kubelet, but a node refuses an admin port without a
+# token unless spec.config gives [admin] tls_client_ca: its log says so).
 AUTH_USERNAME_KEY = "username"
 AUTH_PASSWORD_KEY = "password"
 AUTH_TOKEN_KEY = "admin-token"
@@ -76,8 +77,11 @@ if [ ! -e /var/lib/mirrorq/log ] && [ ! -e /var/lib/mirrorq/raft.journal ] \\
     && [ "$(cat /etc/mirrorq/formed)" = "true" ]; then
   JOIN="--join"
 fi
+# admin on the pod's own address (default: loopback): the operator and the probes
+# reach it there; its token comes from the environment, never argv
 exec mirrorq serve --node-id "$POD_NAME" --host "$SELF" --data-dir /var/lib/mirrorq \\
-  --amqp-port 5672 --raft-port 25672 --admin-port 15682 --metrics-port 15692 \\
+  --amqp-port 5672 --raft-port 25672 --admin-port 15682 --admin-listen "$POD_IP" \\
+  --metrics-port 15692 \\
   --http-port 15672 \\
   --peers "$PEERS" --config /etc/mirrorq/mirrorq.toml $JOIN
 """
@@ -243,6 +247,7 @@ def build_statefulset(spec: Spec, name: str, namespace: str,
     env = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
            {"name": "POD_NAMESPACE",
             "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+           {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
            {"name": "HEADLESS", "value": headless_name(name)},
            _secret_env(RAFT_PASSWORD_ENV, raft_secret_name(name), RAFT_PASSWORD_KEY)]
     auth = auth_secret_name(spec, name)

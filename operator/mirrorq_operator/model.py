@@ -54,8 +54,9 @@ class Spec:
     # ca.crt (cert-manager's layout); set = mutual TLS on the Raft links
     raft_tls_secret: str | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
-    # spec.auth.secretName: a Secret with username, password and optionally
-    # admin-token; None = the operator's own NAME-default-user Secret
+    # spec.auth.secretName: a Secret with username, password and admin-token
+    # (the nodes refuse an admin port without one); None = the operator's own
+    # NAME-default-user Secret
     auth_secret: str | None = None
     grace_seconds: int = DEFAULT_GRACE_SECONDS  # spec.terminationGracePeriodSeconds
     # spec.networkPolicy: the NetworkPolicy (on by default) and who may reach what.
@@ -74,7 +75,7 @@ class Spec:
             "a kubernetes.io/tls Secret in the cluster's namespace with tls.crt, tls.key and ca.crt")
         auth_secret = _secret_ref(
             spec.get("auth"), "spec.auth",
-            "a Secret in the cluster's namespace with username, password and optionally admin-token")
+            "a Secret in the cluster's namespace with username, password and admin-token")
         for keys, owner in ((RAFT_TLS_CONFIG_KEYS, "spec.raftTls.secretName"),
                             (TLS_CONFIG_KEYS, "spec.tls.secretName")):
             reserved = sorted(k for k in config if k in keys)

@@ -185,6 +185,18 @@ def test_configmap():
     assert build_configmap(SPEC, "mq", "ns1", ["mq-0"], True)["data"]["formed"] == "true"
 
 
+def test_admin_listens_on_the_pod_ip_with_the_token_from_the_secret():
+    """Issue 26 item 4: a node's admin port defaults to loopback, which the operator
+    (and the probes) could not reach: the pod's own IP, from the downward API; the
+    token comes from the environment (the auth Secret), never from argv."""
+    script = build_configmap(SPEC, "mq", "ns1")["data"]["start.sh"]
+    assert '--admin-port 15682 --admin-listen "$POD_IP"' in script
+    assert "--admin-token" not in script and "--token" not in script
+    env = _env(SPEC)
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["MIRRORQ_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "admin-token"
+
+
 def test_build_all_is_pure_and_complete():
     kinds = [m["kind"] for m in build_all(SPEC, "mq", "ns1")]
     assert sorted(kinds) == sorted(["ConfigMap", "Service", "Service", "Service",
