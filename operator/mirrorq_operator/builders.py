@@ -77,10 +77,11 @@ if [ ! -e /var/lib/mirrorq/log ] && [ ! -e /var/lib/mirrorq/raft.journal ] \\
     && [ "$(cat /etc/mirrorq/formed)" = "true" ]; then
   JOIN="--join"
 fi
-# admin on the pod's own address (default: loopback): the operator and the probes
-# reach it there; its token comes from the environment, never argv
+# admin on the pod's own address (a node's default is loopback): the operator and the
+# probes reach it there (every address for a pod from a template without POD_IP);
+# its token comes from the environment, never argv
 exec mirrorq serve --node-id "$POD_NAME" --host "$SELF" --data-dir /var/lib/mirrorq \\
-  --amqp-port 5672 --raft-port 25672 --admin-port 15682 --admin-listen "$POD_IP" \\
+  --amqp-port 5672 --raft-port 25672 --admin-port 15682 --admin-listen "${POD_IP:-0.0.0.0}" \\
   --metrics-port 15692 \\
   --http-port 15672 \\
   --peers "$PEERS" --config /etc/mirrorq/mirrorq.toml $JOIN

@@ -190,7 +190,7 @@ def test_admin_listens_on_the_pod_ip_with_the_token_from_the_secret():
     (and the probes) could not reach: the pod's own IP, from the downward API; the
     token comes from the environment (the auth Secret), never from argv."""
     script = build_configmap(SPEC, "mq", "ns1")["data"]["start.sh"]
-    assert '--admin-port 15682 --admin-listen "$POD_IP"' in script
+    assert '--admin-port 15682 --admin-listen "${POD_IP:-0.0.0.0}"' in script
     assert "--admin-token" not in script and "--token" not in script
     env = _env(SPEC)
     assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
