@@ -10,6 +10,8 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import itertools
+import logging
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -31,6 +33,7 @@ from node.broker.ids import ChanId, ConnId
 from node.broker.password import check_password
 from node.broker.permission import FULL, KIND_NAMES, permitted
 from node.broker.vhost import DEFAULT_VHOST
+from node.replication import message_store
 from node.replication.command import BasicCredit, ChannelClose, ChannelOpen, ConnectionClose
 from node.replication.effect import (
     ChannelError,
@@ -44,6 +47,8 @@ from node.replication.effect import (
     Return,
 )
 from node.replication.port import Proposer
+
+log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
 
@@ -657,9 +662,10 @@ class Connection:
         if isinstance(e, Deliver):
             if ch.state != OPEN:
                 return
+            props, body = _bytes_of(e)
             self.out += frame.encode_deliver(ch.number, e.consumer_tag, e.delivery_tag,
                                              e.redelivered, e.exchange, e.routing_key,
-                                             e.props, e.body, self.frame_max)
+                                             props, body, self.frame_max)
             owed = ch.owed_credit
             owed[e.consumer_tag] = owed.get(e.consumer_tag, 0) + 1
             self.dirty.add(ch)
@@ -672,9 +678,10 @@ class Connection:
             self._reply(ch, e)
         elif isinstance(e, GetOk):
             if ch.state == OPEN:
+                props, body = _bytes_of(e)
                 self.out += frame.encode_get_ok(ch.number, e.delivery_tag, e.redelivered,
                                                 e.exchange, e.routing_key, e.message_count,
-                                                e.props, e.body, self.frame_max)
+                                                props, body, self.frame_max)
         elif isinstance(e, Return):
             if ch.state == OPEN:
                 self.out += frame.encode_return(ch.number, e.reply_code, e.reply_text, e.exchange,
@@ -751,3 +758,23 @@ class Connection:
         else:
             self.write(frame.encode_method(0, "Connection.Unblocked"))
         return True
+
+
+def _bytes_of(e: Deliver | GetOk) -> tuple[dict[str, Any], bytes]:
+    """A delivery's properties and body: in the effect, or read back from the
+    log here, on the event loop (message_store; a damaged record raises, so
+    the connection fails instead of getting it)."""
+    if e.stored is None:
+        assert e.props is not None and e.body is not None
+        return e.props, e.body
+    try:
+        props, body = message_store.load(e.stored, e.props, e.body)
+    except message_store.StoredMessageError as exc:
+        if exc.damaged:  # as the raft thread does: never served; the restart repairs the log
+            log.critical("raft log damaged: %s; exiting (the restart drops it and re-fetches)", exc)
+            logging.shutdown()
+            os._exit(3)
+        raise
+    if e.delivery_count >= 0:
+        props = message_store.with_delivery_count(props, e.delivery_count)
+    return props, body

@@ -24,20 +24,27 @@ if TYPE_CHECKING:
 
 
 class Message:
-    """One message as held by one queue. Body and props are shared (never
-    copied) between the queues a publish was routed to."""
+    """One message as held by one queue. Its properties and body are either
+    here (`props`, `body`: shared, never copied, between the queues a publish
+    was routed to) or None, read back from the Raft log at `loc` when
+    delivered (node/replication/message_store.py). A dead-lettered message
+    has new properties here and its body still in the log."""
 
-    __slots__ = ("seq", "exchange", "routing_key", "props", "body", "size", "persistent",
-                 "expires_at", "redelivered", "delivery_count")
+    __slots__ = ("seq", "exchange", "routing_key", "props", "body", "loc", "size", "priority",
+                 "persistent", "expires_at", "redelivered", "delivery_count")
 
-    def __init__(self, seq: int, exchange: str, routing_key: str, props: dict[str, Any],
-                 body: bytes, persistent: bool, expires_at: float | None) -> None:
+    def __init__(self, seq: int, exchange: str, routing_key: str, props: dict[str, Any] | None,
+                 body: bytes | None, persistent: bool, expires_at: float | None,
+                 loc: int | None = None, size: int = -1, priority: int = -1) -> None:
         self.seq = seq
         self.exchange = exchange
         self.routing_key = routing_key
         self.props = props
         self.body = body
-        self.size = len(body)
+        self.loc = loc
+        self.size = len(body) if size < 0 and body is not None else size
+        # the priority property as published (0: absent or invalid)
+        self.priority = priority if priority >= 0 else raw_priority(props or {})
         self.persistent = persistent
         self.expires_at = expires_at
         # True once delivered: any later delivery is a redelivery (S07)
@@ -46,16 +53,20 @@ class Message:
         self.delivery_count = 0
 
 
+def raw_priority(props: dict[str, Any]) -> int:
+    p = props.get("priority")
+    if not isinstance(p, int) or p <= 0:
+        return 0
+    return p
+
+
 MAX_PRIORITY = 255  # RabbitMQ's limit for x-max-priority
 
 
 def message_priority(props: dict[str, Any], max_priority: int) -> int:
     """A message's priority in a queue: absent or invalid counts as 0, above
     the queue's maximum as the maximum (RabbitMQ)."""
-    p = props.get("priority")
-    if not isinstance(p, int) or p <= 0:
-        return 0
-    return min(p, max_priority)
+    return min(raw_priority(props), max_priority)
 
 
 class Queue:
@@ -114,7 +125,7 @@ class Queue:
         mp = self.max_priority
         if mp is None:
             return m.seq
-        return ((mp - message_priority(m.props, mp)) << 64) | m.seq
+        return ((mp - min(m.priority, mp)) << 64) | m.seq
 
     def ready_count(self) -> int:
         return len(self.returned) + len(self.ready)

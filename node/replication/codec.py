@@ -20,6 +20,8 @@ from __future__ import annotations
 import datetime
 import decimal
 import struct
+import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -288,6 +290,7 @@ def _dec_publish(buf: bytes, pos: int, depth: int) -> tuple[cmd.BasicPublish, in
     d = _take(buf, c, n_rk)
     if mandatory > 1 or d >= len(buf):
         raise CodecError("bad publish")
+    props_at = d
     if buf[d] == 0x4E:  # N: no properties
         props: Any = {}
         d += 1
@@ -296,9 +299,13 @@ def _dec_publish(buf: bytes, pos: int, depth: int) -> tuple[cmd.BasicPublish, in
         if not isinstance(props, dict):
             raise CodecError("publish properties must be a table")
     end = _take(buf, d, n_body)
-    return cmd.BasicPublish(ChanId(buf[a:b].decode(), conn, serial), seq, buf[b:c].decode(),
-                            buf[c:c + n_rk].decode(), mandatory == 1, props,
-                            buf[d:end]), end
+    # names recur across publishes: one str each (they are kept per queued message)
+    p = cmd.BasicPublish(ChanId(buf[a:b].decode(), conn, serial), seq, sys.intern(buf[b:c].decode()),
+                         sys.intern(buf[c:c + n_rk].decode()), mandatory == 1, props, buf[d:end])
+    spans = _tls.__dict__.get("spans")
+    if spans is not None:
+        spans[id(p)] = (props_at, d - props_at)
+    return p, end
 
 
 # ----------------------------------------------------------------- batches
@@ -306,8 +313,19 @@ def encode_batch(batch: cmd.Batch) -> bytes:
     return encode(batch)
 
 
-def decode_batch(data: bytes, start: int = 0) -> cmd.Batch:
-    value = decode(data, start)
+_tls = threading.local()  # decode_batch's `spans` (the raft thread applies while others decode)
+
+
+def decode_batch(data: bytes, start: int = 0, spans: dict[int, tuple[int, int]] | None = None) -> cmd.Batch:
+    """With `spans`: for each BasicPublish (nested in a TxCommit too), keyed by
+    id() of the decoded command, (offset of its encoded properties in `data`,
+    their length); its body follows them. The message store reads them back
+    from the log at those offsets (node/replication/message_store.py)."""
+    _tls.spans = spans
+    try:
+        value = decode(data, start)
+    finally:
+        _tls.spans = None
     if type(value) is not cmd.Batch:
         raise CodecError("not a batch")
     if not isinstance(value.commands, list) or not all(type(c) in _RECORD_ID for c in value.commands):

@@ -25,14 +25,21 @@ class Reply(NamedTuple):
 
 
 class Deliver(NamedTuple):
+    """props/body None: read from the log through `stored` where the wire
+    sends it (message_store.load), then `delivery_count` >= 0 is added as the
+    x-delivery-count header. `stored` is (loc, size) as apply makes it, and
+    (handle, props offset, props length, size) once the node resolved it."""
+
     chan: ChanId
     consumer_tag: str
     delivery_tag: DeliveryTag
     redelivered: bool
     exchange: str
     routing_key: str
-    props: Props
-    body: bytes
+    props: Props | None
+    body: bytes | None
+    stored: Any = None
+    delivery_count: int = -1
 
 
 class GetOk(NamedTuple):
@@ -42,8 +49,10 @@ class GetOk(NamedTuple):
     exchange: str
     routing_key: str
     message_count: int
-    props: Props
-    body: bytes
+    props: Props | None  # as in Deliver
+    body: bytes | None
+    stored: Any = None
+    delivery_count: int = -1
 
 
 class Return(NamedTuple):

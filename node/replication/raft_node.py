@@ -53,6 +53,7 @@ from node.replication.machine import (
     default_state,
     skipped_effects,
 )
+from node.replication.message_store import BUCKET_SHIFT, PayloadCache, decode_props, split_loc
 from node.replication.metric import Histogram
 from node.replication.pipeline import Flush, Limits, Pipeline
 from node.replication.port import EffectSink
@@ -85,6 +86,8 @@ class RaftNode:
         self.address = f"{config.host}:{config.port}"
         self.incarnation = time.time_ns()
         self.state: BrokerState = default_state()
+        self.state.fetch_props = self._fetch_props
+        self._raft_cache = PayloadCache(4 << 20)  # dead-lettering's reads (raft thread)
         self.on_removed: Callable[[str], None] | None = None
         self.seed_users: dict[str, str] = {}  # name -> password hash, for a new cluster
         self.shim = RaftShim(self, self.node_id, data_dir, config)
@@ -150,17 +153,43 @@ class RaftNode:
         self.shim.stop()
 
     # ---------------------------------------------- the shim's Owner (raft thread)
-    def apply(self, batch: Batch, index: int) -> str:
+    def apply(self, batch: Batch, index: int, spans: dict[int, tuple[int, int]] | None = None) -> str:
         verdict = batch_verdict(self.state, batch)
         if verdict != APPLIED:
             return verdict
-        effects = apply_batch(self.state, batch)
+        effects = apply_batch(self.state, batch, index, spans)
         self.applied_batches += 1
         me = self.node_id
         mine = [e for e in effects if effect_node(e) == me]
         if mine:
+            if spans is not None:
+                mine = [self._resolve(e) if isinstance(e, Deliver | GetOk) and e.stored is not None
+                        else e for e in mine]
             self._held.append((index, (batch.node, batch.incarnation, batch.seq), mine))
         return verdict
+
+    def _resolve(self, e: Deliver | GetOk) -> Effect:
+        """A delivery of bytes in the log: a handle the event loop reads them by
+        (raft thread: only it may look into the log's index)."""
+        loc, size = e.stored
+        idx, at, n = split_loc(loc)
+        return e._replace(stored=(self.shim.entry_handle(idx), at, n, size))
+
+    def _fetch_props(self, loc: int) -> dict[str, Any]:
+        idx, at, n = split_loc(loc)
+        payload = self._raft_cache.get(idx, self.shim.entry_handle(idx).payload)
+        return decode_props(payload, at, n)
+
+    def retains(self, first: int, last: int) -> bool:
+        """Whether log entries first..last hold bytes of messages the state
+        still has (raft thread: the log asks when it would delete a segment)."""
+        live = self.state.live
+        if not live:
+            return False
+        lo, hi = first >> BUCKET_SHIFT, last >> BUCKET_SHIFT
+        if hi - lo > len(live):
+            return any(lo <= b <= hi for b in live)
+        return any(b in live for b in range(lo, hi + 1))
 
     def membership(self) -> tuple[tuple[tuple[NodeId, str], ...], tuple[NodeId, ...], tuple[NodeId, ...]]:
         st = self.state
@@ -199,6 +228,8 @@ class RaftNode:
 
     def restore_state(self, state: BrokerState, index: int) -> None:
         old, self.state = self.state, state
+        state.fetch_props = self._fetch_props  # (its messages are inline: read from the snapshot)
+        self._raft_cache.clear()
         if not old.members:
             return  # our own dump at start: no client has seen anything yet
         owed = skipped_effects(old, state, self.node_id, self.incarnation)

@@ -32,16 +32,17 @@ from __future__ import annotations
 import struct
 import zlib
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from io import BytesIO
 from typing import IO, Any, NamedTuple
 
 from node.broker.channel import Channel, Consumer
 from node.broker.exchange import Binding, Exchange, split_topic
 from node.broker.ids import ChanId
-from node.broker.queue import Message, Queue
+from node.broker.queue import Message, Queue, raw_priority
 from node.replication.codec import CodecError, decode_from, encode_into
 from node.replication.machine.state import BrokerState
+from node.replication.message_store import PayloadCache, split_loc
 
 MAGIC = b"\x89MQSNAP\n"  # not a pickle (0x80), not text
 FORMAT_VERSION = 2
@@ -88,12 +89,12 @@ CONSUMER_FIELDS = ("chan", "tag", "no_ack", "exclusive", "prefetch", "unacked", 
                    "priority")
 # slots not in the field lists: written another way (references, messages) or derived
 DERIVED = {
-    "BrokerState": ("exchanges", "queues", "channels"),
+    "BrokerState": ("exchanges", "queues", "channels", "live", "fetch_props"),
     "Exchange": ("bindings", "_topic_cache"),
     "Queue": ("returned", "ready", "consumers", "exclusive_consumer"),
     "Channel": ("unacked", "consumers"),
     "Consumer": ("channel", "queue"),
-    "Message": ("size",),
+    "Message": ("size", "loc", "priority"),
 }
 
 
@@ -126,8 +127,11 @@ class _Writer:
         self.sink.write(data)
 
 
-def write_snapshot(sink: IO[bytes], state: BrokerState, raft: RaftMeta) -> int:
-    """Write the snapshot to a seekable binary file; returns its size."""
+def write_snapshot(sink: IO[bytes], state: BrokerState, raft: RaftMeta,
+                   entry: Callable[[int], bytes] | None = None) -> int:
+    """Write the snapshot to a seekable binary file; returns its size.
+    `entry(index)`: a log entry's payload (checked), for the messages whose
+    bytes are in the log (message_store): they are written inline."""
     start = sink.tell()
     sink.write(bytes(HEADER_SIZE))  # filled in once the body's length and CRC are known
     w = _Writer(sink)
@@ -135,7 +139,7 @@ def write_snapshot(sink: IO[bytes], state: BrokerState, raft: RaftMeta) -> int:
     w.value(tuple(getattr(state, f) for f in STATE_FIELDS))
     _write_exchanges(w, state)
     queues, channels, consumers = _graph(state)
-    msgs = _MessageWriter(w)  # one for the whole file: back references span queues
+    msgs = _MessageWriter(w, entry)  # one for the whole file: back references span queues
     _write_queues(w, state, queues, msgs)
     q_index = {id(q): i for i, q in enumerate(queues)}
     c_index = {id(c): i for i, c in enumerate(channels)}
@@ -248,10 +252,24 @@ def _write_queues(w: _Writer, state: BrokerState, queues: list[Queue], msgs: _Me
 class _MessageWriter:
     """Messages, with bodies and property tables shared between queues written once."""
 
-    def __init__(self, w: _Writer) -> None:
+    def __init__(self, w: _Writer, entry: Callable[[int], bytes] | None) -> None:
         self.w = w
+        # back references: inline bytes by id(), bytes in the log by their loc
         self.bodies: dict[int, int] = {}
         self.props: dict[int, int] = {}
+        self.n_bodies = 0
+        self.n_props = 0
+        self.logged_bodies: dict[int, int] = {}
+        self.logged_props: dict[int, int] = {}
+        self.entry = entry
+        self.cache = PayloadCache(32 << 20)
+
+    def _payload(self, loc: int) -> tuple[bytes, int, int]:
+        if self.entry is None:
+            raise SnapshotFormatError("a message in the log, and no log to read it from")
+        idx, at, n = split_loc(loc)
+        entry = self.entry
+        return self.cache.get(idx, lambda: entry(idx)), at, n
 
     def write(self, m: Message) -> None:
         out = self.w.out
@@ -260,31 +278,61 @@ class _MessageWriter:
         if expires is not None:
             flags |= _EXPIRES
         props, body = m.props, m.body
+        raw_props: bytes | None = None
         pref = bref = -1
-        if not props:
+        if props is None:  # in the log, as encoded there (codec table, or N)
+            assert m.loc is not None
+            payload, at, n = self._payload(m.loc)
+            if n == 1 and payload[at] == 0x4E:
+                flags |= _PROPS_EMPTY
+            else:
+                pref = self.logged_props.get(m.loc, -1)
+                if pref >= 0:
+                    flags |= _PROPS_REF
+                else:
+                    self.logged_props[m.loc] = self.n_props
+                    self.n_props += 1
+                    raw_props = payload[at:at + n]
+        elif not props:
             flags |= _PROPS_EMPTY
         else:
             pref = self.props.get(id(props), -1)
             if pref >= 0:
                 flags |= _PROPS_REF
             else:
-                self.props[id(props)] = len(self.props)
-        bref = self.bodies.get(id(body), -1)
+                self.props[id(props)] = self.n_props
+                self.n_props += 1
+        if body is None:
+            assert m.loc is not None
+            bref = self.logged_bodies.get(m.loc, -1)
+            if bref < 0:
+                self.logged_bodies[m.loc] = self.n_bodies
+                self.n_bodies += 1
+                payload, at, n = self._payload(m.loc)
+                body = payload[at + n:at + n + m.size]
+                if len(body) != m.size:
+                    raise SnapshotFormatError(f"message at index {m.loc >> 64} past its entry's end")
+        else:
+            bref = self.bodies.get(id(body), -1)
+            if bref < 0:
+                self.bodies[id(body)] = self.n_bodies
+                self.n_bodies += 1
         if bref >= 0:
             flags |= _BODY_REF
-        else:
-            self.bodies[id(body)] = len(self.bodies)
         ex = m.exchange.encode()
         rk = m.routing_key.encode()
         out.append(_MSG.pack(m.seq, 0.0 if expires is None else expires, m.delivery_count, flags,
-                             len(ex), len(rk), bref if bref >= 0 else len(body)))
+                             len(ex), len(rk), bref if bref >= 0 else len(body or b"")))
         out.append(ex)
         out.append(rk)
         if flags & _PROPS_REF:
             out.append(_U32.pack(pref))
+        elif raw_props is not None:
+            out.append(raw_props)
         elif props:
             encode_into(props, out)
         if bref < 0:
+            assert body is not None
             out.append(body)
 
 
@@ -519,6 +567,8 @@ class _Reader:
         m = Message.__new__(Message)
         m.seq, m.exchange, m.routing_key, m.props, m.body = seq, exchange, rk, props, body
         m.size = len(body)
+        m.loc = None  # inline: a snapshot carries the bytes
+        m.priority = raw_priority(props)
         m.persistent = bool(flags & _PERSISTENT)
         m.redelivered = bool(flags & _REDELIVERED)
         m.expires_at = expires if flags & _EXPIRES else None

@@ -55,13 +55,16 @@ class Applier(SessionHandlers, MembershipHandlers, AccessHandlers, TopologyHandl
                 self.service(q)
 
 
-def apply_batch(state: BrokerState, batch: Batch) -> list[Effect]:
+def apply_batch(state: BrokerState, batch: Batch, index: int = 0,
+                spans: dict[int, tuple[int, int]] | None = None) -> list[Effect]:
+    """`index` and `spans` (codec.decode_batch): where the batch sits in the
+    Raft log, so that its messages keep locations there instead of bytes."""
     if batch_verdict(state, batch) != APPLIED:
         return []
     state.dedup[(batch.node, batch.incarnation)] = batch.seq + 1
     if batch.now > state.now:
         state.now = batch.now
-    ap = Applier(state)
+    ap = Applier(state, index, spans)
     for cmd in batch.commands:
         ap.run(cmd)
     return ap.fx

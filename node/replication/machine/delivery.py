@@ -34,6 +34,7 @@ from node.replication.effect import Deliver, GetOk
 from node.replication.machine.errors import _ChanErr, _ConnErr, _type_name, _where
 from node.replication.machine.handler import ApplierBase, handles
 from node.replication.machine.state import _gen_name
+from node.replication.message_store import with_delivery_count
 
 
 class DeliveryHandlers(ApplierBase):
@@ -154,7 +155,7 @@ class DeliveryHandlers(ApplierBase):
         ch.next_tag = DeliveryTag(tag + 1)
         c.credit -= 1
         if c.no_ack:
-            self.s.message_bytes -= m.size  # settled on delivery (S02)
+            self.drop(m)  # settled on delivery (S02)
         else:
             ch.unacked[tag] = (q, m, c)
             c.unacked += 1
@@ -163,9 +164,9 @@ class DeliveryHandlers(ApplierBase):
         stats[1] += 1
         if m.redelivered:
             stats[2] += 1
-        props = _with_delivery_count(m) if m.delivery_count and q.counts_deliveries else m.props
+        props, count, stored = _out(m, bool(m.delivery_count and q.counts_deliveries))
         self.fx.append(Deliver(c.chan, c.tag, tag, m.redelivered, m.exchange, m.routing_key,
-                               props, m.body))
+                               props, m.body, stored, count))
         m.redelivered = True
 
     def service(self, q: Queue) -> None:
@@ -195,7 +196,7 @@ class DeliveryHandlers(ApplierBase):
         """Return a delivery to its original position (S04), or drop it if its
         queue is gone."""
         if q.deleted:
-            self.s.message_bytes -= m.size
+            self.drop(m)
             return
         # every return counts, as in a quorum queue: past x-delivery-limit the
         # message is dead-lettered (dropped without a DLX) instead
@@ -241,7 +242,7 @@ class DeliveryHandlers(ApplierBase):
         for tag in self._collect(ch, cmd.delivery_tag, cmd.multiple, ids):
             q, m = self._settle(ch, tag)
             q.stats[3] += 1
-            self.s.message_bytes -= m.size
+            self.drop(m)
         self.mark_channel_queues(ch)
 
     @handles(BasicNack)
@@ -257,7 +258,7 @@ class DeliveryHandlers(ApplierBase):
             if cmd.requeue:
                 self.requeue(q, m)
             elif q.deleted:
-                self.s.message_bytes -= m.size
+                self.drop(m)
             else:
                 self.dead_letter(q, m, "rejected")  # S03
         self.mark_channel_queues(ch)
@@ -295,7 +296,7 @@ class DeliveryHandlers(ApplierBase):
         tag = ch.next_tag  # shared with consumer deliveries (S01); no prefetch (S10)
         ch.next_tag = DeliveryTag(tag + 1)
         if cmd.no_ack:
-            s.message_bytes -= m.size
+            self.drop(m)
         else:
             ch.unacked[tag] = (q, m, None)
         stats = q.stats
@@ -303,9 +304,9 @@ class DeliveryHandlers(ApplierBase):
         if m.redelivered:
             stats[2] += 1
         # a quorum queue's basic.get always carries the count, 0 the first time
-        props = _with_delivery_count(m) if q.counts_deliveries else m.props
+        props, count, stored = _out(m, q.counts_deliveries)
         self.fx.append(GetOk(cmd.chan, tag, m.redelivered, m.exchange, m.routing_key,
-                             q.ready_count(), props, m.body))
+                             q.ready_count(), props, m.body, stored, count))
         m.redelivered = True
 
     # -- expiry (x-message-ttl, expiration, x-expires) ----------------------
@@ -329,11 +330,11 @@ class DeliveryHandlers(ApplierBase):
                 self.delete_queue(q)
 
 
-def _with_delivery_count(m: Message) -> dict[str, Any]:
-    """The props of a redelivery from a quorum queue: x-delivery-count says how
-    often the message came back (a new dict: props are shared between queues)."""
-    props = dict(m.props)
-    headers = dict(props.get("headers") or {})
-    headers["x-delivery-count"] = m.delivery_count
-    props["headers"] = headers
-    return props
+def _out(m: Message, counted: bool) -> tuple[dict[str, Any] | None, int, tuple[int, int] | None]:
+    """(props, delivery count to add as x-delivery-count or -1, (loc, size) when
+    bytes are in the log) of a delivery. Properties in the log get the header
+    where they are read (message_store.load, on the event loop)."""
+    stored = None if m.loc is None or (m.props is not None and m.body is not None) else (m.loc, m.size)
+    if m.props is None:
+        return None, (m.delivery_count if counted else -1), stored
+    return (with_delivery_count(m.props, m.delivery_count) if counted else m.props), -1, stored

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from node.broker.vhost import SEP, ResourceKey, resource_key
 from node.replication.effect import Effect, Reply
 from node.replication.machine.errors import _ChanErr
+from node.replication.message_store import BUCKET_SHIFT
 
 if TYPE_CHECKING:
     from node.broker.channel import Channel, Consumer
@@ -55,12 +56,39 @@ class ApplierBase:
     """What every handler mixin shares: the state, the effects collected so
     far and the queues whose delivery may have become possible."""
 
-    __slots__ = ("s", "fx", "dirty")
+    __slots__ = ("s", "fx", "dirty", "index", "spans")
 
-    def __init__(self, state: BrokerState) -> None:
+    def __init__(self, state: BrokerState, index: int = 0,
+                 spans: dict[int, tuple[int, int]] | None = None) -> None:
         self.s = state
         self.fx: list[Effect] = []
         self.dirty: dict[str, Queue] = {}
+        # the Raft index of the entry being applied and where its publishes'
+        # properties sit in it (codec.decode_batch): messages then keep a
+        # location instead of their bytes. None: bytes kept inline (tests, tools)
+        self.index = index
+        self.spans = spans
+
+    def hold(self, m: Message) -> None:
+        """Count a message in: its bytes, and its log bucket."""
+        s = self.s
+        s.message_bytes += m.size
+        if m.loc is not None:
+            b = m.loc >> (64 + BUCKET_SHIFT)
+            s.live[b] = s.live.get(b, 0) + 1
+
+    def drop(self, m: Message) -> None:
+        """A message leaves the state for good (settled, dropped, expired,
+        dead-lettered, purged, its queue deleted)."""
+        s = self.s
+        s.message_bytes -= m.size
+        if m.loc is not None:
+            b = m.loc >> (64 + BUCKET_SHIFT)
+            n = s.live[b] - 1
+            if n:
+                s.live[b] = n
+            else:
+                del s.live[b]
 
     def reply(self, chan: ChanId, method: str, fields: dict[str, Any] | None = None) -> None:
         self.fx.append(Reply(chan, method, fields or {}))

@@ -8,13 +8,14 @@ from typing import Any
 from node.broker.channel import Channel
 from node.broker.exchange import route
 from node.broker.fieldtypes import Int64, Timestamp
-from node.broker.queue import Message, Queue
+from node.broker.queue import Message, Queue, raw_priority
 from node.broker.reply import BASIC_PUBLISH, TX_COMMIT
 from node.broker.vhost import SEP, resource_key, split_key
 from node.replication.command import BasicAck, BasicNack, BasicPublish, TxCommit
 from node.replication.effect import Confirm, Return
 from node.replication.machine.errors import _ChanErr, _not_found, _where
 from node.replication.machine.handler import ApplierBase, handles
+from node.replication.message_store import make_loc
 
 
 def _expiration_ms(props: dict[str, Any]) -> int | None:
@@ -73,9 +74,18 @@ class PublishHandlers(ApplierBase):
         props = cmd.props
         persistent = props.get("delivery_mode") == 2
         accepted = True
+        span = self.spans.get(id(cmd)) if self.spans is not None and names else None
+        if span is None:  # inline (no log: tests, tools)
+            kept_props: dict[str, Any] | None = props
+            body: bytes | None = cmd.body
+            loc = None
+        else:  # the bytes stay in the log entry being applied
+            kept_props = body = None
+            loc = make_loc(self.index, span[0], span[1])
+        size, prio = len(cmd.body), raw_priority(props)
         for name in names:
-            if not self.enqueue(queues[name], cmd.exchange, cmd.routing_key, props, cmd.body,
-                                persistent, exp):
+            if not self.enqueue(queues[name], cmd.exchange, cmd.routing_key, kept_props, body,
+                                persistent, exp, loc, size, prio):
                 accepted = False
         if not names and cmd.mandatory:
             self.fx.append(Return(cmd.chan, 312, "NO_ROUTE", cmd.exchange, cmd.routing_key,
@@ -83,24 +93,26 @@ class PublishHandlers(ApplierBase):
         if cmd.seq > 0:
             self.fx.append(Confirm(cmd.chan, cmd.seq, accepted))
 
-    def enqueue(self, q: Queue, exchange: str, rk: str, props: dict[str, Any], body: bytes,
-                persistent: bool, exp: int | None) -> bool:
+    def enqueue(self, q: Queue, exchange: str, rk: str, props: dict[str, Any] | None,
+                body: bytes | None, persistent: bool, exp: int | None, loc: int | None = None,
+                size: int = -1, prio: int = -1) -> bool:
         """Put a message on a queue (or hand it straight to a consumer).
-        False when x-overflow reject-publish refused it."""
+        False when x-overflow reject-publish refused it. props/body None: in
+        the log at `loc` (message_store)."""
         s = self.s
         q.stats[0] += 1
         if q.overflow != "drop-head" and q.full():
             if q.overflow == "reject-publish-dlx":
-                m = Message(0, exchange, rk, props, body, persistent, None)
-                s.message_bytes += m.size
+                m = Message(0, exchange, rk, props, body, persistent, None, loc, size, prio)
+                self.hold(m)
                 self.dead_letter(q, m, "maxlen")
             return False
         ttl = q.message_ttl
         if exp is not None and (ttl is None or exp < ttl):
             ttl = exp
         m = Message(0, exchange, rk, props, body, persistent,
-                    None if ttl is None else s.now + ttl / 1000.0)
-        s.message_bytes += m.size
+                    None if ttl is None else s.now + ttl / 1000.0, loc, size, prio)
+        self.hold(m)
         if q.consumers and q.peek() is None:
             # fast path: nothing queued ahead, hand it over directly (so even a
             # TTL 0 message reaches a waiting consumer, as in RabbitMQ)
@@ -123,14 +135,18 @@ class PublishHandlers(ApplierBase):
     def dead_letter(self, q: Queue, m: Message, reason: str) -> None:
         """Remove `m` from `q` for good, republishing it through the queue's DLX."""
         s = self.s
-        s.message_bytes -= m.size
+        self.drop(m)
         if q.dlx is None:
             return
         vhost, qname = split_key(q.name)
         x = s.exchanges.get(resource_key(vhost, q.dlx))
         if x is None:
             return
-        props = dict(m.props)
+        if m.props is not None:
+            props = dict(m.props)
+        else:  # in the log: read on this (the raft) thread; only queues with a DLX
+            assert m.loc is not None and s.fetch_props is not None
+            props = dict(s.fetch_props(m.loc))
         headers = dict(props.get("headers") or {})
         deaths = [d for d in (headers.get("x-death") or []) if isinstance(d, dict)]
         entry: dict[str, Any] | None = None
@@ -168,7 +184,9 @@ class PublishHandlers(ApplierBase):
             if reason != "rejected" and _is_cycle(split_key(name)[1], deaths):
                 continue
             t = s.queues[name]
-            self.enqueue(t, q.dlx, rk, props, m.body, m.persistent, None)
+            # new properties here, the body where it was (inline or in the log)
+            self.enqueue(t, q.dlx, rk, props, m.body, m.persistent, None, m.loc, m.size,
+                         m.priority)
 
     # -- transactions -------------------------------------------------------
 

@@ -123,7 +123,7 @@ class SessionHandlers(ApplierBase):
                 if m.persistent:
                     keep.append(m)
                 else:
-                    s.message_bytes -= m.size
+                    self.drop(m)
             for m in keep:  # heap order == seq order, so plain re-insertion keeps positions
                 q.requeue(m)
         for x in [x for x in s.exchanges.values() if x.home == node and not x.durable]:

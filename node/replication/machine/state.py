@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from collections.abc import Callable
+from typing import Any
 
 from node.broker.channel import Channel
 from node.broker.exchange import Exchange
@@ -24,7 +26,7 @@ class BrokerState:
     __slots__ = ("now", "exchanges", "queues", "channels", "conns", "exclusive",
                  "ttl_index", "expires_index", "dedup", "counter", "message_bytes",
                  "members", "in_sync", "draining", "users", "vhosts", "permissions",
-                 "config_version")
+                 "config_version", "live", "fetch_props")
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -61,6 +63,14 @@ class BrokerState:
         # bumped whenever members, in_sync, draining, users, vhosts or
         # permissions change: the read model rebuilds those parts only then
         self.config_version = 0
+        # Raft index bucket (index >> message_store.BUCKET_SHIFT) -> messages held
+        # whose bytes are in the log there (this node's log segments are kept
+        # while a count is > 0). Local, never snapshotted: a snapshot holds its
+        # messages' bytes inline, so after a restore it starts empty.
+        self.live: dict[int, int] = {}
+        # loc -> the properties of a message in the log (dead-lettering, on the
+        # raft thread); set by the node, None where messages are inline only
+        self.fetch_props: Callable[[int], dict[str, Any]] | None = None
 
 
 def _config_changed(s: BrokerState) -> None:

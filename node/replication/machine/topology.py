@@ -309,7 +309,7 @@ class TopologyHandlers(ApplierBase):
         q = self._queue_for(ch, cmd.queue, QUEUE_PURGE)
         msgs = q.take_all()
         for m in msgs:
-            s.message_bytes -= m.size
+            self.drop(m)
         if not cmd.nowait:
             self.reply(cmd.chan, "Queue.PurgeOk", {"message_count": len(msgs)})
 
@@ -364,8 +364,8 @@ class TopologyHandlers(ApplierBase):
                 x.remove_binding(key)
                 self._maybe_autodelete_exchange(x)
         q.incoming.clear()
-        s.message_bytes -= q.ready_bytes
-        q.take_all()
+        for m in q.take_all():
+            self.drop(m)
         if q.owner is not None:
             owned = s.exclusive.get(q.owner)
             if owned is not None:

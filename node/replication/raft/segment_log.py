@@ -31,10 +31,13 @@ error line naming file and offset; Raft re-fetches them from the leader. On
 a node without peers, damage at or below the stored commit index cannot be
 repaired: LogDamaged is raised (the node refuses to start, one line).
 
-For the message store to come (issue 27 item 1): read(idx, offset, length)
-reads part of an entry by pread, and a `retain(first, last)` callback keeps
-segments Raft no longer needs (below a snapshot) on disk and readable while
-it says live messages are in them.
+The message store (issue 27 item 1, node/replication/message_store.py):
+handle(idx) gives another thread an EntryHandle that preads and checks one
+entry (it keeps its segment's fd open, so a segment released meanwhile stays
+readable until the handle is gone), read(idx, offset, length) reads part of
+an entry, and a `retain(first, last)` callback keeps segments Raft no longer
+needs (below a snapshot) on disk and readable while it says live messages
+are in them (the state's per-bucket counts).
 """
 from __future__ import annotations
 
@@ -119,6 +122,37 @@ class _Segment:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+    def __del__(self) -> None:
+        # a released segment is unlinked but stays readable while an
+        # EntryHandle (a delivery on its way to the event loop) holds it
+        self.close()
+
+
+class EntryHandle:
+    """One committed entry, readable from any thread: the segment (kept open
+    while this handle lives) and where the record is in it. Made on the raft
+    thread (SegmentLog.handle), read elsewhere: no index array is touched."""
+
+    __slots__ = ("seg", "start", "size", "idx")
+
+    def __init__(self, seg: _Segment, start: int, size: int, idx: int) -> None:
+        self.seg = seg
+        self.start = start
+        self.size = size
+        self.idx = idx
+
+    def payload(self) -> bytes:
+        """The entry's payload, its record's CRC checked (LogDamaged if not)."""
+        seg = self.seg
+        raw = os.pread(seg.fd, self.size, self.start)
+        if len(raw) != self.size or len(raw) < REC_SIZE:
+            raise LogDamaged(f"{seg.path} at offset {self.start}: record {self.idx} cut short on read")
+        length, crc, ridx, term = _REC.unpack_from(raw)
+        if length != self.size - 8 or ridx != self.idx \
+                or _record_crc(length, ridx, term, memoryview(raw)[REC_SIZE:]) != crc:
+            raise LogDamaged(f"{seg.path} at offset {self.start}: record {self.idx} fails its checksum on read")
+        return raw[REC_SIZE:]
 
 
 class SegmentLog:
@@ -329,8 +363,8 @@ class SegmentLog:
         path = os.path.join(self.dir, seg_name(first))
         for seg in [s for s in self.hidden if s.path == path]:  # (retained, same first index)
             log.warning("raft log: retained segment %s replaced by a new one", path)
-            self.hidden.remove(seg)
-            seg.close()
+            self.hidden.remove(seg)  # (closed with its last EntryHandle)
+            os.unlink(path)  # a new inode: a handle still on the old one reads the old bytes
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
         try:
             head = struct.pack("<8sHHIQ", MAGIC, FORMAT_VERSION, HEADER_SIZE, 0, first)
@@ -448,6 +482,13 @@ class SegmentLog:
         self._remember(idx, entry)
         return entry
 
+    def handle(self, idx: int) -> EntryHandle:
+        """A handle on entry `idx` (also in a retained segment) for a reader on
+        another thread (raft thread only: it reads the index arrays)."""
+        seg, pos = self._locate(idx)
+        start, size = seg.span(pos)
+        return EntryHandle(seg, start, size, idx)
+
     def read(self, idx: int, offset: int, length: int) -> bytes:
         """`length` bytes at `offset` inside entry `idx`'s payload, also from a
         retained segment below Raft's start. The record's CRC is checked."""
@@ -531,8 +572,7 @@ class SegmentLog:
             if self.retain is not None and len(seg.offsets) and self.retain(seg.first, seg.last):
                 keep.append(seg)
                 continue
-            seg.close()
-            os.unlink(seg.path)
+            os.unlink(seg.path)  # its fd closes with the last EntryHandle on it (_Segment.__del__)
         if len(keep) != len(self.hidden):
             _fsync_dir(self.dir)
         self.hidden = keep

@@ -54,7 +54,7 @@ from node.replication.raft.data_dir import make_private_dir, tighten
 from node.replication.raft.election import ElectionMixin, quiet_timeouts
 from node.replication.raft.log_upgrade import adopt, open_log
 from node.replication.raft.messages import MIRRORED, PREVOTE, PREVOTE_REPLY, TERM_NOTICE
-from node.replication.raft.segment_log import LogDamaged, SegmentLog
+from node.replication.raft.segment_log import EntryHandle, LogDamaged, SegmentLog
 from node.replication.raft.snapshot import SnapshotMixin, SnapshotReceiver
 from node.replication.raft.transport import LOST_REASONS, PeerSecurity, PeerTransport, tls_contexts
 from node.replication.snapshot_format import RaftMeta, SnapshotFormatError
@@ -216,7 +216,8 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
         kind = command[0]
         if kind == _COMMAND_TYPE.REGULAR:
             # after the type byte, no copy; pysyncobj counts it applied after we return
-            return self._owner.owner.apply(decode_batch(command, 1), self.raftLastApplied + 1)
+            spans: dict[int, tuple[int, int]] = {}  # where each publish's bytes sit (message store)
+            return self._owner.owner.apply(decode_batch(command, 1, spans), self.raftLastApplied + 1, spans)
         if kind == _COMMAND_TYPE.VERSION:
             log.error("ignoring a code-version entry (pysyncobj pickle; mirrorq never writes one)")
             return None
@@ -393,7 +394,8 @@ class _Flow:
 class Owner(Protocol):
     """What the shim calls back, on the raft thread."""
 
-    def apply(self, batch: Batch, index: int) -> str: ...
+    def apply(self, batch: Batch, index: int, spans: dict[int, tuple[int, int]] | None = None) -> str: ...
+    def retains(self, first: int, last: int) -> bool: ...  # log entries that live messages need
     def on_tick(self, view: RaftView) -> int | None: ...  # returns a mirrored index to announce
     def on_result(self, seq: int, ok: bool, why: str) -> None: ...
     def membership(self) -> tuple[tuple[tuple[NodeId, str], ...], tuple[NodeId, ...], tuple[NodeId, ...]]: ...
@@ -432,6 +434,7 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         self._prevote_won = False
         self._term_noticed: dict[Any, float] = {}
         self._last_forced_compaction = 0.0
+        self._last_release = 0.0
         self._iteration_began = 0.0
         self._fail_names = {v: k.lower() for k, v in vars(FAIL_REASON).items()
                             if k.isupper() and k != "SUCCESS"}
@@ -496,7 +499,10 @@ class RaftShim(ElectionMixin, SnapshotMixin):
             # where the Raft port listens (transport._createServer); None: every address
             bindAddress=f"{c.bind_host}:{c.port}" if c.bind_host else None,
         )
-        journal = open_log(self.data_dir, repairable=bool(c.peers) or c.join, segment_bytes=c.segment_bytes)
+        # retain: the state's messages point into the log (at start the state is
+        # empty, so segments below the log's start go: the snapshot has their bytes)
+        journal = open_log(self.data_dir, repairable=bool(c.peers) or c.join, segment_bytes=c.segment_bytes,
+                           retain=self.owner.retains)
         self._so = _BrokerLog(self, self.address, list(c.peers.values()), conf, journal)
         try:  # before the first tick, where pysyncobj would load it
             self.load_own_snapshot(int(journal[0][1]) if len(journal) else 1)
@@ -553,6 +559,13 @@ class RaftShim(ElectionMixin, SnapshotMixin):
             done(err == FAIL_REASON.SUCCESS, names.get(err, "success"))
 
         self._tasks.append(lambda: so.transferLeadership(address, callback=callback))
+
+    def entry_handle(self, idx: int) -> EntryHandle:
+        """Raft thread only: a handle another thread reads entry `idx` by."""
+        so = self._so
+        assert so is not None
+        journal: SegmentLog = so._SyncObj__raftLog
+        return journal.handle(idx)
 
     # ------------------------------------------------ queries (any thread)
     def fail_reasons(self) -> list[str]:
@@ -693,6 +706,10 @@ class RaftShim(ElectionMixin, SnapshotMixin):
                 self.flushes += 1
         if flushed:
             transport.release_held()  # acks only after the flush above
+        journal: SegmentLog = so._SyncObj__raftLog
+        if journal.hidden and clock() - self._last_release >= 1.0:
+            self._last_release = clock()
+            journal.release()  # retained segments whose messages are all gone
         if self._restore_timeouts is not None and so._getLeader() is not None:
             conf = so._getConf()
             conf.raftMinTimeout, conf.raftMaxTimeout = self._restore_timeouts

@@ -203,8 +203,12 @@ class SnapshotMixin:
                 # priority three children starve the raft threads on a small
                 # machine into missed heartbeats and an election
                 os.nice(19)
+                journal = self._so._SyncObj__raftLog  # type: ignore[union-attr]
                 with os.fdopen(open_private(part), "wb") as f:  # 0600: private data dir
-                    write_snapshot(f, self.owner.snapshot_state(), raft_meta(raft_data))
+                    # bodies in the log are read back (checked) and written inline:
+                    # the snapshot stays self-contained for followers and restarts
+                    write_snapshot(f, self.owner.snapshot_state(), raft_meta(raft_data),
+                                   lambda idx: journal.handle(idx).payload())
                     f.flush()
                     os.fsync(f.fileno())
                 code = 0

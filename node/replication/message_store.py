@@ -1,0 +1,137 @@
+"""Message bodies and properties live in the Raft log, not in the state.
+
+Every member's log holds the same bytes at the same Raft index, so where a
+publish's encoded properties and body sit inside an entry's payload is the
+same on every node: the state keeps that place (a `loc`, one int) instead
+of the bytes. loc = index << 64 | offset of the properties << 32 | their
+length; the body follows the properties, its length is the message's size.
+
+Reading back happens off the raft thread: the effect of a delivery carries
+`(handle, props offset, props length, size)`, where the handle (made on the
+raft thread, see raft/segment_log.EntryHandle) preads and checks the whole
+record; the event loop keeps the last payloads read in a PayloadCache, so a
+consumer draining a queue reads and checks each entry once, not once per
+message. Dead-lettering (x-death) reads a message's properties on the raft
+thread (rare: queues with a DLX).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from node.replication.codec import CodecError, decode_from
+
+BUCKET_SHIFT = 8  # live-message counts per 256 Raft indices (retention of log segments)
+
+
+class Handle(Protocol):
+    idx: int
+
+    def payload(self) -> bytes: ...
+
+
+def make_loc(idx: int, props_at: int, props_len: int) -> int:
+    return (idx << 64) | (props_at << 32) | props_len
+
+
+def split_loc(loc: int) -> tuple[int, int, int]:
+    return loc >> 64, (loc >> 32) & 0xFFFFFFFF, loc & 0xFFFFFFFF
+
+
+def loc_index(loc: int) -> int:
+    return loc >> 64
+
+
+class StoredMessageError(Exception):
+    """A stored message could not be read back intact. damaged: the log's
+    bytes are bad (checksum, range, decode), not just unreadable (a closed fd
+    at shutdown)."""
+
+    def __init__(self, text: str, damaged: bool = True) -> None:
+        super().__init__(text)
+        self.damaged = damaged
+
+
+def decode_props(payload: bytes, at: int, n: int) -> dict[str, Any]:
+    if n == 1 and payload[at] == 0x4E:  # N: none
+        return {}
+    try:
+        props, end = decode_from(payload, at)
+    except CodecError as exc:
+        raise StoredMessageError(f"stored properties do not decode: {exc}") from None
+    if type(props) is not dict or end != at + n:
+        raise StoredMessageError("stored properties malformed")
+    return props  # type: ignore[no-any-return]
+
+
+def extract(payload: bytes, props_at: int, props_len: int, size: int,
+            want_props: bool = True, want_body: bool = True) -> tuple[dict[str, Any] | None, bytes | None]:
+    body_at = props_at + props_len
+    if body_at + size > len(payload):
+        raise StoredMessageError("stored message past the end of its entry")
+    props = decode_props(payload, props_at, props_len) if want_props else None
+    body = payload[body_at:body_at + size] if want_body else None
+    return props, body
+
+
+class PayloadCache:
+    """The last entry payloads read (checked), by Raft index, bounded in bytes.
+    Committed entries never change, so the index alone is the key. One per thread."""
+
+    def __init__(self, cap: int = 16 << 20) -> None:
+        self._items: OrderedDict[int, bytes] = OrderedDict()
+        self._bytes = 0
+        self._cap = cap
+        self.reads = 0  # entries read from the log (tests, figures)
+
+    def get(self, idx: int, fetch: Callable[[], bytes]) -> bytes:
+        items = self._items
+        hit = items.get(idx)
+        if hit is not None:
+            items.move_to_end(idx)
+            return hit
+        data = fetch()
+        self.reads += 1
+        items[idx] = data
+        self._bytes += len(data)
+        while self._bytes > self._cap and len(items) > 1:
+            _k, old = items.popitem(last=False)
+            self._bytes -= len(old)
+        return data
+
+    def clear(self) -> None:
+        self._items.clear()
+        self._bytes = 0
+
+
+LOOP_CACHE = PayloadCache()  # the event loop's (deliveries, basic.get, management get)
+
+Stored = tuple[Handle, int, int, int]  # (handle, props offset, props length, size)
+
+
+def load(stored: Stored, props: dict[str, Any] | None, body: bytes | None,
+         cache: PayloadCache = LOOP_CACHE) -> tuple[dict[str, Any], bytes]:
+    """A delivery's properties and body: those given, the rest from the log."""
+    handle, at, n, size = stored
+    try:
+        payload = cache.get(handle.idx, handle.payload)
+    except OSError as exc:  # a closed fd (the node stopping)
+        raise StoredMessageError(f"message at index {handle.idx} unreadable: {exc}", False) from None
+    except Exception as exc:  # the record fails its checksum (raft.segment_log.LogDamaged)
+        raise StoredMessageError(f"message at index {handle.idx}: {exc}") from None
+    p, b = extract(payload, at, n, size, props is None, body is None)
+    props = p if props is None else props
+    body = b if body is None else body
+    assert props is not None and body is not None
+    return props, body
+
+
+def with_delivery_count(props: dict[str, Any], count: int) -> dict[str, Any]:
+    """The props of a redelivery from a quorum queue: x-delivery-count says how
+    often the message came back (a new dict: props are shared between queues)."""
+    props = dict(props)
+    headers = dict(props.get("headers") or {})
+    headers["x-delivery-count"] = count
+    props["headers"] = headers
+    return props
