@@ -1,0 +1,199 @@
+"""Issue 27 item 1, first step: commands folded through the machine the way a
+node applies them (encoded, appended to a real SegmentLog, decoded with the
+publishes' spans, applied at their Raft index): queued messages hold a
+location in the log, not their bytes; deliveries read them back (props,
+body, x-delivery-count); the per-bucket live counts return to zero once
+every message is gone (ack, no-ack get, purge, delete, expiry, dead-letter);
+a snapshot written from such a state carries the bytes inline."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node.replication import message_store
+from node.replication.codec import decode_batch, encode_batch
+from node.replication.command import Batch, ChannelOpen, Command, QueueDelete, QueuePurge
+from node.replication.effect import Deliver, Effect, GetOk
+from node.replication.machine import apply_batch, default_state
+from node.replication.raft.segment_log import SegmentLog
+from node.replication.snapshot_format import encode_snapshot, read_snapshot, write_snapshot
+from tests.support.machine import ack, chan, consume, get, nack, pub, qbind, qdecl
+from tests.support.snapshot import META
+
+
+class LogHarness:
+    """A state applied from a real log, as raft_node does it."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.log = SegmentLog(str(tmp / "log"), str(tmp / "meta"), segment_bytes=1 << 16)
+        self.log.add(b"\x00", 1, 1)  # (pysyncobj's first NO_OP entry)
+        self.state = default_state()
+        self.state.fetch_props = self._fetch_props
+        self.seq = 0
+        self.cache = message_store.PayloadCache()
+
+    def _fetch_props(self, loc: int) -> dict[str, Any]:
+        idx, at, n = message_store.split_loc(loc)
+        return message_store.decode_props(self.log.handle(idx).payload(), at, n)
+
+    def run(self, *cmds: Command) -> list[Effect]:
+        self.seq += 1
+        command = b"\x01" + encode_batch(Batch("n1", 1, self.seq, 1000.0, list(cmds)))
+        idx = self.log.last_index() + 1
+        self.log.add(command, idx, 1)
+        spans: dict[int, tuple[int, int]] = {}
+        batch = decode_batch(self.log[-1][0], 1, spans)
+        return apply_batch(self.state, batch, idx, spans)
+
+    def read(self, e: Deliver | GetOk) -> tuple[dict[str, Any], bytes]:
+        """What the wire sends: bytes in the effect, or read from the log."""
+        if e.stored is None:
+            assert e.props is not None and e.body is not None
+            return e.props, e.body
+        loc, size = e.stored
+        idx, at, n = message_store.split_loc(loc)
+        props, body = message_store.load((self.log.handle(idx), at, n, size), e.props, e.body, self.cache)
+        if e.delivery_count >= 0:
+            props = message_store.with_delivery_count(props, e.delivery_count)
+        return props, body
+
+    def held(self) -> list[Any]:
+        return [m for q in self.state.queues.values() for m in q.take_all()]
+
+
+@pytest.fixture
+def h(tmp_path: Path) -> LogHarness:
+    return LogHarness(tmp_path)
+
+
+C = chan()
+
+
+def _open(h: LogHarness, *queues: str, args: dict[str, Any] | None = None) -> None:
+    h.run(ChannelOpen(C))
+    for q in queues:
+        h.run(qdecl(C, q, arguments=args))
+
+
+def _queue(h: LogHarness, name: str) -> Any:
+    return next(q for k, q in h.state.queues.items() if k.endswith("\x1f" + name) or k == name)
+
+
+def test_queued_messages_hold_a_location_not_bytes(h: LogHarness) -> None:
+    _open(h, "q")
+    props = {"delivery_mode": 2, "headers": {"k": "v"}, "priority": 3}
+    h.run(pub(C, "q", b"first", props=props), pub(C, "q", b"second" * 1000))
+    q = _queue(h, "q")
+    msgs = list(q.ready)
+    assert [m.body for m in msgs] == [None, None] and [m.props for m in msgs] == [None, None]
+    assert all(m.loc is not None for m in msgs)
+    assert msgs[0].priority == 3 and msgs[1].size == 6000
+    assert sum(h.state.live.values()) == 2
+    fx = h.run(consume(C, "q", "c1"))
+    ds = [e for e in fx if isinstance(e, Deliver)]
+    assert [(d.props, d.body) for d in ds] == [(None, None), (None, None)]
+    assert [h.read(d) for d in ds] == [(props, b"first"), ({}, b"second" * 1000)]
+    assert h.cache.reads == 1  # one entry read (and checked) for both messages
+
+
+def test_redelivery_count_and_basic_get(h: LogHarness) -> None:
+    _open(h)
+    h.run(qdecl(C, "q", durable=True, arguments={"x-queue-type": "quorum"}))
+    h.run(pub(C, "q", b"body", props={"headers": {"a": 1}}))
+    fx = h.run(get(C, "q"))
+    g = next(e for e in fx if isinstance(e, GetOk))
+    assert h.read(g) == ({"headers": {"a": 1, "x-delivery-count": 0}}, b"body")
+    h.run(nack(C, g.delivery_tag))
+    g = next(e for e in h.run(get(C, "q")) if isinstance(e, GetOk))
+    assert g.redelivered and h.read(g) == ({"headers": {"a": 1, "x-delivery-count": 1}}, b"body")
+    h.run(ack(C, g.delivery_tag))
+    assert h.state.live == {} and h.state.message_bytes == 0
+
+
+def test_counts_return_to_zero(h: LogHarness) -> None:
+    _open(h, "a", "b")
+    h.run(qdecl(C, "short", arguments={"x-message-ttl": 0}))
+    for q in ("a", "b"):
+        h.run(qbind(C, q, "amq.fanout"))
+    h.run(*[pub(C, "", b"x%d" % i, exchange="amq.fanout") for i in range(10)])
+    a, b = _queue(h, "a"), _queue(h, "b")
+    assert {m.loc for m in a.ready} == {m.loc for m in b.ready}  # stored once, held by both
+    assert sum(h.state.live.values()) == 20
+    h.run(QueuePurge(C, "a", False))
+    assert sum(h.state.live.values()) == 10
+    fx = h.run(get(C, "b", no_ack=True))  # settled on delivery
+    assert h.read(next(e for e in fx if isinstance(e, GetOk)))[1] == b"x0"
+    h.run(QueueDelete(C, "b", False, False, False))
+    assert h.state.live == {}
+    h.run(pub(C, "short", b"gone"))  # TTL 0, no consumer: expires at once
+    assert h.state.live == {} and h.state.message_bytes == 0
+
+
+def test_dead_lettered_message_has_new_props_and_the_body_in_the_log(h: LogHarness) -> None:
+    _open(h, "dead")
+    h.run(qdecl(C, "src", arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead"}))
+    h.run(pub(C, "src", b"payload", props={"headers": {"h": 1}}))
+    g = next(e for e in h.run(get(C, "src")) if isinstance(e, GetOk))
+    h.run(nack(C, g.delivery_tag, requeue=False))
+    dead = _queue(h, "dead")
+    m = dead.ready[0]
+    assert m.body is None and m.props is not None and m.loc is not None
+    g = next(e for e in h.run(get(C, "dead")) if isinstance(e, GetOk))
+    props, body = h.read(g)
+    assert body == b"payload" and props["headers"]["h"] == 1
+    assert props["headers"]["x-death"][0]["reason"] == "rejected"
+    h.run(ack(C, g.delivery_tag))
+    assert h.state.live == {}
+
+
+def test_snapshot_carries_the_bytes_inline(h: LogHarness, tmp_path: Path) -> None:
+    _open(h, "a", "b")
+    for q in ("a", "b"):
+        h.run(qbind(C, q, "amq.fanout"))
+    h.run(pub(C, "", b"one", exchange="amq.fanout", props={"message_id": "1"}),
+          pub(C, "", b"", exchange="amq.fanout"))
+    with pytest.raises(Exception, match="no log"):
+        encode_snapshot(h.state, META)
+    path = tmp_path / "snap"
+    with open(path, "wb") as f:
+        write_snapshot(f, h.state, META, lambda idx: h.log.handle(idx).payload())
+    restored, _meta = read_snapshot(path.read_bytes())
+    qs = [q for k, q in restored.queues.items() if k.endswith(("a", "b")) and q.ready]
+    for q in qs:
+        assert [(m.props, m.body, m.loc) for m in q.ready] == [({"message_id": "1"}, b"one", None),
+                                                                ({}, b"", None)]
+    assert qs[0].ready[0].body is qs[1].ready[0].body  # still shared after the load
+    assert restored.live == {}
+
+
+def test_damaged_entry_is_never_served(h: LogHarness) -> None:
+    _open(h, "q")
+    h.run(pub(C, "q", b"precious" * 100))
+    d = next(e for e in h.run(consume(C, "q", "c")) if isinstance(e, Deliver))
+    loc, _size = d.stored
+    idx = message_store.split_loc(loc)[0]
+    handle = h.log.handle(idx)
+    with open(handle.seg.path, "r+b") as f:  # one bit flipped inside the body
+        f.seek(handle.start + handle.size - 10)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(message_store.StoredMessageError) as exc:
+        h.read(d)
+    assert exc.value.damaged
+
+
+def test_handle_outlives_a_released_segment(h: LogHarness) -> None:
+    _open(h, "q")
+    h.run(pub(C, "q", b"kept"))
+    d = next(e for e in h.run(consume(C, "q", "c", no_ack=True)) if isinstance(e, Deliver))
+    loc, size = d.stored
+    idx, at, n = message_store.split_loc(loc)
+    handle = h.log.handle(idx)  # made before the segment goes (a delivery in flight)
+    for _ in range(40):  # roll segments, then drop everything below the last one
+        h.run(pub(C, "nowhere", b"z" * 4000))
+    h.log.deleteEntriesTo(len(h.log) - 1)
+    assert not Path(handle.seg.path).exists()
+    assert message_store.load((handle, at, n, size), None, None, message_store.PayloadCache()) == ({}, b"kept")
