@@ -48,8 +48,8 @@ import os
 import struct
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, overload
 
 from crc32c import crc32c
 
@@ -153,6 +153,46 @@ class EntryHandle:
                 or _record_crc(length, ridx, term, memoryview(raw)[REC_SIZE:]) != crc:
             raise LogDamaged(f"{seg.path} at offset {self.start}: record {self.idx} fails its checksum on read")
         return raw[REC_SIZE:]
+
+
+class _Entries(Sequence[Entry]):
+    """A run of entries read one by one when used, not all at once: pysyncobj
+    slices the log from an index to its end (a restart applying the whole log,
+    a follower checking an append), which held every entry of the run in the
+    heap at once (the RSS after a restart). Used at once, never kept."""
+
+    __slots__ = ("_log", "_lo", "_n")
+
+    def __init__(self, log_: SegmentLog, lo: int, n: int) -> None:
+        self._log = log_
+        self._lo = lo
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(other) == self._n and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @overload
+    def __getitem__(self, i: int) -> Entry: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Entry]: ...
+
+    def __getitem__(self, i: int | slice) -> Entry | Sequence[Entry]:
+        if isinstance(i, slice):
+            lo, hi, step = i.indices(self._n)
+            if step == 1:
+                return _Entries(self._log, self._lo + lo, max(0, hi - lo))
+            return [self._log._entry(self._lo + k) for k in range(lo, hi, step)]
+        k = i + self._n if i < 0 else i
+        if not 0 <= k < self._n:
+            raise IndexError("raft log index out of range")
+        return self._log._entry(self._lo + k)
 
 
 class SegmentLog:
@@ -443,6 +483,8 @@ class SegmentLog:
         n = len(self)
         if isinstance(item, slice):
             lo, hi, step = item.indices(n)
+            if step == 1:  # read as used: pysyncobj asks for whole tails (all of it at a restart)
+                return _Entries(self, self._start + lo, max(0, hi - lo))
             return [self._entry(self._start + i) for i in range(lo, hi, step)]
         i = item + n if item < 0 else item
         if not 0 <= i < n:
