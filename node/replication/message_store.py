@@ -53,26 +53,30 @@ class StoredMessageError(Exception):
         self.damaged = damaged
 
 
+_PROPS_CACHE: dict[bytes, dict[str, Any]] = {}  # encoded -> decoded (read only, like shared props)
+_PROPS_CACHE_MAX = 4096
+
+
 def decode_props(payload: bytes, at: int, n: int) -> dict[str, Any]:
+    """Properties as encoded in the log. Most publishers send the same few
+    property tables over and over: decoded ones are kept by their bytes
+    (deliveries never change a props dict: they were shared before, too)."""
     if n == 1 and payload[at] == 0x4E:  # N: none
         return {}
+    raw = payload[at:at + n]
+    hit = _PROPS_CACHE.get(raw)
+    if hit is not None:
+        return hit
     try:
         props, end = decode_from(payload, at)
     except CodecError as exc:
         raise StoredMessageError(f"stored properties do not decode: {exc}") from None
     if type(props) is not dict or end != at + n:
         raise StoredMessageError("stored properties malformed")
+    if len(_PROPS_CACHE) >= _PROPS_CACHE_MAX:
+        _PROPS_CACHE.clear()
+    _PROPS_CACHE[raw] = props
     return props  # type: ignore[no-any-return]
-
-
-def extract(payload: bytes, props_at: int, props_len: int, size: int,
-            want_props: bool = True, want_body: bool = True) -> tuple[dict[str, Any] | None, bytes | None]:
-    body_at = props_at + props_len
-    if body_at + size > len(payload):
-        raise StoredMessageError("stored message past the end of its entry")
-    props = decode_props(payload, props_at, props_len) if want_props else None
-    body = payload[body_at:body_at + size] if want_body else None
-    return props, body
 
 
 class PayloadCache:
@@ -114,16 +118,21 @@ def load(stored: Stored, props: dict[str, Any] | None, body: bytes | None,
          cache: PayloadCache = LOOP_CACHE) -> tuple[dict[str, Any], bytes]:
     """A delivery's properties and body: those given, the rest from the log."""
     handle, at, n, size = stored
-    try:
-        payload = cache.get(handle.idx, handle.payload)
-    except OSError as exc:  # a closed fd (the node stopping)
-        raise StoredMessageError(f"message at index {handle.idx} unreadable: {exc}", False) from None
-    except Exception as exc:  # the record fails its checksum (raft.segment_log.LogDamaged)
-        raise StoredMessageError(f"message at index {handle.idx}: {exc}") from None
-    p, b = extract(payload, at, n, size, props is None, body is None)
-    props = p if props is None else props
-    body = b if body is None else body
-    assert props is not None and body is not None
+    payload = cache._items.get(handle.idx)  # the hot path: the entry was read just before
+    if payload is None:
+        try:
+            payload = cache.get(handle.idx, handle.payload)
+        except OSError as exc:  # a closed fd (the node stopping)
+            raise StoredMessageError(f"message at index {handle.idx} unreadable: {exc}", False) from None
+        except Exception as exc:  # the record fails its checksum (raft.segment_log.LogDamaged)
+            raise StoredMessageError(f"message at index {handle.idx}: {exc}") from None
+    body_at = at + n
+    if body_at + size > len(payload):
+        raise StoredMessageError("stored message past the end of its entry")
+    if props is None:
+        props = decode_props(payload, at, n)
+    if body is None:
+        body = payload[body_at:body_at + size]
     return props, body
 
 
