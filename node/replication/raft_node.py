@@ -88,6 +88,7 @@ class RaftNode:
         self.state: BrokerState = default_state()
         self.state.fetch_props = self._fetch_props
         self._raft_cache = PayloadCache(4 << 20)  # dead-lettering's reads (raft thread)
+        self._handles: dict[int, Any] = {}  # index -> EntryHandle, the last few made (raft thread)
         self.on_removed: Callable[[str], None] | None = None
         self.seed_users: dict[str, str] = {}  # name -> password hash, for a new cluster
         self.shim = RaftShim(self, self.node_id, data_dir, config)
@@ -163,17 +164,27 @@ class RaftNode:
         mine = [e for e in effects if effect_node(e) == me]
         if mine:
             if spans is not None:
-                mine = [self._resolve(e) if isinstance(e, Deliver | GetOk) and e.stored is not None
+                mine = [self._resolve(e) if (type(e) is Deliver or type(e) is GetOk) and e.stored is not None  # type: ignore[union-attr]
                         else e for e in mine]
             self._held.append((index, (batch.node, batch.incarnation, batch.seq), mine))
         return verdict
 
-    def _resolve(self, e: Deliver | GetOk) -> Effect:
+    def _resolve(self, e: Effect) -> Effect:
         """A delivery of bytes in the log: a handle the event loop reads them by
-        (raft thread: only it may look into the log's index)."""
+        (raft thread: only it may look into the log's index). Deliveries come
+        in runs from one entry: its handle is reused (a few kept, each keeps
+        its segment's fd open, so the set stays small)."""
+        assert isinstance(e, Deliver | GetOk)
         loc, size = e.stored
         idx, at, n = split_loc(loc)
-        return e._replace(stored=(self.shim.entry_handle(idx), at, n, size))
+        handles = self._handles
+        h = handles.get(idx)
+        if h is None:
+            if len(handles) >= 32:
+                handles.clear()
+            h = handles[idx] = self.shim.entry_handle(idx)
+        # stored is the second last field of both: no _replace (slow, per message)
+        return tuple.__new__(type(e), (*e[:-2], (h, at, n, size), e[-1]))  # type: ignore[no-any-return]
 
     def _fetch_props(self, loc: int) -> dict[str, Any]:
         idx, at, n = split_loc(loc)
@@ -230,6 +241,7 @@ class RaftNode:
         old, self.state = self.state, state
         state.fetch_props = self._fetch_props  # (its messages are inline: read from the snapshot)
         self._raft_cache.clear()
+        self._handles.clear()
         if not old.members:
             return  # our own dump at start: no client has seen anything yet
         owed = skipped_effects(old, state, self.node_id, self.incarnation)
