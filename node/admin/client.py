@@ -5,7 +5,7 @@ to $MIRRORQ_ADMIN_TOKEN, $MIRRORQ_ADMIN_CA, $MIRRORQ_ADMIN_CERT and _KEY."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -18,7 +18,12 @@ TOKEN_ENV, CA_ENV, CERT_ENV, KEY_ENV = ("MIRRORQ_ADMIN_TOKEN", "MIRRORQ_ADMIN_CA
                                         "MIRRORQ_ADMIN_CERT", "MIRRORQ_ADMIN_KEY")
 
 
-def _read_pem(path: str, what: str) -> bytes:
+Pem = str | bytes  # a file path, or the PEM itself (the operator keeps its CA in memory)
+
+
+def _read_pem(path: Pem, what: str) -> bytes:
+    if isinstance(path, bytes):
+        return path
     try:
         with open(path, "rb") as f:
             return f.read()
@@ -26,17 +31,19 @@ def _read_pem(path: str, what: str) -> bytes:
         raise OSError(f"cannot read {what} {path}: {exc.strerror}") from exc
 
 
-def _env(value: str | None, name: str) -> str | None:
-    return value if value is not None else (os.environ.get(name) or None)
+def _env(value: Pem | None, name: str) -> Pem | None:
+    # None: the environment's; "" (or b""): none at all, whatever the environment says
+    return (value or None) if value is not None else (os.environ.get(name) or None)
 
 
 def _call(host: str, port: int, method: str, request: Any, timeout: float,
-          token: str | None, tls_ca: str | None, tls_cert: str | None,
-          tls_key: str | None) -> Any:
+          token: str | None, tls_ca: Pem | None, tls_cert: Pem | None,
+          tls_key: Pem | None) -> Any:
     """One unary call. The token defaults to $MIRRORQ_ADMIN_TOKEN; a CA file
     (default $MIRRORQ_ADMIN_CA) means TLS, with a client certificate when
-    cert and key (default $MIRRORQ_ADMIN_CERT/_KEY) are given."""
-    token, tls_ca = _env(token, TOKEN_ENV), _env(tls_ca, CA_ENV)
+    cert and key (default $MIRRORQ_ADMIN_CERT/_KEY) are given. Each TLS
+    argument is a file path or the PEM bytes."""
+    token, tls_ca = cast("str | None", _env(token, TOKEN_ENV)), _env(tls_ca, CA_ENV)
     tls_cert, tls_key = _env(tls_cert, CERT_ENV), _env(tls_key, KEY_ENV)
     target = f"{host}:{port}"
     if tls_ca is not None:
@@ -54,15 +61,15 @@ def _call(host: str, port: int, method: str, request: Any, timeout: float,
 
 
 def call_status(host: str, port: int, timeout: float = 5.0, *, token: str | None = None,
-                tls_ca: str | None = None, tls_cert: str | None = None,
-                tls_key: str | None = None) -> dict[str, Any]:
+                tls_ca: Pem | None = None, tls_cert: Pem | None = None,
+                tls_key: Pem | None = None) -> dict[str, Any]:
     return pb_to_status(_call(host, port, "Status", pb.StatusRequest(), timeout,
                               token, tls_ca, tls_cert, tls_key))
 
 
 def call_list_queues(host: str, port: int, vhost: str | None = None, timeout: float = 10.0, *,
-                     token: str | None = None, tls_ca: str | None = None,
-                     tls_cert: str | None = None, tls_key: str | None = None) -> dict[str, Any]:
+                     token: str | None = None, tls_ca: Pem | None = None,
+                     tls_cert: Pem | None = None, tls_key: Pem | None = None) -> dict[str, Any]:
     """{"queues": [{"name", "vhost", "ready", "unacked", "consumers", "durable"}, ...]}"""
     res = _call(host, port, "ListQueues", pb.ListQueuesRequest(vhost=vhost), timeout,
                 token, tls_ca, tls_cert, tls_key)
@@ -72,24 +79,24 @@ def call_list_queues(host: str, port: int, vhost: str | None = None, timeout: fl
 
 def call_add_member(host: str, port: int, node_id: str, address: str,
                     timeout: float = 60.0, *, token: str | None = None,
-                    tls_ca: str | None = None, tls_cert: str | None = None,
-                    tls_key: str | None = None) -> dict[str, Any]:
+                    tls_ca: Pem | None = None, tls_cert: Pem | None = None,
+                    tls_key: Pem | None = None) -> dict[str, Any]:
     return _change_to_dict(_call(host, port, "AddMember",
                                  pb.AddMemberRequest(node_id=node_id, address=address), timeout,
                                  token, tls_ca, tls_cert, tls_key))
 
 
 def call_remove_member(host: str, port: int, node_id: str, timeout: float = 60.0, *,
-                       token: str | None = None, tls_ca: str | None = None,
-                       tls_cert: str | None = None, tls_key: str | None = None) -> dict[str, Any]:
+                       token: str | None = None, tls_ca: Pem | None = None,
+                       tls_cert: Pem | None = None, tls_key: Pem | None = None) -> dict[str, Any]:
     return _change_to_dict(_call(host, port, "RemoveMember", pb.RemoveMemberRequest(node_id=node_id),
                                  timeout, token, tls_ca, tls_cert, tls_key))
 
 
 def call_transfer_leadership(host: str, port: int, node_id: str | None = None,
                              timeout: float = 30.0, *, token: str | None = None,
-                             tls_ca: str | None = None, tls_cert: str | None = None,
-                             tls_key: str | None = None) -> dict[str, Any]:
+                             tls_ca: Pem | None = None, tls_cert: Pem | None = None,
+                             tls_key: Pem | None = None) -> dict[str, Any]:
     return _change_to_dict(_call(host, port, "TransferLeadership",
                                  pb.TransferLeadershipRequest(node_id=node_id), timeout,
                                  token, tls_ca, tls_cert, tls_key))
@@ -97,8 +104,8 @@ def call_transfer_leadership(host: str, port: int, node_id: str | None = None,
 
 def call_drain(host: str, port: int, timeout: float = 30.0,
                node_id: str | None = None, *, token: str | None = None,
-               tls_ca: str | None = None, tls_cert: str | None = None,
-               tls_key: str | None = None) -> dict[str, Any]:
+               tls_ca: Pem | None = None, tls_cert: Pem | None = None,
+               tls_key: Pem | None = None) -> dict[str, Any]:
     """Maintenance mode for `node_id` (default: the node asked): its clients
     are closed with 320, it accepts no new ones and leaves the in-sync set."""
     return _change_to_dict(_call(host, port, "Drain", pb.DrainRequest(node_id=node_id), timeout,
@@ -107,53 +114,53 @@ def call_drain(host: str, port: int, timeout: float = 30.0,
 
 def call_revive(host: str, port: int, timeout: float = 30.0,
                 node_id: str | None = None, *, token: str | None = None,
-                tls_ca: str | None = None, tls_cert: str | None = None,
-                tls_key: str | None = None) -> dict[str, Any]:
+                tls_ca: Pem | None = None, tls_cert: Pem | None = None,
+                tls_key: Pem | None = None) -> dict[str, Any]:
     return _change_to_dict(_call(host, port, "Revive", pb.ReviveRequest(node_id=node_id), timeout,
                                  token, tls_ca, tls_cert, tls_key))
 
 
 def call_user_put(host: str, port: int, name: str, password: str, tags: list[str] | None = None,
                   timeout: float = 30.0, *, token: str | None = None,
-                  tls_ca: str | None = None, tls_cert: str | None = None,
-                  tls_key: str | None = None) -> dict[str, Any]:
+                  tls_ca: Pem | None = None, tls_cert: Pem | None = None,
+                  tls_key: Pem | None = None) -> dict[str, Any]:
     return _change_to_dict(_call(host, port, "UserPut",
                                  pb.UserPutRequest(name=name, password=password, tags=tags or []),
                                  timeout, token, tls_ca, tls_cert, tls_key))
 
 
 def call_user_delete(host: str, port: int, name: str, timeout: float = 30.0, *,
-                     token: str | None = None, tls_ca: str | None = None,
-                     tls_cert: str | None = None, tls_key: str | None = None) -> dict[str, Any]:
+                     token: str | None = None, tls_ca: Pem | None = None,
+                     tls_cert: Pem | None = None, tls_key: Pem | None = None) -> dict[str, Any]:
     return _change_to_dict(_call(host, port, "UserDelete", pb.UserDeleteRequest(name=name),
                                  timeout, token, tls_ca, tls_cert, tls_key))
 
 
 def call_user_list(host: str, port: int, timeout: float = 10.0, *, token: str | None = None,
-                   tls_ca: str | None = None, tls_cert: str | None = None,
-                   tls_key: str | None = None) -> dict[str, Any]:
+                   tls_ca: Pem | None = None, tls_cert: Pem | None = None,
+                   tls_key: Pem | None = None) -> dict[str, Any]:
     res = _call(host, port, "UserList", pb.UserListRequest(), timeout,
                 token, tls_ca, tls_cert, tls_key)
     return {"users": [{"name": u.name, "tags": list(u.tags)} for u in res.users]}
 
 
 def call_vhost_put(host: str, port: int, name: str, timeout: float = 30.0, *,
-                   token: str | None = None, tls_ca: str | None = None,
-                   tls_cert: str | None = None, tls_key: str | None = None) -> dict[str, Any]:
+                   token: str | None = None, tls_ca: Pem | None = None,
+                   tls_cert: Pem | None = None, tls_key: Pem | None = None) -> dict[str, Any]:
     return _change_to_dict(_call(host, port, "VhostPut", pb.VhostPutRequest(name=name), timeout,
                                  token, tls_ca, tls_cert, tls_key))
 
 
 def call_vhost_delete(host: str, port: int, name: str, timeout: float = 30.0, *,
-                      token: str | None = None, tls_ca: str | None = None,
-                      tls_cert: str | None = None, tls_key: str | None = None) -> dict[str, Any]:
+                      token: str | None = None, tls_ca: Pem | None = None,
+                      tls_cert: Pem | None = None, tls_key: Pem | None = None) -> dict[str, Any]:
     return _change_to_dict(_call(host, port, "VhostDelete", pb.VhostDeleteRequest(name=name),
                                  timeout, token, tls_ca, tls_cert, tls_key))
 
 
 def call_vhost_list(host: str, port: int, timeout: float = 10.0, *, token: str | None = None,
-                    tls_ca: str | None = None, tls_cert: str | None = None,
-                    tls_key: str | None = None) -> dict[str, Any]:
+                    tls_ca: Pem | None = None, tls_cert: Pem | None = None,
+                    tls_key: Pem | None = None) -> dict[str, Any]:
     """{"vhosts": [{"name": ...}, ...]}"""
     res = _call(host, port, "VhostList", pb.VhostListRequest(), timeout,
                 token, tls_ca, tls_cert, tls_key)
@@ -162,8 +169,8 @@ def call_vhost_list(host: str, port: int, timeout: float = 10.0, *, token: str |
 
 def call_permission_set(host: str, port: int, user: str, vhost: str, configure: str, write: str,
                         read: str, timeout: float = 30.0, *, token: str | None = None,
-                        tls_ca: str | None = None, tls_cert: str | None = None,
-                        tls_key: str | None = None) -> dict[str, Any]:
+                        tls_ca: Pem | None = None, tls_cert: Pem | None = None,
+                        tls_key: Pem | None = None) -> dict[str, Any]:
     req = pb.PermissionSetRequest(user=user, vhost=vhost, configure=configure, write=write,
                                   read=read)
     return _change_to_dict(_call(host, port, "PermissionSet", req, timeout,
@@ -171,9 +178,9 @@ def call_permission_set(host: str, port: int, user: str, vhost: str, configure: 
 
 
 def call_permission_clear(host: str, port: int, user: str, vhost: str, timeout: float = 30.0, *,
-                          token: str | None = None, tls_ca: str | None = None,
-                          tls_cert: str | None = None,
-                          tls_key: str | None = None) -> dict[str, Any]:
+                          token: str | None = None, tls_ca: Pem | None = None,
+                          tls_cert: Pem | None = None,
+                          tls_key: Pem | None = None) -> dict[str, Any]:
     return _change_to_dict(_call(host, port, "PermissionClear",
                                  pb.PermissionClearRequest(user=user, vhost=vhost), timeout,
                                  token, tls_ca, tls_cert, tls_key))
@@ -181,8 +188,8 @@ def call_permission_clear(host: str, port: int, user: str, vhost: str, timeout: 
 
 def call_permission_list(host: str, port: int, vhost: str | None = None, user: str | None = None,
                          timeout: float = 10.0, *, token: str | None = None,
-                         tls_ca: str | None = None, tls_cert: str | None = None,
-                         tls_key: str | None = None) -> dict[str, Any]:
+                         tls_ca: Pem | None = None, tls_cert: Pem | None = None,
+                         tls_key: Pem | None = None) -> dict[str, Any]:
     """{"permissions": [{"user", "vhost", "configure", "write", "read"}, ...]}"""
     res = _call(host, port, "PermissionList", pb.PermissionListRequest(vhost=vhost, user=user),
                 timeout, token, tls_ca, tls_cert, tls_key)

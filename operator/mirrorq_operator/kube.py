@@ -9,7 +9,7 @@ import secrets
 import string
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 import grpc
 from kubernetes import client, config, dynamic
@@ -24,9 +24,13 @@ from node.admin.client import (
     call_transfer_leadership,
 )
 
+from . import pki
 from .builders import (
+    ADMIN_TLS_KEYS,
     AUTH_TOKEN_KEY,
     DEFAULT_USERNAME,
+    admin_tls_secret_name,
+    build_admin_tls_secret,
     build_all,
     build_client_service,
     build_configmap,
@@ -121,6 +125,44 @@ def read_admin_token(namespace: str, secret_name: str) -> str | None:
         return None
 
 
+def read_admin_tls(namespace: str, name: str) -> tuple[bytes, bytes, bytes] | None:
+    """(CA, client certificate, client key) from NAME-admin-tls; None when the
+    Secret or a key is missing (then the pods cannot start either: their volume
+    needs it), and the calls fail rather than fall back to plaintext."""
+    secret = _get(client.CoreV1Api().read_namespaced_secret, admin_tls_secret_name(name),
+                  namespace)
+    data = (secret.data or {}) if secret is not None else {}
+    try:
+        pems = [base64.b64decode(data[ADMIN_TLS_KEYS[k]], validate=True)
+                for k in ("ca_cert", "client_cert", "client_key")]
+    except (KeyError, TypeError, binascii.Error):
+        return None
+    return pems[0], pems[1], pems[2]
+
+
+class _TlsArgs(TypedDict):
+    tls_ca: bytes
+    tls_cert: bytes
+    tls_key: bytes
+
+
+def _tls_kwargs(tls: tuple[bytes, bytes, bytes] | None) -> _TlsArgs:
+    # b"" (not None) without TLS: the admin client would fall back to the
+    # operator's own $MIRRORQ_ADMIN_CA on None
+    ca, cert, key = tls or (b"", b"", b"")
+    return {"tls_ca": ca, "tls_cert": cert, "tls_key": key}
+
+
+def ensure_admin_tls(spec: Spec, name: str, ns: str) -> None:
+    """With spec.adminTls: NAME-admin-tls, generated once; an existing one (409) is
+    kept (the running pods trust its CA). Checked first: no key generation on
+    every reconcile."""
+    if not spec.admin_tls or read_admin_tls(ns, name) is not None:
+        return
+    made = pki.generate(name, ns)
+    _create(build_admin_tls_secret(name, ns, {f: getattr(made, f) for f in ADMIN_TLS_KEYS}))
+
+
 def _token(token: str | None) -> str:
     # "" (not None) when there is none: the admin client would fall back to the
     # operator's own $MIRRORQ_ADMIN_TOKEN on None
@@ -133,6 +175,9 @@ def observe(name: str, namespace: str, generation: int, status: Mapping[str, Any
     admin token every admin call of this pass carries (read once, here)."""
     apps, core = client.AppsV1Api(), client.CoreV1Api()
     token = read_admin_token(namespace, auth_secret)
+    wants_tls = spec is None or spec.admin_tls
+    admin_tls = read_admin_tls(namespace, name) if wants_tls else None
+    tls = _tls_kwargs(admin_tls)
     sts = _get(apps.read_namespaced_stateful_set, name, namespace)
     cm = _get(core.read_namespaced_config_map, name, namespace)
     pods: list[PodObs] = []
@@ -146,10 +191,11 @@ def observe(name: str, namespace: str, generation: int, status: Mapping[str, Any
             pvc = _get(core.read_namespaced_persistent_volume_claim,
                        f"data-{pod_name(name, k)}", namespace)
             node = None
-            if pod is not None:
+            # no Secret while TLS is wanted: no call at all (never the token in clear)
+            if pod is not None and (admin_tls is not None or not wants_tls):
                 try:
                     node = NodeStatus.from_admin(call_status(*_admin(name, namespace, k), 2.0,
-                                                             token=_token(token)))
+                                                             token=_token(token), **tls))
                 except Exception:  # unreachable node: observed as such
                     node = None
             is_ready = pod is not None and pod.status is not None and any(
@@ -164,7 +210,7 @@ def observe(name: str, namespace: str, generation: int, status: Mapping[str, Any
                     sts_ready=ready, generation=generation, pods=tuple(pods),
                     volumes=dict(status.get("volumes") or {}), pending_change=pending,
                     formed=cm is not None and (cm.data or {}).get("formed") == "true",
-                    admin_token=token, uid=uid,
+                    admin_token=token, admin_tls=admin_tls, uid=uid,
                     template_stale=sts is not None and spec is not None and _stale(sts, spec,
                                                                                   name, namespace))
 
@@ -265,21 +311,28 @@ def execute(action: Action, spec: Spec, obs: Observed, patch_status: dict[str, A
     name, ns = obs.name, obs.namespace
     apps, core = client.AppsV1Api(), client.CoreV1Api()
     token = _token(obs.admin_token)
+    tls = _tls_kwargs(obs.admin_tls)
+    if spec.admin_tls and obs.admin_tls is None and isinstance(action, ADMIN_CALLS):
+        raise RuntimeError(f"Secret {admin_tls_secret_name(name)} is missing or incomplete: "
+                           "no admin call in clear (spec.adminTls)")
     if isinstance(action, CreateResources):
         # first, so no pod starts without them; an existing one (409) is kept: the
         # members' volumes were formed with that password
         _create(build_raft_secret(name, ns, secrets.token_urlsafe(32)))
         _create_default_user(spec, name, ns)
+        ensure_admin_tls(spec, name, ns)
         for manifest in build_all(spec, name, ns, pdb_version(), obs.uid):
             _create(manifest)
     elif isinstance(action, ScaleStatefulSet):
         # the rebuilt template may name NAME-default-user for the first time
         # (spec.auth removed since the cluster was created)
         _create_default_user(spec, name, ns)
+        ensure_admin_tls(spec, name, ns)
         apps.patch_namespaced_stateful_set(name, ns, {"spec": {"replicas": action.replicas}})
         # the template tracks the spec (image, resources...) but keeps the planned replicas
         _roll_out(spec, name, ns, action.replicas, obs.uid)
     elif isinstance(action, UpdateTemplate):
+        ensure_admin_tls(spec, name, ns)  # spec.adminTls turned on since the cluster was made
         _roll_out(spec, name, ns, obs.sts_replicas, obs.uid)
     elif isinstance(action, AddMember | RemoveMember):
         host, port = _leader_admin(obs)
@@ -289,9 +342,10 @@ def execute(action: Action, spec: Spec, obs: Observed, patch_status: dict[str, A
         patch_status["pendingChange"] = f"{type(action).__name__} {action.node} {time.time():.0f}"
         try:
             if isinstance(action, AddMember):
-                result = call_add_member(host, port, action.node, action.address, token=token)
+                result = call_add_member(host, port, action.node, action.address, token=token,
+                                         **tls)
             else:
-                result = call_remove_member(host, port, action.node, token=token)
+                result = call_remove_member(host, port, action.node, token=token, **tls)
         except grpc.RpcError as exc:
             if exc.code() in DEFINITE_REFUSALS:  # nothing happened: nothing to wait for
                 patch_status["pendingChange"] = None
@@ -302,13 +356,14 @@ def execute(action: Action, spec: Spec, obs: Observed, patch_status: dict[str, A
         core.patch_namespaced_config_map(name, ns, {"data": {"members": cm["data"]["members"]}})
     elif isinstance(action, TransferLeadership):
         # asked of the leader being removed; it picks the most caught-up follower
-        call_transfer_leadership(*_admin(name, ns, _ordinal(action.from_node)), token=token)
+        call_transfer_leadership(*_admin(name, ns, _ordinal(action.from_node)), token=token,
+                                 **tls)
     elif isinstance(action, ReviveMember):
-        call_revive(*_admin(name, ns, _ordinal(action.node)), DRAIN_TIMEOUT, token=token)
+        call_revive(*_admin(name, ns, _ordinal(action.node)), DRAIN_TIMEOUT, token=token, **tls)
     elif isinstance(action, DrainMember):
         # Asked of the member itself: it closes its AMQP clients (320), refuses new
         # ones, and leaves the in-sync set for good (a replicated flag).
-        call_drain(*_admin(name, ns, _ordinal(action.node)), DRAIN_TIMEOUT, token=token)
+        call_drain(*_admin(name, ns, _ordinal(action.node)), DRAIN_TIMEOUT, token=token, **tls)
     elif isinstance(action, MarkFormed):
         core.patch_namespaced_config_map(name, ns, {"data": {"formed": "true"}})
     elif isinstance(action, UpdateStatus):
@@ -323,6 +378,7 @@ def execute(action: Action, spec: Spec, obs: Observed, patch_status: dict[str, A
         pass
 
 
+ADMIN_CALLS = (AddMember, RemoveMember, TransferLeadership, ReviveMember, DrainMember)
 _served: list[str] | None = None  # the API server's group versions (discovery, once)
 
 

@@ -21,6 +21,8 @@ RAFT_TLS_CONFIG_KEYS = ("raft.tls_cert", "raft.tls_key", "raft.tls_ca")
 # [tls] keys that spec.tls sets (the amqps listener and management HTTPS): likewise.
 TLS_CONFIG_KEYS = ("tls.port", "tls.cert", "tls.key", "http.tls_port", "http.tls_only",
                    "http.tls_cert", "http.tls_key")
+# [admin] keys that spec.adminTls (default on) sets from the operator's CA Secret.
+ADMIN_TLS_CONFIG_KEYS = ("admin.tls_cert", "admin.tls_key", "admin.tls_client_ca")
 # spec.networkPolicy's peer lists (NetworkPolicyPeer objects, passed through)
 # and their defaults. Prometheus: prometheus-operator's and the Prometheus
 # chart's pods carry this label, in whatever namespace. The operator: the
@@ -58,6 +60,9 @@ class Spec:
     # (the nodes refuse an admin port without one); None = the operator's own
     # NAME-default-user Secret
     auth_secret: str | None = None
+    # spec.adminTls (default true): mutual TLS on the admin port from the operator's
+    # per-cluster CA (NAME-admin-tls); false: plaintext gRPC, for debugging only
+    admin_tls: bool = True
     grace_seconds: int = DEFAULT_GRACE_SECONDS  # spec.terminationGracePeriodSeconds
     # spec.networkPolicy: the NetworkPolicy (on by default) and who may reach what.
     # Raft is always members only; client_from None = AMQP/management from anywhere
@@ -82,6 +87,13 @@ class Spec:
             if reserved:
                 raise SpecError(f"spec.config: {', '.join(reserved)} cannot be set in config; "
                                 f"name a kubernetes.io/tls Secret in {owner} instead")
+        admin_tls = spec.get("adminTls", True)
+        if not isinstance(admin_tls, bool):
+            raise SpecError(f"spec.adminTls must be true or false, got {admin_tls!r}")
+        reserved = sorted(k for k in config if k in ADMIN_TLS_CONFIG_KEYS) if admin_tls else []
+        if reserved:
+            raise SpecError(f"spec.config: {', '.join(reserved)} cannot be set in config: "
+                            "the operator's CA serves the admin port (spec.adminTls)")
         tls = spec.get("tls") or {}
         tls_only = tls.get("managementTlsOnly", True)
         if not isinstance(tls_only, bool):
@@ -105,6 +117,7 @@ class Spec:
             raft_tls_secret=raft_tls_secret,
             config=config,
             auth_secret=auth_secret,
+            admin_tls=admin_tls,
             grace_seconds=_grace_seconds(spec.get("terminationGracePeriodSeconds")),
             network_policy=enabled,
             metrics_from=_peers(np, "metricsFrom") or DEFAULT_METRICS_FROM,
@@ -283,6 +296,9 @@ class Observed:
     # the auth Secret's admin-token, for every admin call of this pass (None: no
     # Secret or no key, and then the nodes have no token either); never printed
     admin_token: str | None = field(default=None, repr=False)
+    # (CA, client certificate, client key) PEMs from NAME-admin-tls for every admin
+    # call of this pass; None: plaintext (spec.adminTls false)
+    admin_tls: tuple[bytes, bytes, bytes] | None = field(default=None, repr=False)
     # the StatefulSet's pod template predates the spec (its config hash differs)
     template_stale: bool = False
     uid: str | None = None  # the MirrorqCluster's: what the built objects are owned by
