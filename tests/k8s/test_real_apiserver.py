@@ -216,3 +216,79 @@ kube.sync_exposure(Spec.from_cr({{"tls": {{"secretName": "mq-tls"}}}}), "mq", "n
     assert res.returncode == 0, res.stderr
     gone = cp.kubectl("-n", "np-test", "get", "networkpolicy", "mq", check=False)
     assert gone.returncode != 0 and "NotFound" in gone.stderr
+
+
+def test_operator_creates_the_admin_ca_secret_once_and_reuses_it(cp: ControlPlane) -> None:
+    """Issue 26 (items 9, 11) against the real API server: the CRD keeps
+    spec.adminTls and refuses a non-boolean; the operator's CreateResources makes
+    NAME-admin-tls (a CA, the pods' and the operator's certificates) before the
+    StatefulSet that mounts it; a later pass (UpdateTemplate) keeps it untouched
+    (same resourceVersion, same CA), and observe() reads it back as the
+    credentials every admin call of a pass uses."""
+    cp.kubectl("apply", "-f", str(CRDS))
+    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+               "crd/mirrorqclusters.mirrorq.io")
+    cr = {"apiVersion": "mirrorq.io/v1alpha1", "kind": "MirrorqCluster",
+          "metadata": {"name": "atls", "namespace": "default"}, "spec": {"adminTls": False}}
+    stored = json.loads(cp.kubectl("apply", "--dry-run=server", "-o", "json", "-f", "-",
+                                   input=json.dumps(cr)).stdout)["spec"]
+    assert stored["adminTls"] is False
+    defaulted = json.loads(cp.kubectl("apply", "--dry-run=server", "-o", "json", "-f", "-",
+                                      input=cluster_cr("atls", 3)).stdout)["spec"]
+    assert defaulted["adminTls"] is True  # the CRD's default: on
+    bad = {**cr, "spec": {"adminTls": "no"}}
+    assert cp.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(bad),
+                      check=False).returncode != 0
+
+    script = f"""
+import base64, json
+from kubernetes import client, config
+config.load_kube_config({str(cp.kubeconfig)!r})
+from mirrorq_operator import kube
+from mirrorq_operator.model import CreateResources, Spec, UpdateTemplate
+ns = "atls-test"
+core = client.CoreV1Api()
+core.create_namespace({{"metadata": {{"name": ns}}}})
+spec = Spec.from_cr({{"replicas": 1}})
+kube._served = ["policy/v1beta1"]
+
+def secret():
+    s = core.read_namespaced_secret("mq-admin-tls", ns)
+    return s.metadata.resource_version, s.data
+
+def observe():
+    return kube.observe("mq", ns, 1, {{}}, auth_secret="mq-default-user", spec=spec)
+
+before = observe().admin_tls
+kube.execute(CreateResources(), spec, observe(), {{}})
+rv1, data1 = secret()
+obs = observe()
+kube.execute(UpdateTemplate(), spec, obs, {{}})
+kube.execute(CreateResources(), spec, obs, {{}})  # a repeated create: 409, kept
+rv2, data2 = secret()
+sts = client.AppsV1Api().read_namespaced_stateful_set("mq", ns).to_dict()
+vols = sts["spec"]["template"]["spec"]["volumes"]
+cm = core.read_namespaced_config_map("mq", ns).data["mirrorq.toml"]
+dec = {{k: base64.b64decode(v) for k, v in data2.items()}}
+print(json.dumps({{"before": before, "same_rv": rv1 == rv2, "same_data": data1 == data2,
+                  "keys": sorted(data2),
+                  "observed": obs.admin_tls == (dec["ca.crt"], dec["client.crt"], dec["client.key"]),
+                  "volume": [v["secret"] for v in vols if v["name"] == "admin-tls"],
+                  "config": [l for l in cm.splitlines() if l.startswith("admin.")]}}))
+"""
+    import sys
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=180)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["before"] is None  # no Secret yet: observe() made no admin call in clear
+    assert got["same_rv"] and got["same_data"], got
+    assert got["keys"] == ["ca.crt", "ca.key", "client.crt", "client.key", "tls.crt", "tls.key"]
+    assert got["observed"]
+    (vol,) = got["volume"]
+    assert vol["secret_name"] == "mq-admin-tls" and vol["default_mode"] == 0o440
+    assert [i["key"] for i in vol["items"]] == ["ca.crt", "tls.crt", "tls.key"]
+    assert sorted(got["config"]) == [
+        'admin.tls_cert = "/etc/mirrorq-admin-tls/tls.crt"',
+        'admin.tls_client_ca = "/etc/mirrorq-admin-tls/ca.crt"',
+        'admin.tls_key = "/etc/mirrorq-admin-tls/tls.key"']
