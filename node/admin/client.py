@@ -38,11 +38,13 @@ def _env(value: Pem | None, name: str) -> Pem | None:
 
 def _call(host: str, port: int, method: str, request: Any, timeout: float,
           token: str | None, tls_ca: Pem | None, tls_cert: Pem | None,
-          tls_key: Pem | None) -> Any:
+          tls_key: Pem | None, tls_server_name: str | None = None) -> Any:
     """One unary call. The token defaults to $MIRRORQ_ADMIN_TOKEN; a CA file
     (default $MIRRORQ_ADMIN_CA) means TLS, with a client certificate when
     cert and key (default $MIRRORQ_ADMIN_CERT/_KEY) are given. Each TLS
-    argument is a file path or the PEM bytes."""
+    argument is a file path or the PEM bytes. tls_server_name: the name the
+    server certificate must carry when `host` is an address it does not name
+    (a pod's IP; the certificate names its DNS name)."""
     token, tls_ca = cast("str | None", _env(token, TOKEN_ENV)), _env(tls_ca, CA_ENV)
     tls_cert, tls_key = _env(tls_cert, CERT_ENV), _env(tls_key, KEY_ENV)
     target = f"{host}:{port}"
@@ -51,7 +53,9 @@ def _call(host: str, port: int, method: str, request: Any, timeout: float,
             root_certificates=_read_pem(tls_ca, "CA file"),
             private_key=_read_pem(tls_key, "client key") if tls_key else None,
             certificate_chain=_read_pem(tls_cert, "client certificate") if tls_cert else None)
-        channel = grpc.secure_channel(target, creds)
+        options = ([("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name
+                   else [])
+        channel = grpc.secure_channel(target, creds, options=options)
     else:
         channel = grpc.insecure_channel(target)
     metadata = (("authorization", f"Bearer {token}"),) if token else None
@@ -62,9 +66,9 @@ def _call(host: str, port: int, method: str, request: Any, timeout: float,
 
 def call_status(host: str, port: int, timeout: float = 5.0, *, token: str | None = None,
                 tls_ca: Pem | None = None, tls_cert: Pem | None = None,
-                tls_key: Pem | None = None) -> dict[str, Any]:
+                tls_key: Pem | None = None, tls_server_name: str | None = None) -> dict[str, Any]:
     return pb_to_status(_call(host, port, "Status", pb.StatusRequest(), timeout,
-                              token, tls_ca, tls_cert, tls_key))
+                              token, tls_ca, tls_cert, tls_key, tls_server_name))
 
 
 def call_list_queues(host: str, port: int, vhost: str | None = None, timeout: float = 10.0, *,

@@ -141,9 +141,16 @@ def test_helm_install_runs_operator_under_its_service_account_and_three_ready_me
         pika.BlockingConnection(pika.ConnectionParameters(
             host=eps[0].host, credentials=pika.PlainCredentials(eps[0].user, "wrong"),
             connection_attempts=1, socket_timeout=5))
-    # the admin port wants the token: without it, refused
+    # the admin port is mutual TLS from the operator's CA (issue 26): the operator and
+    # the readiness probes (3 Ready pods above) got through it; plaintext, as before, does
+    # not, and TLS with the CA's client certificate still wants the token
+    tls = env.admin_tls(eps[0].node_id)
+    assert call_status(eps[0].host, 15682, 3.0, token=env.secret("admin-token"),
+                       **tls)["node_id"] == eps[0].node_id
+    with pytest.raises(Exception, match="UNAVAILABLE"):
+        call_status(eps[0].host, 15682, 3.0, token=env.secret("admin-token"), tls_ca=b"")
     with pytest.raises(Exception, match="UNAUTHENTICATED|token"):
-        call_status(eps[0].host, 15682, 3.0, token="")
+        call_status(eps[0].host, 15682, 3.0, token="", **tls)
     # the management HTTP API (15672) on every pod, with the Secret's user: each
     # names the same leader; no credentials is 401
     leaders = set()

@@ -106,10 +106,20 @@ class Env:
                 out.append(PodEndpoint(p["metadata"]["name"], ip, user, password))
         return sorted(out, key=lambda e: e.node_id)
 
+    def admin_tls(self, pod: str) -> dict[str, Any]:
+        """call_status's TLS arguments for `pod` (dialled by IP): the operator's CA and
+        client certificate from NAME-admin-tls, the pod's DNS name as the server name."""
+        data = self.json("secret", f"{NAME}-admin-tls")["data"]
+        pem = {k: base64.b64decode(v) for k, v in data.items()}
+        return {"tls_ca": pem["ca.crt"], "tls_cert": pem["client.crt"],
+                "tls_key": pem["client.key"],
+                "tls_server_name": f"{pod}.{NAME}-headless.{NS}.svc"}
+
     def admin_status(self, pod: str) -> dict[str, Any]:
         ip = self.agent.pod_ip(NS, pod)
         assert ip, f"{pod} runs nowhere"
-        return call_status(ip, 15682, 3.0, token=self.secret("admin-token"))
+        return call_status(ip, 15682, 3.0, token=self.secret("admin-token"),
+                           **self.admin_tls(pod))
 
     def converged(self, n: int) -> dict[str, Any] | None:
         """The CR says n members, all in sync, a leader, available; n pods Ready."""
@@ -129,7 +139,8 @@ class Env:
             while not self._watch_stop.is_set():
                 for e in self.endpoints():
                     try:
-                        st = call_status(e.host, 15682, 2.0, token=token)
+                        st = call_status(e.host, 15682, 2.0, token=token,
+                                         **self.admin_tls(e.node_id))
                     except Exception:  # noqa: BLE001 - a pod coming or going
                         continue
                     if st.get("role") == "leader":
