@@ -202,10 +202,11 @@ def test_rendered_config_loads_in_the_node(helm: str, tmp_path: Path) -> None:
     from mirrorq_operator.model import Spec
 
     from node.app.config import NodeConfig, apply_file
+    from tests.support.admin_tls import with_admin_tls_files
     (cr,) = by_kind(docs_of(helm, VALUE_SETS["extra"]), "MirrorqCluster")
     cm = build_configmap(Spec.from_cr(cr["spec"]), "mirrorq", "mq")
     path = tmp_path / "mirrorq.toml"
-    path.write_text(cm["data"]["mirrorq.toml"])
+    path.write_text(with_admin_tls_files(cm["data"]["mirrorq.toml"], tmp_path))
     cfg = NodeConfig(node_id="mirrorq-0", data_dir=str(tmp_path / "data"))
     apply_file(cfg, str(path))
     assert cfg.memory_high_watermark_relative == 0.4 and cfg.wire.heartbeat == 60
@@ -360,12 +361,13 @@ def test_memory_high_watermark_as_fraction_or_bytes(helm: str, tmp_path: Path, v
     from mirrorq_operator.model import Spec
 
     from node.app.config import NodeConfig, apply_file
+    from tests.support.admin_tls import with_admin_tls_files
     (cr,) = by_kind(docs_of(helm, ["--set", f"config.memory_high_watermark={value}"]),
                     "MirrorqCluster")
     assert float(cr["spec"]["config"]["memory_high_watermark"]) == float(value)
     cm = build_configmap(Spec.from_cr(cr["spec"]), "mirrorq", "mq")
     path = tmp_path / "mirrorq.toml"
-    path.write_text(cm["data"]["mirrorq.toml"])
+    path.write_text(with_admin_tls_files(cm["data"]["mirrorq.toml"], tmp_path))
     cfg = NodeConfig(node_id="mirrorq-0", data_dir=str(tmp_path / "data"))
     apply_file(cfg, str(path))
     assert cfg.memory_high_watermark_relative == relative

@@ -32,6 +32,8 @@ from mirrorq_operator.builders import (
 )
 from mirrorq_operator.model import Spec, SpecError
 
+from tests.support.admin_tls import with_admin_tls_files
+
 SPEC = Spec.from_cr({"replicas": 3, "image": "mirrorq:1.2.3",
                      "resources": {"requests": {"cpu": "500m"}},
                      "persistence": {"storageClassName": "fast", "size": "20Gi"},
@@ -277,7 +279,7 @@ def test_raft_tls_config_loads_in_the_node_with_cert_manager_file_names(tmp_path
         (secret_dir / name).write_bytes(src.read_bytes())
     text = build_configmap(RAFT_TLS_SPEC, "mq", "ns1")["data"]["mirrorq.toml"]
     path = tmp_path / "mirrorq.toml"
-    path.write_text(text.replace(RAFT_TLS_DIR, str(secret_dir)))
+    path.write_text(with_admin_tls_files(text.replace(RAFT_TLS_DIR, str(secret_dir)), tmp_path))
     cfg = NodeConfig(node_id="mq-0", data_dir=str(tmp_path / "data"))
     apply_file(cfg, str(path))
     assert (cfg.raft.tls_cert, cfg.raft.tls_key, cfg.raft.tls_ca) == (
@@ -310,7 +312,7 @@ def test_string_config_values_become_the_numbers_the_node_reads(tmp_path):
     text = build_configmap(spec, "mq", "ns1")["data"]["mirrorq.toml"]
     assert tomllib.loads(text)["raft"]["election_min"] == 1.5
     path = tmp_path / "mirrorq.toml"
-    path.write_text(text)
+    path.write_text(with_admin_tls_files(text, tmp_path))
     cfg = NodeConfig(node_id="mq-0", data_dir=str(tmp_path / "data"))
     apply_file(cfg, str(path))
     validate(cfg)
@@ -416,7 +418,7 @@ def test_amqps_config_loads_in_the_node_with_the_mounted_secret(tmp_path):
     (secret_dir / "tls.key").write_bytes(key)
     text = build_configmap(SPEC, "mq", "ns1")["data"]["mirrorq.toml"]
     path = tmp_path / "mirrorq.toml"
-    path.write_text(text.replace(TLS_DIR, str(secret_dir)))
+    path.write_text(with_admin_tls_files(text.replace(TLS_DIR, str(secret_dir)), tmp_path))
     cfg = NodeConfig(node_id="mq-0", data_dir=str(tmp_path / "data"))
     apply_file(cfg, str(path))
     assert (cfg.tls.port, cfg.tls.cert, cfg.tls.key) == (
