@@ -317,7 +317,7 @@ def _by_address(c: Cluster, address: str) -> ClusterNode:
 
 
 def _users(node: ClusterNode) -> list[str]:
-    return [u["name"] for u in call_user_list(node.host, node.admin_port)["users"]]
+    return [u["name"] for u in call_user_list(node.host, node.admin_port, token=node.admin_token)["users"]]
 
 
 def _publish_confirmed(node: ClusterNode, queue: str, n: int = 20) -> None:
