@@ -2,6 +2,7 @@
 checks on what came out (check_delivered, new_leader_time)."""
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -103,6 +104,19 @@ def pika_conn(node: ClusterNode, **kw: Any) -> Any:
     return pika.BlockingConnection(pika.ConnectionParameters(
         host=node.host, port=node.amqp_port,
         credentials=pika.PlainCredentials(node.user, node.password), **kw))
+
+
+def publish_confirmed(node: ClusterNode, queue: str, n: int = 20) -> None:
+    """`n` random 1 KiB bodies to `queue` through the default exchange, each
+    confirmed (pika raises if one is nacked or unroutable)."""
+    conn = pika_conn(node)
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for _ in range(n):
+            ch.basic_publish("", queue, os.urandom(1024))
+    finally:
+        conn.close()
 
 
 def pump(conn: Any, cond: Callable[[], bool], timeout: float, what: str) -> None:

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from pysyncobj.syncobj import _COMMAND_TYPE
 
-from harness.client import declare, pika_conn, uniq_queue
+from harness.client import declare, publish_confirmed, uniq_queue
 from harness.process import CLUSTER_PASSWORD, Cluster, ClusterNode, wait_for
 from node.admin.client import call_user_list
 from node.broker.password import hash_password
@@ -320,23 +320,12 @@ def _users(node: ClusterNode) -> list[str]:
     return [u["name"] for u in call_user_list(node.host, node.admin_port, token=node.admin_token)["users"]]
 
 
-def _publish_confirmed(node: ClusterNode, queue: str, n: int = 20) -> None:
-    conn = pika_conn(node)
-    try:
-        ch = conn.channel()
-        ch.confirm_delivery()
-        for _ in range(n):
-            ch.basic_publish("", queue, os.urandom(1024))  # raises if nacked or unroutable
-    finally:
-        conn.close()
-
-
 def test_an_on_path_relay_that_alters_or_injects_a_frame_gets_the_link_dropped_and_nothing_applied(
         relayed: tuple[Cluster, ClusterNode, _Relay]) -> None:
     c, target, relay = relayed
     queue = uniq_queue("mac")
     declare(c.leader(), queue)
-    _publish_confirmed(target, queue)
+    publish_confirmed(target, queue)
 
     for i, mode in enumerate(("flip", "inject"), start=1):
         relay.arm(mode)
@@ -350,8 +339,8 @@ def test_an_on_path_relay_that_alters_or_injects_a_frame_gets_the_link_dropped_a
     c.wait_healthy(30)
     for n in c.nodes:
         assert INTRUDER not in _users(n), f"{n.node_id} applied a forged UserPut"
-    _publish_confirmed(target, queue)
-    _publish_confirmed(c.leader(), queue)
+    publish_confirmed(target, queue)
+    publish_confirmed(c.leader(), queue)
     assert sum(int(n.status()["peer_mac_failures"]) for n in c.nodes) == 2
 
 

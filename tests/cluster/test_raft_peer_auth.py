@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.client import declare, pika_conn, uniq_queue
+from harness.client import declare, publish_confirmed, uniq_queue
 from harness.process import Cluster, ClusterNode, free_port, wait_for
 from node.app.pki import make_ca, make_member
 from node.replication.codec import encode
@@ -57,17 +57,6 @@ def _view(c: Cluster) -> dict[str, tuple[Any, ...]]:
 
 def _rejects(c: Cluster) -> int:
     return sum(int(n.status()["peer_rejects"]) for n in c.nodes)
-
-
-def _publish_confirmed(node: ClusterNode, queue: str, n: int = 20) -> None:
-    conn = pika_conn(node)
-    try:
-        ch = conn.channel()
-        ch.confirm_delivery()
-        for _ in range(n):
-            ch.basic_publish("", queue, os.urandom(1024))  # raises if nacked or unroutable
-    finally:
-        conn.close()
 
 
 def test_garbage_wrong_password_and_stalled_handshakes_are_refused_and_change_nothing(
@@ -116,7 +105,7 @@ def test_garbage_wrong_password_and_stalled_handshakes_are_refused_and_change_no
     wait_for(lambda: _rejects(cluster) >= rejects0 + 4, timeout=10, what="4 refusals counted")
     assert "raft peer" in target.tail_log(400) and "refused" in target.tail_log(400)
     assert _view(cluster) == before
-    _publish_confirmed(cluster.followers()[0], queue)
+    publish_confirmed(cluster.followers()[0], queue)
     assert _view(cluster) == before
 
 
@@ -138,7 +127,7 @@ def test_mutual_tls_cluster_refuses_peers_without_a_cluster_certificate(
     leader = c.leader()
     queue = uniq_queue("tls")
     declare(leader, queue)
-    _publish_confirmed(c.followers()[0], queue)
+    publish_confirmed(c.followers()[0], queue)
     before = _view(c)
     rejects0 = _rejects(c)
     target = c.followers()[0]
@@ -183,5 +172,5 @@ def test_mutual_tls_cluster_refuses_peers_without_a_cluster_certificate(
         assert _view(c) == before
         time.sleep(0.2)
     wait_for(lambda: _rejects(c) >= rejects0 + 3, timeout=10, what="the refusals counted")
-    _publish_confirmed(c.followers()[0], queue)
+    publish_confirmed(c.followers()[0], queue)
     assert _view(c) == before

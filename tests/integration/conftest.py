@@ -1,6 +1,7 @@
 """Fixtures of the integration suite: `amqp` (pika connections that clean up after
 themselves, tests/support/pika_session.py) and `raw`: RawClients (harness.amqp) for the
-cases where a client library would hide what the broker really sent."""
+cases where a client library would hide what the broker really sent; `nodes`: a
+list a test appends the NodeProcesses it starts to, each killed afterwards."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 
 from harness.amqp import RawClient
-from tests.broker_proc import Broker
+from tests.broker_proc import Broker, NodeProcess
 from tests.support.pika_session import Amqp
 
 
@@ -41,3 +42,13 @@ def raw(broker: Broker) -> Iterator[Any]:
     finally:
         for c in made:
             c.close()
+
+
+@pytest.fixture
+def nodes() -> Iterator[list[NodeProcess]]:
+    made: list[NodeProcess] = []
+    try:
+        yield made
+    finally:
+        for n in made:
+            n.kill9()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -28,16 +27,6 @@ pytestmark = pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")),
 @pytest.fixture(autouse=True)
 def _no_admin_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MIRRORQ_ADMIN_TOKEN", raising=False)
-
-
-@pytest.fixture
-def nodes() -> Iterator[list[NodeProcess]]:
-    made: list[NodeProcess] = []
-    try:
-        yield made
-    finally:
-        for n in made:
-            n.kill9()
 
 
 def _serve(*args: str) -> subprocess.CompletedProcess[str]:

@@ -8,7 +8,6 @@ import ipaddress
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -101,16 +100,6 @@ class Pki:
 @pytest.fixture
 def pki(tmp_path: Path) -> Pki:
     return Pki(tmp_path / "pki")
-
-
-@pytest.fixture
-def nodes() -> Iterator[list[NodeProcess]]:
-    made: list[NodeProcess] = []
-    try:
-        yield made
-    finally:
-        for n in made:
-            n.kill9()
 
 
 def start(nodes: list[NodeProcess], tmp_path: Path, config: str) -> NodeProcess:
