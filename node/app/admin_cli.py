@@ -43,7 +43,7 @@ def _common(p: argparse.ArgumentParser, port_type: Callable[[str], int]) -> None
     p.add_argument("--host", default=s, help="host of --admin-port")
     p.add_argument("--json", action="store_true", default=s, help="machine-readable output")
     # --token is gone (issue 26: a token in argv shows in ps): still parsed, to say so
-    p.add_argument("--token", default=s, help=argparse.SUPPRESS)
+    p.add_argument("--token", nargs="?", const="", default=s, help=argparse.SUPPRESS)
     p.add_argument("--token-file", default=s, metavar="FILE",
                    help="file holding the admin token (default: $MIRRORQ_ADMIN_TOKEN)")
     p.add_argument("--ca", default=s, metavar="FILE",

@@ -286,7 +286,8 @@ def _token_file(d: Path) -> str:
     if not path.exists():
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_urlsafe(32) + "\n")
+            # hex: a token never starts with "-", which a CLI would read as an option
+            f.write(secrets.token_hex(32) + "\n")
     return read_token(d) or ""
 
 

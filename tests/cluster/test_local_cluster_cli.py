@@ -289,7 +289,8 @@ def test_local_cluster_admin_needs_its_generated_token(loopback_cluster: dict[st
     proc = _mirrorq("users", "--admin", admin, "list", env={"MIRRORQ_ADMIN_TOKEN": token})
     assert proc.returncode == 0 and "guest" in proc.stdout, proc.stderr
     _assert_usage_error(_mirrorq("status", "--admin", admin), "UNAUTHENTICATED")
-    _assert_usage_error(_mirrorq("status", "--admin", admin, "--token", token), "--token-file")
+    _assert_usage_error(_mirrorq("status", "--admin", admin, f"--token={token}"), "--token-file")
+    _assert_usage_error(_mirrorq("status", "--admin", admin, "--token"), "--token-file")
     # local-cluster's own commands carry it
     st = _cli("status", "--dir", str(d), "--json")
     assert st.returncode == 0 and all(r["role"] != "down" for r in json.loads(st.stdout)["nodes"])
