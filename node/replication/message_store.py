@@ -22,7 +22,9 @@ from typing import Any, Protocol
 
 from node.replication.codec import CodecError, decode_from
 
-BUCKET_SHIFT = 8  # live-message counts per 256 Raft indices (retention of log segments)
+# live-message counts per 16 Raft indices (retention of log segments): fine enough
+# that a segment is freed soon after its messages, one dict item per 16 entries
+BUCKET_SHIFT = 4
 
 
 class Handle(Protocol):

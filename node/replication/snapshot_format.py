@@ -5,7 +5,9 @@ values), the codec's plain values and records, or raises SnapshotFormatError.
 
 Layout (integers little endian):
   header  magic (8) | format version u16 | reserved u16 | body length u64 | CRC32 of the body u32
-  body    raft position: one codec value (RaftMeta)
+  body    log entries (version 3): u64 count, then that many u64 Raft indices,
+          ascending: the entries the messages' bytes are in (see below)
+          raft position: one codec value (RaftMeta)
           plain state: one codec value (the scalar fields and plain tables)
           exchanges    u32 count, each one codec tuple
           queues       u32 count, each: a codec tuple of its fields, then its
@@ -14,9 +16,15 @@ Layout (integers little endian):
           consumers    u32 count, each one codec tuple (channel and queue by index)
           links        per channel: its unacked deliveries and consumers;
                        per queue: its consumers and exclusive consumer
-A message is a fixed struct, its exchange and routing key, its properties
-(a codec table, or a back reference: publishes routed to several queues share
-one table and one body, and still do after a load) and its body as raw bytes.
+A message is a fixed struct, its exchange and routing key, then (version 3)
+where its bytes are in the Raft log (index, offset and length of its
+properties inside that entry; the body follows them): the snapshot holds the
+index only, never the bodies (issue 27 item 3), and the log's segments that
+hold those entries are kept while a snapshot or the state needs them. A
+message whose properties or body are held here instead (a test's state, a
+dead-lettered message's new properties, versions 1 and 2) has them inline: a
+codec table or a back reference (publishes routed to several queues share
+one table and one body, and still do after a load), the body as raw bytes.
 Queues, channels and consumers are referenced by index, so the object graph
 (an unacked delivery's queue and consumer, a consumer's channel) comes back
 with the same sharing, deleted queues that deliveries still name included.
@@ -25,14 +33,18 @@ The whole body is covered by the CRC: a damaged file is refused before any of
 it is decoded. A new layout gets a new version number; this build reads
 READ_VERSIONS. Version 2 (issue 28): message properties may hold the codec's
 W values (header values with their AMQP wire type); version 1 files, which
-cannot, are read as before.
+cannot, are read as before. Version 3 (issue 27): the log-entries section,
+messages by their place in the log, the priority in the message struct.
 """
 from __future__ import annotations
 
 import struct
+import sys
 import zlib
+from array import array
+from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Iterator
 from io import BytesIO
 from typing import IO, Any, NamedTuple
 
@@ -42,18 +54,23 @@ from node.broker.ids import ChanId
 from node.broker.queue import Message, Queue, raw_priority
 from node.replication.codec import CodecError, decode_from, encode_into
 from node.replication.machine.state import BrokerState
-from node.replication.message_store import PayloadCache, split_loc
+from node.replication.message_store import BUCKET_SHIFT, make_loc
 
 MAGIC = b"\x89MQSNAP\n"  # not a pickle (0x80), not text
-FORMAT_VERSION = 2
-READ_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+READ_VERSIONS = (1, 2, 3)
 _HEADER = struct.Struct("<8sHHQI")
 HEADER_SIZE = _HEADER.size
 _U32 = struct.Struct("<I")
 # seq, expires_at, delivery_count, flags, exchange length, routing key length,
 # body length (or, with _BODY_REF, the index of a body written before)
-_MSG = struct.Struct("<qdIBIII")
+_MSG = struct.Struct("<qdIBIII")  # versions 1 and 2
+# version 3: flags u16, and the priority; body length is the size where the body is logged
+_MSG3 = struct.Struct("<qdIHIIIB")
+_LOC = struct.Struct("<QII")  # Raft index, properties' offset and length in the entry
+_U64 = struct.Struct("<Q")
 _PERSISTENT, _REDELIVERED, _EXPIRES, _PROPS_EMPTY, _PROPS_REF, _BODY_REF = 1, 2, 4, 8, 16, 32
+_HAS_LOC, _BODY_LOGGED, _PROPS_LOGGED = 64, 128, 256  # version 3
 _FLUSH_PIECES = 16384  # encoded pieces joined into one write
 
 
@@ -127,19 +144,44 @@ class _Writer:
         self.sink.write(data)
 
 
-def write_snapshot(sink: IO[bytes], state: BrokerState, raft: RaftMeta,
-                   entry: Callable[[int], bytes] | None = None) -> int:
+def logged_entries(state: BrokerState) -> array[int]:
+    """The Raft indices (ascending, each once) of the entries that hold bytes
+    of the state's messages: what a snapshot of it needs from the log."""
+    seen: set[int] = set()
+    add = seen.add
+    for m in iter_messages(state):
+        loc = m.loc
+        if loc is not None:
+            add(loc >> 64)
+    return array("Q", sorted(seen))
+
+
+def iter_messages(state: BrokerState) -> Iterator[Message]:
+    """Every message the state holds (ready, returned, unacked; a message
+    unacked from a deleted queue too)."""
+    for q in state.queues.values():
+        yield from q.ready
+        for _key, m in q.returned:
+            yield m
+    for ch in state.channels.values():
+        for _q, m, _by in ch.unacked.values():
+            yield m
+
+
+def write_snapshot(sink: IO[bytes], state: BrokerState, raft: RaftMeta) -> int:
     """Write the snapshot to a seekable binary file; returns its size.
-    `entry(index)`: a log entry's payload (checked), for the messages whose
-    bytes are in the log (message_store): they are written inline."""
+    Messages whose bytes are in the log are written as their place there."""
     start = sink.tell()
     sink.write(bytes(HEADER_SIZE))  # filled in once the body's length and CRC are known
     w = _Writer(sink)
+    entries = logged_entries(state)
+    w.out.append(_U64.pack(len(entries)))
+    w.out.append(entries.tobytes() if sys.byteorder == "little" else _swapped(entries))
     w.value(tuple(raft))
     w.value(tuple(getattr(state, f) for f in STATE_FIELDS))
     _write_exchanges(w, state)
     queues, channels, consumers = _graph(state)
-    msgs = _MessageWriter(w, entry)  # one for the whole file: back references span queues
+    msgs = _MessageWriter(w)  # one for the whole file: back references span queues
     _write_queues(w, state, queues, msgs)
     q_index = {id(q): i for i, q in enumerate(queues)}
     c_index = {id(c): i for i, c in enumerate(channels)}
@@ -250,26 +292,15 @@ def _write_queues(w: _Writer, state: BrokerState, queues: list[Queue], msgs: _Me
 
 
 class _MessageWriter:
-    """Messages, with bodies and property tables shared between queues written once."""
+    """Messages, with property tables and inline bodies shared between queues
+    written once; bytes in the log as their place there."""
 
-    def __init__(self, w: _Writer, entry: Callable[[int], bytes] | None) -> None:
+    def __init__(self, w: _Writer) -> None:
         self.w = w
-        # back references: inline bytes by id(), bytes in the log by their loc
-        self.bodies: dict[int, int] = {}
+        self.bodies: dict[int, int] = {}  # back references, by id()
         self.props: dict[int, int] = {}
         self.n_bodies = 0
         self.n_props = 0
-        self.logged_bodies: dict[int, int] = {}
-        self.logged_props: dict[int, int] = {}
-        self.entry = entry
-        self.cache = PayloadCache(32 << 20)
-
-    def _payload(self, loc: int) -> tuple[bytes, int, int]:
-        if self.entry is None:
-            raise SnapshotFormatError("a message in the log, and no log to read it from")
-        idx, at, n = split_loc(loc)
-        entry = self.entry
-        return self.cache.get(idx, lambda: entry(idx)), at, n
 
     def write(self, m: Message) -> None:
         out = self.w.out
@@ -277,22 +308,14 @@ class _MessageWriter:
         expires = m.expires_at
         if expires is not None:
             flags |= _EXPIRES
-        props, body = m.props, m.body
-        raw_props: bytes | None = None
+        props, body, loc = m.props, m.body, m.loc
         pref = bref = -1
-        if props is None:  # in the log, as encoded there (codec table, or N)
-            assert m.loc is not None
-            payload, at, n = self._payload(m.loc)
-            if n == 1 and payload[at] == 0x4E:
-                flags |= _PROPS_EMPTY
-            else:
-                pref = self.logged_props.get(m.loc, -1)
-                if pref >= 0:
-                    flags |= _PROPS_REF
-                else:
-                    self.logged_props[m.loc] = self.n_props
-                    self.n_props += 1
-                    raw_props = payload[at:at + n]
+        if loc is not None:
+            flags |= _HAS_LOC
+        if props is None:
+            if loc is None:
+                raise SnapshotFormatError("a message without properties and without a place in the log")
+            flags |= _PROPS_LOGGED
         elif not props:
             flags |= _PROPS_EMPTY
         else:
@@ -303,41 +326,41 @@ class _MessageWriter:
                 self.props[id(props)] = self.n_props
                 self.n_props += 1
         if body is None:
-            assert m.loc is not None
-            bref = self.logged_bodies.get(m.loc, -1)
-            if bref < 0:
-                self.logged_bodies[m.loc] = self.n_bodies
-                self.n_bodies += 1
-                payload, at, n = self._payload(m.loc)
-                body = payload[at + n:at + n + m.size]
-                if len(body) != m.size:
-                    raise SnapshotFormatError(f"message at index {m.loc >> 64} past its entry's end")
+            if loc is None:
+                raise SnapshotFormatError("a message without a body and without a place in the log")
+            flags |= _BODY_LOGGED
         else:
             bref = self.bodies.get(id(body), -1)
-            if bref < 0:
+            if bref >= 0:
+                flags |= _BODY_REF
+            else:
                 self.bodies[id(body)] = self.n_bodies
                 self.n_bodies += 1
-        if bref >= 0:
-            flags |= _BODY_REF
         ex = m.exchange.encode()
         rk = m.routing_key.encode()
-        out.append(_MSG.pack(m.seq, 0.0 if expires is None else expires, m.delivery_count, flags,
-                             len(ex), len(rk), bref if bref >= 0 else len(body or b"")))
+        n = m.size if body is None else (bref if bref >= 0 else len(body))
+        out.append(_MSG3.pack(m.seq, 0.0 if expires is None else expires, m.delivery_count, flags,
+                              len(ex), len(rk), n, min(m.priority, 255)))
         out.append(ex)
         out.append(rk)
+        if loc is not None:
+            out.append(_LOC.pack(loc >> 64, (loc >> 32) & 0xFFFFFFFF, loc & 0xFFFFFFFF))
         if flags & _PROPS_REF:
             out.append(_U32.pack(pref))
-        elif raw_props is not None:
-            out.append(raw_props)
         elif props:
             encode_into(props, out)
-        if bref < 0:
-            assert body is not None
+        if body is not None and bref < 0:
             out.append(body)
 
 
+def _swapped(entries: array[int]) -> bytes:
+    copy = array("Q", entries)
+    copy.byteswap()
+    return copy.tobytes()
+
+
 # ------------------------------------------------------------------- read
-def check(data: bytes) -> int:
+def check(data: bytes | memoryview) -> int:
     """Check the header and the body's CRC; returns where the body starts.
     Raises SnapshotFormatError naming what is wrong."""
     if data[:1] == b"\x80":  # pickle protocol 2+: what builds before issue 26 wrote
@@ -358,15 +381,47 @@ def check(data: bytes) -> int:
     return HEADER_SIZE
 
 
+def snapshot_size(head: bytes) -> int:
+    """The whole snapshot's size in bytes, from its first HEADER_SIZE bytes
+    (the snapshot a leader sends is followed by the log entries it needs)."""
+    if len(head) < HEADER_SIZE or head[:len(MAGIC)] != MAGIC:
+        raise SnapshotFormatError("not a mirrorq snapshot (no magic)")
+    _magic, _version, _reserved, length, _crc = _HEADER.unpack_from(head, 0)
+    return HEADER_SIZE + int(length)
+
+
+def read_entries(f: IO[bytes]) -> array[int]:
+    """The log-entries section of a snapshot file (its header checked, not
+    its CRC: the file is this node's own, checked when written or received)."""
+    head = f.read(HEADER_SIZE + 8)
+    if len(head) < HEADER_SIZE or head[:len(MAGIC)] != MAGIC:
+        raise SnapshotFormatError("not a mirrorq snapshot (no magic)")
+    version = _HEADER.unpack_from(head, 0)[1]
+    if version < 3:
+        return array("Q")  # bodies inline: nothing needed from the log
+    _expect(len(head) == HEADER_SIZE + 8, "log entries truncated")
+    n = _U64.unpack_from(head, HEADER_SIZE)[0]
+    raw = f.read(8 * n)
+    _expect(len(raw) == 8 * n, "log entries truncated")
+    entries = array("Q")
+    entries.frombytes(raw)
+    if sys.byteorder != "little":
+        entries.byteswap()
+    return entries
+
+
 def read_meta(data: bytes) -> RaftMeta:
     """The Raft position alone (after check)."""
-    return _Reader(data, check(data)).meta()
+    r = _Reader(data, check(data))
+    r.entries()
+    return r.meta()
 
 
 def read_snapshot(data: bytes) -> tuple[BrokerState, RaftMeta]:
     """The state and Raft position of a snapshot file's bytes."""
     r = _Reader(data, check(data))
     try:
+        r.entries()
         meta = r.meta()
         state = r.state()
     except (CodecError, struct.error, UnicodeDecodeError, IndexError, TypeError, ValueError) as e:
@@ -409,6 +464,9 @@ class _Reader:
     def __init__(self, data: bytes, pos: int) -> None:
         self.data = data
         self.pos = pos
+        self.version = _HEADER.unpack_from(data, 0)[1]
+        self.logged: array[int] = array("Q")  # the log-entries section
+        self.live: dict[int, int] = {}  # the state's per-bucket counts, rebuilt
         self.bodies: list[bytes] = []
         self.props: list[dict[str, Any]] = []
         self.names: dict[bytes, str] = {}
@@ -426,6 +484,17 @@ class _Reader:
         n = self.u32()
         _expect(n <= len(self.data) - self.pos, f"{what}: count {n} past the end")
         return n
+
+    def entries(self) -> None:
+        if self.version < 3:
+            return
+        n = _U64.unpack_from(self.data, self.pos)[0]
+        self.pos += 8
+        _expect(8 * n <= len(self.data) - self.pos, "log entries past the end")
+        self.logged.frombytes(self.data[self.pos:self.pos + 8 * n])
+        if sys.byteorder != "little":
+            self.logged.byteswap()
+        self.pos += 8 * n
 
     def meta(self) -> RaftMeta:
         last, prev, members = _tuple(self.value(), 3, "raft position")
@@ -463,6 +532,7 @@ class _Reader:
             keyed, ex = _tuple(self.value(), 2, "queue consumers")
             q.consumers = {key: _at(consumers, i, "consumer") for key, i in _pairs(keyed, "queue consumers")}
             q.exclusive_consumer = None if ex == -1 else _at(consumers, ex, "consumer")
+        s.live = self.live
         return s
 
     def exchange(self) -> tuple[str, Exchange]:
@@ -531,8 +601,13 @@ class _Reader:
     def message(self) -> Message:
         data = self.data
         pos = self.pos
-        seq, expires, count, flags, n_ex, n_rk, n = _MSG.unpack_from(data, pos)
-        pos += _MSG.size
+        if self.version >= 3:
+            seq, expires, count, flags, n_ex, n_rk, n, priority = _MSG3.unpack_from(data, pos)
+            pos += _MSG3.size
+        else:
+            seq, expires, count, flags, n_ex, n_rk, n = _MSG.unpack_from(data, pos)
+            pos += _MSG.size
+            priority = -1
         end = pos + n_ex + n_rk
         _expect(end <= len(data), "message truncated")
         # one str per distinct name, not one per message (the same few recur)
@@ -546,8 +621,22 @@ class _Reader:
         if rk is None:
             rk = names[raw] = raw.decode()
         pos = end
-        if flags & _PROPS_EMPTY:
-            props: dict[str, Any] = {}
+        loc: int | None = None
+        if flags & _HAS_LOC:
+            idx, at, n_props = _LOC.unpack_from(data, pos)
+            pos += _LOC.size
+            k = bisect_left(self.logged, idx)
+            _expect(k < len(self.logged) and self.logged[k] == idx,
+                    f"message at log index {idx} not in the log-entries section")
+            loc = make_loc(idx, at, n_props)
+            b = idx >> BUCKET_SHIFT
+            self.live[b] = self.live.get(b, 0) + 1
+        props: dict[str, Any] | None
+        if flags & _PROPS_LOGGED:
+            _expect(loc is not None, "properties in the log without a place there")
+            props = None
+        elif flags & _PROPS_EMPTY:
+            props = {}
         elif flags & _PROPS_REF:
             props = _at(self.props, _U32.unpack_from(data, pos)[0], "properties")
             pos += 4
@@ -555,7 +644,11 @@ class _Reader:
             props, pos = decode_from(data, pos)
             _expect(type(props) is dict, "message properties")
             self.props.append(props)
-        if flags & _BODY_REF:
+        body: bytes | None
+        if flags & _BODY_LOGGED:
+            _expect(loc is not None, "a body in the log without a place there")
+            body = None
+        elif flags & _BODY_REF:
             body = _at(self.bodies, n, "body")
         else:
             end = pos + n
@@ -566,9 +659,9 @@ class _Reader:
         self.pos = pos
         m = Message.__new__(Message)
         m.seq, m.exchange, m.routing_key, m.props, m.body = seq, exchange, rk, props, body
-        m.size = len(body)
-        m.loc = None  # inline: a snapshot carries the bytes
-        m.priority = raw_priority(props)
+        m.size = n if body is None else len(body)
+        m.loc = loc
+        m.priority = priority if priority >= 0 else raw_priority(props or {})
         m.persistent = bool(flags & _PERSISTENT)
         m.redelivered = bool(flags & _REDELIVERED)
         m.expires_at = expires if flags & _EXPIRES else None

@@ -139,7 +139,7 @@ def test_a_damaged_or_pickled_snapshot_is_never_loaded_and_the_node_says_what_to
         damaged[len(good) // 2] ^= 0x01
         dump.write_bytes(bytes(damaged))
         out = _refused(node)
-        assert "CRITICAL" in out and "checksum mismatch" in out and "move its data directory aside" in out
+        assert "CRITICAL" in out and "checksum mismatch" in out and "Restore the data directory from a backup" in out
         dump.write_bytes(pickle.dumps((_Boom(marker), None), protocol=5))
         assert "pickled snapshot of an older build" in _refused(node)
         assert not marker.exists()

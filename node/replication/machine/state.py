@@ -65,8 +65,8 @@ class BrokerState:
         self.config_version = 0
         # Raft index bucket (index >> message_store.BUCKET_SHIFT) -> messages held
         # whose bytes are in the log there (this node's log segments are kept
-        # while a count is > 0). Local, never snapshotted: a snapshot holds its
-        # messages' bytes inline, so after a restore it starts empty.
+        # while a count is > 0). Never written: a snapshot holds its messages'
+        # places in the log, and the counts are rebuilt from them on a load.
         self.live: dict[int, int] = {}
         # loc -> the properties of a message in the log (dead-lettering, on the
         # raft thread); set by the node, None where messages are inline only

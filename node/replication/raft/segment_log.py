@@ -13,6 +13,11 @@ On disk, in <data dir>/log/:
   length counts index+term+payload and the CRC covers length, index, term
   and payload. A segment rolls over past `segment_bytes` (one record larger
   than that gets a segment of its own).
+- `<first index>-<last index>.lseg`: a segment of selected entries (the
+  same header with flag 1, the same records, indices ascending with gaps):
+  the live entries a snapshot from the leader brought (snapshots hold
+  messages' places in the log, not their bytes; issue 27 item 3). Always
+  below Raft's start, searched before the other retained segments.
 - `start`: the first index Raft sees (moves after a snapshot,
   deleteEntriesTo), versioned and checksummed, written by atomic replace.
 Term, vote and commit index stay in FsyncMetaStorer's file (journal.py).
@@ -42,13 +47,14 @@ are in them (the state's per-bucket counts).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import errno
 import logging
 import os
 import struct
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, overload
 
 from crc32c import crc32c
@@ -69,6 +75,7 @@ _LEN = struct.Struct("<I")
 _START = struct.Struct("<8sHQI")  # magic, version, first index, crc
 START_MAGIC = b"MQRAFTST"
 MAX_SEGMENT_BYTES = (1 << 32) - 1  # record offsets are array('I')
+SPARSE = 1  # header flag: a segment of selected entries (.lseg)
 
 Entry = tuple[bytes, int, int]  # (command, raft index, term), pysyncobj's shape
 Retain = Callable[[int, int], bool]  # (first index, last index) of a segment -> keep it
@@ -93,17 +100,24 @@ def _record_crc(length: int, idx: int, term: int, payload: bytes | memoryview) -
     return int(crc32c(payload, crc32c(struct.pack("<IQQ", length, idx, term))))
 
 
+RECORD = _REC  # a record's header (length, crc, index, term), for readers of shipped records
+record_crc = _record_crc
+
+
 class _Segment:
     """One segment file: its fd, where each record starts, each record's term."""
 
-    __slots__ = ("path", "first", "fd", "offsets", "terms", "end", "reserved", "no_fallocate", "dirty")
+    __slots__ = ("path", "first", "fd", "offsets", "terms", "end", "reserved", "no_fallocate", "dirty",
+                 "idxs")
 
-    def __init__(self, path: str, first: int, fd: int) -> None:
+    def __init__(self, path: str, first: int, fd: int, sparse: bool = False) -> None:
         self.path = path
         self.first = first
         self.fd = fd
         self.offsets = array("I")
         self.terms = array("Q")
+        # a sparse segment's record indices (ascending, with gaps); None: first, first+1, ...
+        self.idxs: array[int] | None = array("Q") if sparse else None
         self.end = HEADER_SIZE
         self.reserved = 0
         self.no_fallocate = False
@@ -111,7 +125,20 @@ class _Segment:
 
     @property
     def last(self) -> int:  # first - 1 when empty
+        idxs = self.idxs
+        if idxs is not None:
+            return idxs[-1] if idxs else self.first - 1
         return self.first + len(self.offsets) - 1
+
+    def position(self, idx: int) -> int:
+        """Where record `idx` is in the arrays; -1 if it is not here."""
+        if not self.first <= idx <= self.last:
+            return -1
+        idxs = self.idxs
+        if idxs is None:
+            return idx - self.first
+        k = bisect.bisect_left(idxs, idx)
+        return k if k < len(idxs) and idxs[k] == idx else -1
 
     def span(self, pos: int) -> tuple[int, int]:
         start = self.offsets[pos]
@@ -144,6 +171,10 @@ class EntryHandle:
 
     def payload(self) -> bytes:
         """The entry's payload, its record's CRC checked (LogDamaged if not)."""
+        return self.record()[REC_SIZE:]
+
+    def record(self) -> bytes:
+        """The whole record as on disk (header and payload), its CRC checked."""
         seg = self.seg
         raw = os.pread(seg.fd, self.size, self.start)
         if len(raw) != self.size or len(raw) < REC_SIZE:
@@ -152,7 +183,7 @@ class EntryHandle:
         if length != self.size - 8 or ridx != self.idx \
                 or _record_crc(length, ridx, term, memoryview(raw)[REC_SIZE:]) != crc:
             raise LogDamaged(f"{seg.path} at offset {self.start}: record {self.idx} fails its checksum on read")
-        return raw[REC_SIZE:]
+        return raw
 
 
 class _Entries(Sequence[Entry]):
@@ -309,12 +340,38 @@ class SegmentLog:
         self.hidden = [s for s in scanned if id(s) not in in_run]
         while run and run[0].last < start:
             self.hidden.append(run.pop(0))
+        self.hidden += self._open_sparse()  # searched first (_locate goes from the end)
         self._segs = run
         self._firsts = [s.first for s in run]
         self._start = start if run else max(start, 1)
-        self.release()
+        # no release() here: what the retained segments hold is known once the
+        # snapshot is loaded (it holds their messages' places, not their bytes)
         if commit > self._last():
             self._meta["raftCommitIndex"] = max(self._last(), 1)  # the rest comes from the leader
+
+    def _open_sparse(self) -> list[_Segment]:
+        """The .lseg segments (entries a leader's snapshot brought), each read to
+        its last good record; damage is reported (recovered) and cut off: the
+        snapshot check after the load finds what is missing."""
+        out = []
+        for name in sorted(n for n in os.listdir(self.dir) if n.endswith(".lseg")):
+            path = os.path.join(self.dir, name)
+            seg, bad = self._scan(path, last=False, sparse=True)
+            if bad is not None:
+                line = f"raft log damaged: {bad[0]} at offset {bad[1]}: {bad[2]}; the records from there on are dropped"
+                log.error("%s", line)
+                self.recovered.append(line)
+                if seg is not None and seg.end < seg.reserved:
+                    self._truncate_file(seg, seg.end)
+            if seg is None or not seg.offsets:
+                if seg is not None:
+                    seg.close()
+                os.unlink(path)
+                continue
+            assert seg.idxs is not None
+            seg.first = seg.idxs[0]  # (its header says 0: written before the range was known)
+            out.append(seg)
+        return out
 
     @staticmethod
     def _first_of(name: str) -> int:
@@ -323,7 +380,8 @@ class SegmentLog:
         except ValueError:
             return 0
 
-    def _scan(self, path: str, last: bool) -> tuple[_Segment | None, tuple[str, int, str] | None]:
+    def _scan(self, path: str, last: bool, sparse: bool = False,
+              ) -> tuple[_Segment | None, tuple[str, int, str] | None]:
         """Open a segment and index its records; (segment, damage) where damage
         is None, or (path, offset, why) with the segment cut at that offset."""
         fd = os.open(path, os.O_RDWR)
@@ -335,14 +393,16 @@ class SegmentLog:
                 log.info("raft log: %s: a segment cut short at its creation, removed", path)
                 return None, None
             return None, (path, 0, "header cut short")
-        magic, version, hsize, _r, first, hcrc, _p = _HEADER.unpack(head)
+        magic, version, hsize, flags, first, hcrc, _p = _HEADER.unpack(head)
         if magic == MAGIC and version > FORMAT_VERSION:  # written by a newer build: never drop it
             os.close(fd)
             raise LogDamaged(f"{path}: segment format version {version}, this build reads up to {FORMAT_VERSION}")
-        if magic != MAGIC or hcrc != crc32c(head[:24]) or hsize != HEADER_SIZE:
+        if magic != MAGIC or hcrc != crc32c(head[:24]) or hsize != HEADER_SIZE \
+                or bool(flags & SPARSE) != sparse:
             os.close(fd)
-            return None, (path, 0, "bad segment header (magic or checksum)")
-        seg = _Segment(path, first, fd)
+            return None, (path, 0, "bad segment header (magic, checksum or kind)")
+        seg = _Segment(path, first, fd, sparse)
+        idxs = seg.idxs
         seg.reserved = size
         pos = HEADER_SIZE
         expect = first
@@ -359,7 +419,7 @@ class SegmentLog:
             why = None
             if length < 16 or stop > size:
                 why = f"record length {length} out of range"
-            elif idx != expect:
+            elif idx != expect if idxs is None else idx < expect:
                 why = f"record index {idx}, expected {expect}"
             else:
                 if stop > chunk_at + len(chunk):
@@ -378,6 +438,9 @@ class SegmentLog:
                 return seg, (path, pos, why)
             seg.offsets.append(pos)
             seg.terms.append(term)
+            if idxs is not None:
+                idxs.append(idx)
+                expect = idx
             expect += 1
             pos = stop
         seg.end = pos
@@ -499,10 +562,68 @@ class SegmentLog:
         k = bisect.bisect_right(self._firsts, idx) - 1
         if k >= 0 and self._segs[k].first <= idx <= self._segs[k].last:
             return self._segs[k], idx - self._segs[k].first
-        for seg in self.hidden:
-            if seg.first <= idx <= seg.last:
-                return seg, idx - seg.first
+        # newest first: what a leader's snapshot brought, then what left Raft's
+        # part last (clear() puts a follower's replaced log, which may hold
+        # entries the leader overwrote, at the front)
+        for seg in reversed(self.hidden):
+            pos = seg.position(idx)
+            if pos >= 0:
+                return seg, pos
         raise IndexError(f"raft log: no entry {idx}")
+
+    def has(self, idx: int) -> bool:
+        """Whether entry `idx` is readable here (Raft's part or retained)."""
+        try:
+            self._locate(idx)
+        except IndexError:
+            return False
+        return True
+
+    def import_records(self, records: Iterable[bytes]) -> int:
+        """Store records (as a leader's snapshot brought them, each already
+        checked, indices ascending) in a new sparse segment below Raft's
+        start, synced before it is used; returns how many."""
+        tmp = os.path.join(self.dir, "import.lseg.tmp")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+        seg = _Segment(tmp, 0, fd, sparse=True)
+        try:
+            head = struct.pack("<8sHHIQ", MAGIC, FORMAT_VERSION, HEADER_SIZE, SPARSE, 0)
+            head += struct.pack("<II", crc32c(head), 0)  # first index 0: the name says the range
+            pending = [head]
+            size = pos = HEADER_SIZE
+            assert seg.idxs is not None
+            for raw in records:
+                _length, _crc, idx, term = _REC.unpack_from(raw)
+                if seg.idxs and idx <= seg.idxs[-1]:
+                    raise ValueError(f"raft log: imported entry {idx} after {seg.idxs[-1]}")
+                seg.idxs.append(idx)
+                seg.offsets.append(pos)
+                seg.terms.append(term)
+                pending.append(raw)
+                size += len(raw)
+                pos += len(raw)
+                if size >= 4 << 20:
+                    os.write(fd, b"".join(pending))
+                    pending, size = [], 0
+            os.write(fd, b"".join(pending))
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        if not seg.idxs:
+            os.close(fd)
+            os.unlink(tmp)
+            return 0
+        seg.end = seg.reserved = pos
+        seg.first = seg.idxs[0]
+        seg.path = os.path.join(self.dir, f"{seg.first:020d}-{seg.last:020d}.lseg")
+        for old in [s for s in self.hidden if s.path == seg.path]:
+            self.hidden.remove(old)  # the same range brought again (closed with its last handle)
+        os.replace(tmp, seg.path)
+        _fsync_dir(self.dir)
+        self.hidden.append(seg)
+        return len(seg.idxs)
 
     def _record(self, idx: int) -> tuple[bytes, int]:
         """(the record's bytes, term) read back and verified."""
@@ -601,10 +722,28 @@ class SegmentLog:
         self._cache_bytes = 0
         if self._segs:
             self._start = self._last() + 1
-        self.hidden.extend(self._segs)
+        self.hidden[:0] = self._segs  # searched last: entries the leader may have overwritten
         self._segs = []
         self._firsts = []
         self.release()
+
+    def reset(self) -> None:
+        """Forget every entry (a member whose state cannot be rebuilt here
+        starts over and is repaired by the leader): every segment file goes,
+        the commit index is 0; term and vote stay (Raft's promises)."""
+        for seg in self.hidden + self._segs:
+            seg.close()
+            os.unlink(seg.path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self.dir, "start"))
+        _fsync_dir(self.dir)
+        self.hidden, self._segs, self._firsts = [], [], []
+        self._start = 1
+        self._cache.clear()
+        self._cache_bytes = 0
+        self._meta["raftCommitIndex"] = 0
+        self._meta_storer.storeMeta(self._meta)
+        self._meta_saved = True
 
     def release(self) -> None:
         """Delete the hidden segments `retain` no longer keeps (call it when

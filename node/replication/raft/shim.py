@@ -155,6 +155,9 @@ class _Transport(PeerTransport):
         if kind == MIRRORED:
             owner._on_mirrored(int(message["index"]))
             return
+        if kind in ("request_vote", PREVOTE) and owner.repair_until:
+            owner.ignored_votes += 1  # forgot a damaged log: may lack entries it acknowledged
+            return
         if kind == PREVOTE:
             owner._on_prevote(node, message)
             return
@@ -204,6 +207,7 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
         receiver = self._SyncObj__serializer
         receiver.__class__ = SnapshotReceiver  # a leader's snapshot: private, checked before it is ours
         receiver.accept = owner._accept_snapshot
+        receiver.journal = journal
 
     def propose(self, batch: Batch, callback: Callable[[Any, int], None]) -> None:
         self._applyCommand(encode_batch(batch), callback, _COMMAND_TYPE.REGULAR)
@@ -499,17 +503,17 @@ class RaftShim(ElectionMixin, SnapshotMixin):
             # where the Raft port listens (transport._createServer); None: every address
             bindAddress=f"{c.bind_host}:{c.port}" if c.bind_host else None,
         )
-        # retain: the state's messages point into the log (at start the state is
-        # empty, so segments below the log's start go: the snapshot has their bytes)
-        journal = open_log(self.data_dir, repairable=bool(c.peers) or c.join, segment_bytes=c.segment_bytes,
-                           retain=self.owner.retains)
-        self._so = _BrokerLog(self, self.address, list(c.peers.values()), conf, journal)
+        # retain: the state's and the snapshot's messages point into the log
+        repairable = bool(c.peers) or c.join
+        journal = open_log(self.data_dir, repairable=repairable, segment_bytes=c.segment_bytes,
+                           retain=self._retains)
         try:  # before the first tick, where pysyncobj would load it
-            self.load_own_snapshot(int(journal[0][1]) if len(journal) else 1)
+            self.load_own_snapshot(journal, repairable)
         except SnapshotFormatError as exc:
             log.critical("%s", exc)
-            self._so.destroy()
+            journal._destroy()
             raise
+        self._so = _BrokerLog(self, self.address, list(c.peers.values()), conf, journal)
         tighten(self.data_dir)  # the journal pysyncobj has just created with the default mode
         self._so.addOnTickCallback(self._on_tick)
         self._thread = threading.Thread(target=self._run, name=f"raft-{self.node_id}", daemon=True)
@@ -687,6 +691,9 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         assert so is not None
         while self._tasks:  # pysyncobj calls that touch Raft state directly
             self._tasks.popleft()()
+        if self.repair_until and so.raftLastApplied >= self.repair_until:
+            log.warning("repaired from the leader up to index %d: voting again", self.repair_until)
+            self.repair_until = 0
         last = so.last_log_index()
         transport = so.transport()
         flushed = True

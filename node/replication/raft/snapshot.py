@@ -11,6 +11,18 @@ chunks at or below what it has applied (_snapshot_moves_forward). Our own
 snapshot is read before pysyncobj starts (load_own_snapshot): pysyncobj would
 log a bad one and go on from the journal's tail with an empty state.
 SnapshotMixin is the snapshot half of RaftShim (shim.py).
+
+Snapshots hold messages' places in the log, not their bytes (issue 27 item
+3): the log segments holding them are retained while the state or the latest
+snapshot needs them (_retains). A leader sends a follower the snapshot file
+followed by those entries (an entries section: ENTRIES_MAGIC, version,
+count, then the records as in a segment, each with its CRC); the follower
+checks the snapshot and every record before it stores the records in a
+segment of their own (SegmentLog.import_records) and installs the snapshot.
+A member whose snapshot or retained entries are damaged or missing at start
+forgets its log and state and is repaired by the leader; until it has
+caught up again it grants no votes (it may have acknowledged entries it no
+longer has). A node without peers refuses to start instead, saying why.
 """
 from __future__ import annotations
 
@@ -18,7 +30,9 @@ import contextlib
 import ctypes
 import logging
 import os
-from collections.abc import Callable
+import struct
+from collections.abc import Callable, Iterator
+from io import BytesIO
 from typing import IO, TYPE_CHECKING, Any
 
 from pysyncobj.config import SERIALIZER_STATE
@@ -27,12 +41,23 @@ from pysyncobj.node import TCPNode
 from pysyncobj.serializer import Serializer
 
 from node.replication.machine.state import BrokerState
+from node.replication.message_store import BUCKET_SHIFT
 from node.replication.raft.data_dir import open_private
 from node.replication.raft.journal import _fsync_dir
+from node.replication.raft.segment_log import (
+    REC_SIZE,
+    RECORD,
+    EntryHandle,
+    LogDamaged,
+    SegmentLog,
+    record_crc,
+)
 from node.replication.snapshot_format import (
     RaftMeta,
     SnapshotFormatError,
+    read_entries,
     read_snapshot,
+    snapshot_size,
     write_snapshot,
 )
 
@@ -40,6 +65,10 @@ if TYPE_CHECKING:
     from node.replication.raft.shim import Owner, _BrokerLog
 
 log = logging.getLogger(__name__)
+
+ENTRIES_MAGIC = b"MQSNPENT"
+ENTRIES_VERSION = 1
+_ENTRIES = struct.Struct("<8sHHQ")  # magic, version, reserved, count
 
 _PR_SET_PDEATHSIG = 1
 try:  # resolved here: no dlopen in a child forked from a threaded process
@@ -84,7 +113,38 @@ class SnapshotReceiver(Serializer):  # type: ignore[misc]
     sends it again from its first chunk)."""
 
     accept: Callable[[str, str], bool]  # (received file, dump path) -> install it?
+    journal: SegmentLog  # where the entries a snapshot needs are read from
     _incoming: IO[bytes] | None = None
+    _outgoing: dict[Any, _Outgoing]
+
+    # ---- sending (leader): the snapshot file, then the log entries it needs
+    def getTransmissionData(self, transmissionID: Any) -> Any:  # noqa: N802 - pysyncobj's name
+        if self._Serializer__pid != 0:  # a snapshot being written
+            return None
+        outgoing = self.__dict__.setdefault("_outgoing", {})
+        out = outgoing.get(transmissionID)
+        first = out is None
+        try:
+            if out is None:
+                out = outgoing[transmissionID] = _Outgoing(self._Serializer__fileName, self.journal)
+            chunk = out.chunk(self._Serializer__transmissionBatchSize)
+        except (OSError, IndexError, LogDamaged, SnapshotFormatError) as exc:
+            outgoing.pop(transmissionID, None)
+            if out is not None:
+                out.close()
+            log.error("cannot send the snapshot to %s: %s", transmissionID, exc)
+            return None
+        last = not chunk
+        if last:
+            outgoing.pop(transmissionID).close()
+        return chunk, first, last
+
+    def cancelTransmisstion(self, transmissionID: Any) -> None:  # noqa: N802 - pysyncobj's (misspelt) name
+        out = self.__dict__.get("_outgoing", {}).pop(transmissionID, None)
+        if out is not None:
+            out.close()
+
+    # ---- receiving (follower)
 
     def setTransmissionData(self, data: Any) -> bool:  # noqa: N802 - pysyncobj's name
         if not (isinstance(data, list | tuple) and len(data) == 3 and isinstance(data[0], bytes)):
@@ -132,6 +192,79 @@ class SnapshotReceiver(Serializer):  # type: ignore[misc]
                 os.unlink(tmp)
 
 
+class _Outgoing:
+    """One snapshot on its way to one follower: the file's bytes, then the
+    entries section. The entries are pinned when the transmission starts (an
+    EntryHandle keeps its segment readable if it is released meanwhile) and
+    read, checked, one chunk at a time."""
+
+    def __init__(self, path: str, journal: SegmentLog) -> None:
+        self.f = open(path, "rb")  # noqa: SIM115 - closed by close()
+        try:
+            self.left = snapshot_size(self.f.read(64))
+            self.f.seek(0)
+            entries = read_entries(self.f)
+            self.f.seek(0)
+            self.handles: list[EntryHandle | None] = [journal.handle(i) for i in entries]
+        except BaseException:
+            self.f.close()
+            raise
+        self.k = -1  # -1: the section's header is next
+
+    def chunk(self, size: int) -> bytes:
+        if self.left > 0:
+            data = self.f.read(min(size, self.left))
+            if not data:
+                raise OSError("snapshot file cut short while being sent")
+            self.left -= len(data)
+            return data
+        handles = self.handles
+        if self.k >= len(handles):
+            return b""
+        parts = []
+        n = 0
+        if self.k < 0:
+            parts.append(_ENTRIES.pack(ENTRIES_MAGIC, ENTRIES_VERSION, 0, len(handles)))
+            self.k = 0
+        while self.k < len(handles) and n < size:
+            h = handles[self.k]
+            assert h is not None
+            raw = h.record()  # checked: damage is never sent
+            handles[self.k] = None  # its segment may go once every pin on it has
+            self.k += 1
+            parts.append(raw)
+            n += len(raw)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        self.f.close()
+        self.handles = []
+
+
+def _received_entries(f: IO[bytes], expect: Any) -> Iterator[bytes]:
+    """The records of a received entries section, each checked (CRC, index)
+    against the indices the snapshot names; SnapshotFormatError if not."""
+    head = f.read(_ENTRIES.size)
+    if len(head) != _ENTRIES.size:
+        raise SnapshotFormatError("the log entries the snapshot needs are missing")
+    magic, version, _r, count = _ENTRIES.unpack(head)
+    if magic != ENTRIES_MAGIC or version != ENTRIES_VERSION or count != len(expect):
+        raise SnapshotFormatError(f"entries section: {magic!r} version {version}, {count} entries "
+                                  f"for {len(expect)} needed")
+    for idx in expect:
+        rec = f.read(REC_SIZE)
+        if len(rec) != REC_SIZE:
+            raise SnapshotFormatError(f"entries section cut short before entry {idx}")
+        length, crc, ridx, term = RECORD.unpack(rec)
+        payload = f.read(max(length - 16, 0))
+        if ridx != idx or length < 16 or len(payload) != length - 16 \
+                or record_crc(length, ridx, term, payload) != crc:
+            raise SnapshotFormatError(f"entry {idx} of the snapshot is damaged (or out of order)")
+        yield rec + payload
+    if f.read(1):
+        raise SnapshotFormatError("trailing bytes after the snapshot's entries")
+
+
 class SnapshotMixin:
     """RaftShim's snapshot methods: pysyncobj's serializer, its checker and
     deserializer, and the follower's guard against an old snapshot."""
@@ -151,6 +284,25 @@ class SnapshotMixin:
     damaged_snapshots: int
     # a snapshot read ahead (at start, or received whole): (path, state, position)
     _loaded: tuple[str, BrokerState, RaftMeta] | None
+    # log buckets the latest snapshot's messages are in (its segments are kept),
+    # and those of the one being written (they replace them once it is in place)
+    snapshot_buckets: frozenset[int] = frozenset()
+    _pending_buckets: frozenset[int] = frozenset()
+    # a member that forgot a damaged log at start: no votes until applied up to here
+    repair_until: int = 0
+
+    def _retains(self, first: int, last: int) -> bool:
+        """Whether log entries first..last must stay: live messages of the state
+        or of the latest snapshot are in them (the log asks, raft thread)."""
+        if self.owner.retains(first, last):
+            return True
+        pinned = self.snapshot_buckets
+        if not pinned:
+            return False
+        lo, hi = first >> BUCKET_SHIFT, last >> BUCKET_SHIFT
+        if hi - lo > len(pinned):
+            return any(lo <= b <= hi for b in pinned)
+        return any(b in pinned for b in range(lo, hi + 1))
 
     def _snapshot_moves_forward(self, node: Any, msg: dict[str, Any]) -> bool:
         """False: a snapshot chunk at or below what we have applied (drop it
@@ -185,6 +337,7 @@ class SnapshotMixin:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_path)
         part = self._dump_path + ".part"
+        self._pending_buckets = frozenset(self.owner.snapshot_state().live)
         self._snap_started = clock()
         parent = os.getpid()
         pid = os.fork()
@@ -203,12 +356,9 @@ class SnapshotMixin:
                 # priority three children starve the raft threads on a small
                 # machine into missed heartbeats and an election
                 os.nice(19)
-                journal = self._so._SyncObj__raftLog  # type: ignore[union-attr]
                 with os.fdopen(open_private(part), "wb") as f:  # 0600: private data dir
-                    # bodies in the log are read back (checked) and written inline:
-                    # the snapshot stays self-contained for followers and restarts
-                    write_snapshot(f, self.owner.snapshot_state(), raft_meta(raft_data),
-                                   lambda idx: journal.handle(idx).payload())
+                    # messages as their places in the log: no body is read or written
+                    write_snapshot(f, self.owner.snapshot_state(), raft_meta(raft_data))
                     f.flush()
                     os.fsync(f.fileno())
                 code = 0
@@ -233,6 +383,7 @@ class SnapshotMixin:
             return SERIALIZER_STATE.FAILED
         os.replace(self._dump_path + ".part", self._dump_path)
         _fsync_dir(self.data_dir)
+        self.snapshot_buckets = self._pending_buckets  # (pysyncobj compacts the log after this)
         self.snapshots += 1
         self.last_snapshot_seconds = clock() - self._snap_started
         self.last_snapshot_bytes = os.path.getsize(self._dump_path)
@@ -258,15 +409,27 @@ class SnapshotMixin:
         if applied:  # from the leader, not our own dump at start
             self.installed_snapshots += 1
             log.warning("installing the leader's snapshot at index %d (applied here: %d)", index, applied)
+        self.snapshot_buckets = frozenset(state.live)
         self.owner.restore_state(state, index)
         return pysyncobj_raft_data(meta)
 
     def _accept_snapshot(self, received: str, dump_path: str) -> bool:
         """A snapshot from the leader has arrived whole (SnapshotReceiver):
-        install it only if it reads back in full."""
+        install it only if it reads back in full and every log entry it needs
+        came with it, checked; those are stored in the log first."""
         try:
             with open(received, "rb") as f:
-                state, meta = read_snapshot(f.read())
+                size = snapshot_size(f.read(64))
+                f.seek(0)
+                data = f.read(size)
+                state, meta = read_snapshot(data)
+                entries = read_entries(BytesIO(data))
+                if entries:
+                    journal: SegmentLog = self._so._SyncObj__raftLog  # type: ignore[union-attr]
+                    journal.import_records(_received_entries(f, entries))
+                elif f.read(1):
+                    raise SnapshotFormatError("bytes after a snapshot that needs no log entries")
+            os.truncate(received, size)  # what stays: the snapshot itself
         except (OSError, SnapshotFormatError) as exc:
             self.damaged_snapshots += 1
             log.error("refusing the snapshot the leader sent (%s): nothing installed, the "
@@ -275,33 +438,56 @@ class SnapshotMixin:
         self._loaded = (dump_path, state, meta)
         return True
 
-    def load_own_snapshot(self, journal_first_index: int) -> None:
-        """Read our snapshot file before pysyncobj does. A file this build
-        cannot load (damaged, a pickle of an older build, another format
-        version) is never loaded: when the journal still holds every entry
-        from index 1 it is moved aside and the node starts from the journal;
-        otherwise the node refuses to start, saying what to do."""
+    def load_own_snapshot(self, journal: SegmentLog, repairable: bool) -> None:
+        """Read our snapshot file before pysyncobj does, and check that the log
+        holds every entry its messages are in. A file this build cannot load
+        (damaged, a pickle of an older build, another format version) is never
+        loaded: when the log still holds every entry from index 1 it is moved
+        aside and the node starts from the log. Otherwise a member of a cluster
+        forgets its log and state and is repaired by the leader (no votes
+        until then); a node without peers refuses to start, saying what to do."""
         path = self._dump_path
         try:
             with open(path, "rb") as f:
                 data = f.read()
         except FileNotFoundError:
             return
+        first = int(journal[0][1]) if len(journal) else 1
         try:
             state, meta = read_snapshot(data)
         except SnapshotFormatError as exc:
             aside = path + (".pickle" if data[:1] == b"\x80" else ".refused")
-            if journal_first_index <= 1:
+            if first <= 1:
                 os.replace(path, aside)
                 log.warning("snapshot %s not loaded (%s); the journal holds every entry from "
                             "index 1, so the state is rebuilt from it (the file is kept as %s)",
                             path, exc, aside)
                 return
-            raise SnapshotFormatError(
-                f"snapshot {path} not loaded ({exc}), and the journal starts at index "
-                f"{journal_first_index}, after entries only the snapshot held: this node cannot "
-                "rebuild its state. A member of a running cluster: stop it, move its data "
-                "directory aside and start it again; it rejoins and installs the leader's "
-                "snapshot. A single node: restore the data directory from a backup "
-                "(docs/operations.md, Snapshots and restart).") from None
+            self._forget(journal, repairable, f"snapshot {path} not loaded ({exc})", aside)
+            return
+        entries = read_entries(BytesIO(data))
+        missing = [i for i in entries if not journal.has(i)]
+        if missing:
+            self._forget(journal, repairable, f"the log lacks {len(missing)} of the {len(entries)} entries "
+                         f"the messages of snapshot {path} are in (from index {missing[0]}; damaged or "
+                         "removed segments)", path + ".refused")
+            return
+        self.snapshot_buckets = frozenset(state.live)
         self._loaded = (path, state, meta)
+
+    def _forget(self, journal: SegmentLog, repairable: bool, why: str, aside: str) -> None:
+        """Our state cannot be rebuilt here. A member of a cluster starts over
+        empty and is repaired by the leader; alone, refuse to start."""
+        if not repairable:
+            raise SnapshotFormatError(
+                f"{why}, and the journal starts after entries only the snapshot held: this node "
+                "cannot rebuild its state and has no peers to repair it from. Restore the data "
+                "directory from a backup (docs/operations.md, Snapshots and restart).")
+        os.replace(self._dump_path, aside)
+        _fsync_dir(self.data_dir)
+        applied = journal.getRaftCommitIndex()
+        journal.reset()
+        self.repair_until = max(applied, 1)
+        log.error("%s: the snapshot is kept as %s, the log and state are forgotten and the "
+                  "leader repairs this member (no votes from it until it has applied index %d "
+                  "again)", why, aside, self.repair_until)

@@ -4,7 +4,7 @@ publishes' spans, applied at their Raft index): queued messages hold a
 location in the log, not their bytes; deliveries read them back (props,
 body, x-delivery-count); the per-bucket live counts return to zero once
 every message is gone (ack, no-ack get, purge, delete, expiry, dead-letter);
-a snapshot written from such a state carries the bytes inline."""
+a snapshot written from such a state holds their places only."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,7 +18,13 @@ from node.replication.command import Batch, ChannelOpen, Command, QueueDelete, Q
 from node.replication.effect import Deliver, Effect, GetOk
 from node.replication.machine import apply_batch, default_state
 from node.replication.raft.segment_log import SegmentLog
-from node.replication.snapshot_format import encode_snapshot, read_snapshot, write_snapshot
+from node.replication.snapshot_format import (
+    encode_snapshot,
+    logged_entries,
+    read_entries,
+    read_snapshot,
+    write_snapshot,
+)
 from tests.support.machine import ack, chan, consume, get, nack, pub, qbind, qdecl
 from tests.support.snapshot import META
 
@@ -148,24 +154,39 @@ def test_dead_lettered_message_has_new_props_and_the_body_in_the_log(h: LogHarne
     assert h.state.live == {}
 
 
-def test_snapshot_carries_the_bytes_inline(h: LogHarness, tmp_path: Path) -> None:
+def test_snapshot_holds_the_index_only_and_the_log_serves_the_bytes(h: LogHarness, tmp_path: Path) -> None:
+    """Issue 27 item 3: a snapshot keeps each message's place in the log, not
+    its bytes; after a load the same places read back the same properties and
+    bodies, the per-bucket live counts are rebuilt, and the snapshot names
+    the log entries it needs (one per publish batch, not per message)."""
     _open(h, "a", "b")
     for q in ("a", "b"):
         h.run(qbind(C, q, "amq.fanout"))
-    h.run(pub(C, "", b"one", exchange="amq.fanout", props={"message_id": "1"}),
+    body = bytes(range(256)) * 40
+    h.run(pub(C, "", body, exchange="amq.fanout", props={"message_id": "1", "priority": 3}),
           pub(C, "", b"", exchange="amq.fanout"))
-    with pytest.raises(Exception, match="no log"):
-        encode_snapshot(h.state, META)
     path = tmp_path / "snap"
     with open(path, "wb") as f:
-        write_snapshot(f, h.state, META, lambda idx: h.log.handle(idx).payload())
-    restored, _meta = read_snapshot(path.read_bytes())
+        write_snapshot(f, h.state, META)
+    data = path.read_bytes()
+    assert len(data) < len(body)  # no body inside
+    restored, _meta = read_snapshot(data)
+    with open(path, "rb") as f:
+        needed = list(read_entries(f))
+    assert needed == [h.log.last_index()] == list(logged_entries(h.state))
+    assert restored.live == h.state.live and sum(restored.live.values()) == 4
     qs = [q for k, q in restored.queues.items() if k.endswith(("a", "b")) and q.ready]
+    assert len(qs) == 2
     for q in qs:
-        assert [(m.props, m.body, m.loc) for m in q.ready] == [({"message_id": "1"}, b"one", None),
-                                                                ({}, b"", None)]
-    assert qs[0].ready[0].body is qs[1].ready[0].body  # still shared after the load
-    assert restored.live == {}
+        assert [(m.props, m.body) for m in q.ready] == [(None, None), (None, None)]
+        assert [m.priority for m in q.ready] == [3, 0]
+        got = []
+        for m in q.ready:
+            assert m.loc is not None
+            idx, at, n = message_store.split_loc(m.loc)
+            got.append(message_store.load((h.log.handle(idx), at, n, m.size), None, None, h.cache))
+        assert got == [({"message_id": "1", "priority": 3}, body), ({}, b"")]
+    assert encode_snapshot(restored, META) == data  # the same file again
 
 
 def test_damaged_entry_is_never_served(h: LogHarness) -> None:

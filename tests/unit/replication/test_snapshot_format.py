@@ -196,19 +196,21 @@ def test_random_bytes_wrong_version_unknown_records_and_trailing_bytes_are_refus
         _loads_or_raises(_reframe(rnd.randbytes(n)))
     good = encode_snapshot(BrokerState(), META)
     body = good[HEADER_SIZE:]
-    with pytest.raises(SnapshotFormatError, match="version 3"):
-        read_snapshot(_reframe(body, version=3))
-    read_snapshot(_reframe(body, version=1))  # version 1 (before typed header values) still loads
+    with pytest.raises(SnapshotFormatError, match="version 4"):
+        read_snapshot(_reframe(body, version=4))
+    assert body[:8] == bytes(8)  # version 3: an empty log-entries section, then as before
+    read_snapshot(_reframe(body[8:], version=1))  # version 1 (before typed header values) still loads
+    read_snapshot(_reframe(body[8:], version=2))  # version 2 (before index-only messages) still loads
     with pytest.raises(SnapshotFormatError, match="trailing|header says"):
         read_snapshot(good + b"\x00")
     with pytest.raises(SnapshotFormatError, match="trailing"):
         read_snapshot(_reframe(body + encode(None)))
     # an unknown record id / an unknown tag where the raft position should be
     for bad in (b"R\xfe", b"\x07", b"Z"):
-        _loads_or_raises(_reframe(bad + body))
+        _loads_or_raises(_reframe(body[:8] + bad + body[8:]))
     # a command record (a codec record, but not a snapshot value) where the state is
     meta = encode(tuple(META))
-    _loads_or_raises(_reframe(meta + encode(ChannelOpen(chan(), "/")) + body[len(meta):]))
+    _loads_or_raises(_reframe(body[:8] + meta + encode(ChannelOpen(chan(), "/")) + body[8 + len(meta):]))
 
 
 def test_truncated_and_bit_flipped_snapshots_are_refused() -> None:

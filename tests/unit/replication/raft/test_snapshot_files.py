@@ -17,6 +17,7 @@ from pysyncobj.node import TCPNode
 from pysyncobj.serializer import Serializer
 
 from node.replication.machine import BrokerState
+from node.replication.raft.segment_log import SegmentLog
 from node.replication.raft.shim import RaftShim
 from node.replication.raft.snapshot import SnapshotReceiver, pysyncobj_raft_data, raft_meta
 from node.replication.snapshot_format import SnapshotFormatError, encode_snapshot
@@ -61,6 +62,15 @@ def _shim(data_dir: Path) -> tuple[RaftShim, _Owner]:
     shim._loaded = None
     shim.installed_snapshots = shim.damaged_snapshots = 0
     return shim, owner
+
+
+def _journal(tmp: Path, first: int) -> SegmentLog:
+    """A log whose first entry is `first` (entries before it went into a snapshot)."""
+    j = SegmentLog(str(tmp / "log"), str(tmp / "meta"))
+    for i in range(first, first + 3):
+        j.add(b"\x00", i, 1)
+    j.setRaftCommitIndex(first + 2)
+    return j
 
 
 def _receiver(shim: RaftShim) -> Any:
@@ -150,11 +160,12 @@ def test_raft_data_goes_in_and_out_as_plain_values() -> None:
 # ----------------------------------------------------------- our own, at start
 def test_our_own_snapshot_is_read_before_pysyncobj_starts(tmp_path: Path) -> None:
     shim, owner = _shim(tmp_path)
-    shim.load_own_snapshot(1)  # none: nothing to do
+    journal = _journal(tmp_path, 500)
+    shim.load_own_snapshot(journal, False)  # none: nothing to do
     assert shim._loaded is None
     state = _state()
     (tmp_path / "raft.dump").write_bytes(encode_snapshot(state, META))
-    shim.load_own_snapshot(500)
+    shim.load_own_snapshot(journal, False)
     assert shim._loaded is not None and shim._loaded[0] == shim._dump_path
     shim._deserialize(shim._dump_path)
     assert_same_state(state, owner.restored[0][0]) and shim.installed_snapshots == 0
@@ -175,14 +186,43 @@ def test_a_snapshot_this_build_cannot_load_stops_the_start_when_the_journal_cann
            "version": good[:8] + b"\x09\x00" + good[10:]}[kind]
     dump = tmp_path / "raft.dump"
     dump.write_bytes(bad)
+    journal = _journal(tmp_path, 812)
     with pytest.raises(SnapshotFormatError) as err:
-        shim.load_own_snapshot(journal_first_index=812)
+        shim.load_own_snapshot(journal, repairable=False)
     text = str(err.value)
     assert {"pickle": "pickled snapshot of an older build", "damaged": "checksum mismatch",
             "version": "format version 9"}[kind] in text
-    assert "journal starts at index 812" in text and "move its data directory aside" in text
+    assert "journal starts after entries only the snapshot held" in text and "no peers" in text
     assert dump.read_bytes() == bad and shim._loaded is None and owner.restored == []
+    assert journal.first_index() == 812 and len(journal) == 3  # nothing forgotten
     assert not os.path.exists("/tmp/mirrorq-snapshot-pwned")
+
+
+@pytest.mark.parametrize("kind", ["damaged", "entries-missing"])
+def test_a_member_that_cannot_load_its_snapshot_forgets_its_log_and_awaits_the_leader(
+        tmp_path: Path, kind: str) -> None:
+    """Issue 27 item 5: a member of a cluster whose snapshot is damaged, or
+    whose log lacks entries the snapshot's messages are in, starts over empty
+    (the snapshot kept aside, term and vote kept) and votes for nobody until
+    the leader has repaired it up to its old commit index."""
+    shim, owner = _shim(tmp_path)
+    shim.repair_until = 0
+    journal = _journal(tmp_path, 812)
+    journal.setCurrentTerm(7, "peer:1")
+    state = BrokerState()
+    q = _state().queues
+    state.queues = q
+    for m in next(iter(v for v in q.values() if v.ready)).ready:
+        m.loc, m.body, m.props = (400 << 64) | (0 << 32) | 1, None, None  # in entry 400: compacted away
+    good = encode_snapshot(state, META)
+    dump = tmp_path / "raft.dump"
+    dump.write_bytes(good[:100] + bytes([good[100] ^ 1]) + good[101:] if kind == "damaged" else good)
+    shim.load_own_snapshot(journal, repairable=True)
+    assert shim._loaded is None and owner.restored == [] and not dump.exists()
+    assert (tmp_path / "raft.dump.refused").exists()
+    assert len(journal) == 0 and journal.getRaftCommitIndex() == 0 and shim.repair_until == 814
+    assert journal.getCurrentTerm() == 7 and journal.getVotedForNodeId() == "peer:1"
+    assert not list((tmp_path / "log").glob("*.seg"))
 
 
 def test_a_snapshot_this_build_cannot_load_is_moved_aside_when_the_journal_holds_everything(
@@ -191,7 +231,7 @@ def test_a_snapshot_this_build_cannot_load_is_moved_aside_when_the_journal_holds
     dump = tmp_path / "raft.dump"
     dump.write_bytes(pickle.dumps((_Boom(), None), protocol=5))
     with caplog.at_level(logging.WARNING):
-        shim.load_own_snapshot(journal_first_index=1)
+        shim.load_own_snapshot(_journal(tmp_path, 1), False)
     assert not dump.exists() and (tmp_path / "raft.dump.pickle").exists()
     assert "the state is rebuilt from it" in caplog.text and shim._loaded is None
     assert not os.path.exists("/tmp/mirrorq-snapshot-pwned")
