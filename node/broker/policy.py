@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from node.broker.pattern import PatternError, compile_pattern, searches
+from node.broker.vhost import split_key
 
 
 class Policy(NamedTuple):
@@ -177,6 +178,15 @@ def best(policies: Iterable[Policy], vhost: str, name: str, kind: str,
                 or (p.priority == found.priority and p.name < found.name)):
             found = p
     return found
+
+
+def matching(policies: Mapping[Any, Policy], operator_policies: Mapping[Any, Policy],
+             key: str, kind: str, qtype: str = "classic") -> tuple[Policy | None, Policy | None]:
+    """The policy and operator policy that apply to the queue or exchange
+    whose table key (node/broker/vhost.py) is `key`."""
+    vhost, name = split_key(key)
+    return (best(policies.values(), vhost, name, kind, qtype),
+            best(operator_policies.values(), vhost, name, kind, qtype))
 
 
 def merge_value(key: str, val: Any, op_val: Any) -> Any:

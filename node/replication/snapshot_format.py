@@ -40,8 +40,8 @@ from typing import IO, Any, NamedTuple
 
 from node.broker.channel import Channel, Consumer
 from node.broker.exchange import Binding, Exchange, split_topic
-from node.broker.policy import Policy
 from node.broker.ids import ChanId
+from node.broker.policy import Policy
 from node.broker.queue import Message, Queue, raw_priority
 from node.replication.codec import CodecError, decode_from, encode_into
 from node.replication.machine.policy import rebuild_policy_ae

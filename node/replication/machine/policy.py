@@ -9,8 +9,8 @@ from node.broker.exchange import Exchange
 from node.broker.policy import (
     Policy,
     alternate_exchange,
-    best,
     effective_definition,
+    matching,
     queue_settings,
     queue_type,
 )
@@ -25,16 +25,11 @@ Matched = tuple[Policy | None, Policy | None]
 
 def queue_policies(s: BrokerState, q: Queue) -> Matched:
     """The policy and the operator policy that apply to `q`."""
-    vhost, name = split_key(q.name)
-    qtype = queue_type(q.arguments)
-    return (best(s.policies.values(), vhost, name, "queue", qtype),
-            best(s.operator_policies.values(), vhost, name, "queue", qtype))
+    return matching(s.policies, s.operator_policies, q.name, "queue", queue_type(q.arguments))
 
 
 def exchange_policies(s: BrokerState, key: str) -> Matched:
-    vhost, name = split_key(key)
-    return (best(s.policies.values(), vhost, name, "exchange"),
-            best(s.operator_policies.values(), vhost, name, "exchange"))
+    return matching(s.policies, s.operator_policies, key, "exchange")
 
 
 def refresh_exchange(s: BrokerState, x: Exchange) -> None:
