@@ -264,3 +264,61 @@ class PermissionListResponse(_message.Message):
     PERMISSIONS_FIELD_NUMBER: _ClassVar[int]
     permissions: _containers.RepeatedCompositeFieldContainer[Permission]
     def __init__(self, permissions: _Optional[_Iterable[_Union[Permission, _Mapping]]] = ...) -> None: ...
+
+class PolicySetRequest(_message.Message):
+    __slots__ = ("vhost", "name", "pattern", "definition_json", "priority", "apply_to", "operator")
+    VHOST_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_FIELD_NUMBER: _ClassVar[int]
+    DEFINITION_JSON_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    APPLY_TO_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    vhost: str
+    name: str
+    pattern: str
+    definition_json: str
+    priority: int
+    apply_to: str
+    operator: bool
+    def __init__(self, vhost: _Optional[str] = ..., name: _Optional[str] = ..., pattern: _Optional[str] = ..., definition_json: _Optional[str] = ..., priority: _Optional[int] = ..., apply_to: _Optional[str] = ..., operator: _Optional[bool] = ...) -> None: ...
+
+class PolicyClearRequest(_message.Message):
+    __slots__ = ("vhost", "name", "operator")
+    VHOST_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    vhost: str
+    name: str
+    operator: bool
+    def __init__(self, vhost: _Optional[str] = ..., name: _Optional[str] = ..., operator: _Optional[bool] = ...) -> None: ...
+
+class PolicyListRequest(_message.Message):
+    __slots__ = ("vhost", "operator")
+    VHOST_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    vhost: str
+    operator: bool
+    def __init__(self, vhost: _Optional[str] = ..., operator: _Optional[bool] = ...) -> None: ...
+
+class Policy(_message.Message):
+    __slots__ = ("vhost", "name", "pattern", "apply_to", "definition_json", "priority")
+    VHOST_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_FIELD_NUMBER: _ClassVar[int]
+    APPLY_TO_FIELD_NUMBER: _ClassVar[int]
+    DEFINITION_JSON_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    vhost: str
+    name: str
+    pattern: str
+    apply_to: str
+    definition_json: str
+    priority: float
+    def __init__(self, vhost: _Optional[str] = ..., name: _Optional[str] = ..., pattern: _Optional[str] = ..., apply_to: _Optional[str] = ..., definition_json: _Optional[str] = ..., priority: _Optional[float] = ...) -> None: ...
+
+class PolicyListResponse(_message.Message):
+    __slots__ = ("policies",)
+    POLICIES_FIELD_NUMBER: _ClassVar[int]
+    policies: _containers.RepeatedCompositeFieldContainer[Policy]
+    def __init__(self, policies: _Optional[_Iterable[_Union[Policy, _Mapping]]] = ...) -> None: ...

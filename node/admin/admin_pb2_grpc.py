@@ -114,6 +114,21 @@ class AdminStub:
                 request_serializer=node_dot_admin_dot_admin__pb2.PermissionListRequest.SerializeToString,
                 response_deserializer=node_dot_admin_dot_admin__pb2.PermissionListResponse.FromString,
                 _registered_method=True)
+        self.PolicySet = channel.unary_unary(
+                '/mirrorq.Admin/PolicySet',
+                request_serializer=node_dot_admin_dot_admin__pb2.PolicySetRequest.SerializeToString,
+                response_deserializer=node_dot_admin_dot_admin__pb2.ChangeResponse.FromString,
+                _registered_method=True)
+        self.PolicyClear = channel.unary_unary(
+                '/mirrorq.Admin/PolicyClear',
+                request_serializer=node_dot_admin_dot_admin__pb2.PolicyClearRequest.SerializeToString,
+                response_deserializer=node_dot_admin_dot_admin__pb2.ChangeResponse.FromString,
+                _registered_method=True)
+        self.PolicyList = channel.unary_unary(
+                '/mirrorq.Admin/PolicyList',
+                request_serializer=node_dot_admin_dot_admin__pb2.PolicyListRequest.SerializeToString,
+                response_deserializer=node_dot_admin_dot_admin__pb2.PolicyListResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -218,6 +233,26 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PolicySet(self, request, context):
+        """Policies and operator policies (RabbitMQ's set_policy / clear_policy /
+        list_policies and their operator_policy forms).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PolicyClear(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PolicyList(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -300,6 +335,21 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.PermissionList,
                     request_deserializer=node_dot_admin_dot_admin__pb2.PermissionListRequest.FromString,
                     response_serializer=node_dot_admin_dot_admin__pb2.PermissionListResponse.SerializeToString,
+            ),
+            'PolicySet': grpc.unary_unary_rpc_method_handler(
+                    servicer.PolicySet,
+                    request_deserializer=node_dot_admin_dot_admin__pb2.PolicySetRequest.FromString,
+                    response_serializer=node_dot_admin_dot_admin__pb2.ChangeResponse.SerializeToString,
+            ),
+            'PolicyClear': grpc.unary_unary_rpc_method_handler(
+                    servicer.PolicyClear,
+                    request_deserializer=node_dot_admin_dot_admin__pb2.PolicyClearRequest.FromString,
+                    response_serializer=node_dot_admin_dot_admin__pb2.ChangeResponse.SerializeToString,
+            ),
+            'PolicyList': grpc.unary_unary_rpc_method_handler(
+                    servicer.PolicyList,
+                    request_deserializer=node_dot_admin_dot_admin__pb2.PolicyListRequest.FromString,
+                    response_serializer=node_dot_admin_dot_admin__pb2.PolicyListResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -734,6 +784,87 @@ class Admin:
             '/mirrorq.Admin/PermissionList',
             node_dot_admin_dot_admin__pb2.PermissionListRequest.SerializeToString,
             node_dot_admin_dot_admin__pb2.PermissionListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PolicySet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mirrorq.Admin/PolicySet',
+            node_dot_admin_dot_admin__pb2.PolicySetRequest.SerializeToString,
+            node_dot_admin_dot_admin__pb2.ChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PolicyClear(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mirrorq.Admin/PolicyClear',
+            node_dot_admin_dot_admin__pb2.PolicyClearRequest.SerializeToString,
+            node_dot_admin_dot_admin__pb2.ChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PolicyList(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mirrorq.Admin/PolicyList',
+            node_dot_admin_dot_admin__pb2.PolicyListRequest.SerializeToString,
+            node_dot_admin_dot_admin__pb2.PolicyListResponse.FromString,
             options,
             channel_credentials,
             insecure,

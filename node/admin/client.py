@@ -4,6 +4,7 @@ see node/admin/convert.py). Security: the bearer token and TLS files default
 to $MIRRORQ_ADMIN_TOKEN, $MIRRORQ_ADMIN_CA, $MIRRORQ_ADMIN_CERT and _KEY."""
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, cast
 
@@ -199,6 +200,40 @@ def call_permission_list(host: str, port: int, vhost: str | None = None, user: s
                 timeout, token, tls_ca, tls_cert, tls_key)
     return {"permissions": [{"user": p.user, "vhost": p.vhost, "configure": p.configure,
                              "write": p.write, "read": p.read} for p in res.permissions]}
+
+
+def call_policy_set(host: str, port: int, vhost: str, name: str, pattern: str,
+                    definition_json: str, priority: int = 0, apply_to: str = "all",
+                    operator: bool = False, timeout: float = 30.0, *, token: str | None = None,
+                    tls_ca: Pem | None = None, tls_cert: Pem | None = None,
+                    tls_key: Pem | None = None) -> dict[str, Any]:
+    req = pb.PolicySetRequest(vhost=vhost, name=name, pattern=pattern,
+                              definition_json=definition_json, priority=priority,
+                              apply_to=apply_to, operator=operator)
+    return _change_to_dict(_call(host, port, "PolicySet", req, timeout,
+                                 token, tls_ca, tls_cert, tls_key))
+
+
+def call_policy_clear(host: str, port: int, vhost: str, name: str, operator: bool = False,
+                      timeout: float = 30.0, *, token: str | None = None,
+                      tls_ca: Pem | None = None, tls_cert: Pem | None = None,
+                      tls_key: Pem | None = None) -> dict[str, Any]:
+    req = pb.PolicyClearRequest(vhost=vhost, name=name, operator=operator)
+    return _change_to_dict(_call(host, port, "PolicyClear", req, timeout,
+                                 token, tls_ca, tls_cert, tls_key))
+
+
+def call_policy_list(host: str, port: int, vhost: str | None = None, operator: bool = False,
+                     timeout: float = 10.0, *, token: str | None = None,
+                     tls_ca: Pem | None = None, tls_cert: Pem | None = None,
+                     tls_key: Pem | None = None) -> dict[str, Any]:
+    """{"policies": [{"vhost", "name", "pattern", "apply-to", "definition", "priority"}]}"""
+    res = _call(host, port, "PolicyList", pb.PolicyListRequest(vhost=vhost, operator=operator),
+                timeout, token, tls_ca, tls_cert, tls_key)
+    return {"policies": [{"vhost": p.vhost, "name": p.name, "pattern": p.pattern,
+                          "apply-to": p.apply_to, "definition": json.loads(p.definition_json),
+                          "priority": int(p.priority) if p.priority.is_integer() else p.priority}
+                         for p in res.policies]}
 
 
 def rpc_error_line(exc: grpc.RpcError, what: str, target: str) -> str:

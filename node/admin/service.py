@@ -10,6 +10,7 @@ and optional TLS (mutual when a client CA is given).
 from __future__ import annotations
 
 import hmac
+import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, cast
 
@@ -32,6 +33,10 @@ class AccessModel(Protocol):
     def vhosts(self) -> Mapping[str, None]: ...
     @property
     def permissions(self) -> Mapping[tuple[str, str], tuple[str, str, str]]: ...
+    @property
+    def policies(self) -> Mapping[tuple[str, str], Any]: ...
+    @property
+    def operator_policies(self) -> Mapping[tuple[str, str], Any]: ...
 
 
 class Membership(Protocol):
@@ -49,6 +54,10 @@ class Membership(Protocol):
     async def set_permissions(self, user: str, vhost: str, configure: str, write: str,
                               read: str) -> None: ...
     async def clear_permissions(self, user: str, vhost: str) -> None: ...
+    async def set_policy(self, vhost: str, name: str, pattern: Any, definition: Any,
+                         priority: Any = 0, apply_to: Any = "all",
+                         operator: bool = False) -> bool: ...
+    async def clear_policy(self, vhost: str, name: str, operator: bool = False) -> None: ...
     def read_model(self) -> AccessModel:
         """UserList, VhostList and PermissionList read users, vhosts and
         permissions from it (the node's replicated state as of its last tick)."""
@@ -195,6 +204,35 @@ class _Servicer(pb_grpc.AdminServicer):
                 if (not request.HasField("vhost") or v == request.vhost)
                 and (not request.HasField("user") or u == request.user)]
         return pb.PermissionListResponse(permissions=rows)
+
+
+    async def PolicySet(self, request: pb.PolicySetRequest,  # noqa: N802
+                        context: grpc.aio.ServicerContext) -> pb.ChangeResponse:
+        r = request
+        try:
+            definition = json.loads(r.definition_json or "null")
+        except ValueError:
+            definition = r.definition_json  # refused by set_policy with RabbitMQ's text
+        return await self._o.change(context, lambda m: m.set_policy(
+            _need(r.vhost, "vhost"), _need(r.name, "name"), r.pattern, definition,
+            r.priority, r.apply_to or "all", r.operator), "set_policy")
+
+    async def PolicyClear(self, request: pb.PolicyClearRequest,  # noqa: N802
+                          context: grpc.aio.ServicerContext) -> pb.ChangeResponse:
+        r = request
+        return await self._o.change(context, lambda m: m.clear_policy(
+            _need(r.vhost, "vhost"), _need(r.name, "name"), r.operator), "clear_policy")
+
+    async def PolicyList(self, request: pb.PolicyListRequest,  # noqa: N802
+                         context: grpc.aio.ServicerContext) -> pb.PolicyListResponse:
+        m = await self._o.model(context)
+        table = getattr(m, "operator_policies" if request.operator else "policies", {})
+        rows = [pb.Policy(vhost=p.vhost, name=p.name, pattern=p.pattern, apply_to=p.apply_to,
+                          definition_json=json.dumps(p.definition, sort_keys=True),
+                          priority=float(p.priority))
+                for _key, p in sorted(table.items())
+                if not request.HasField("vhost") or p.vhost == request.vhost]
+        return pb.PolicyListResponse(policies=rows)
 
 
 class AdminServer:

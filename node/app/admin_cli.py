@@ -1,5 +1,5 @@
 """The admin API's command line: `mirrorq status | queues | members | transfer-leader |
-drain | revive | users | vhosts | permissions`.
+drain | revive | users | vhosts | permissions | policies`.
 
 Every command takes `--admin HOST:PORT` (or `--admin-port P [--host H]`),
 `--json` (machine output; a table otherwise), `--token-file FILE` (default
@@ -20,7 +20,7 @@ from typing import Any
 
 EXIT_USAGE = 2
 COMMANDS = ("status", "queues", "members", "transfer-leader", "drain", "revive", "users",
-            "vhosts", "permissions")
+            "vhosts", "permissions", "policies")
 
 
 class UsageError(Exception):
@@ -109,6 +109,25 @@ def add_parsers(sub: Any, parser_class: type[argparse.ArgumentParser],
     p = cmd(perms, "clear", "remove a user's permissions on a vhost")
     p.add_argument("user")
     p.add_argument("--vhost", default="/", help="default /")
+
+    pols = group("policies", "policies (and with --operator, operator policies) of vhosts",
+                 "sub")
+    p = cmd(pols, "list", "every policy, by vhost and name")
+    p.add_argument("--vhost", help="only this vhost")
+    p.add_argument("--operator", action="store_true", help="operator policies")
+    p = cmd(pols, "set", "create or replace a policy (RabbitMQ's set_policy)")
+    p.add_argument("name")
+    p.add_argument("pattern", help="regular expression over queue / exchange names")
+    p.add_argument("definition", help='JSON object, e.g. \'{"max-length": 1000}\'')
+    p.add_argument("--vhost", default="/", help="default /")
+    p.add_argument("--priority", type=int, default=0, help="default 0 (the highest applies)")
+    p.add_argument("--apply-to", default="all",
+                   help="all (default), queues, classic_queues, quorum_queues, exchanges")
+    p.add_argument("--operator", action="store_true", help="an operator policy")
+    p = cmd(pols, "clear", "remove a policy")
+    p.add_argument("name")
+    p.add_argument("--vhost", default="/", help="default /")
+    p.add_argument("--operator", action="store_true", help="an operator policy")
 
 
 # ------------------------------------------------------------------ running
@@ -249,6 +268,8 @@ def _dispatch(args: argparse.Namespace, host: str, port: int,
             return {"ok": ok, "vhost": args.name}, f"vhost {args.name} added"
         ok = admin.call_vhost_delete(host, port, args.name, **sec)["ok"]
         return {"ok": ok, "deleted": args.name}, f"vhost {args.name} deleted"
+    if c == "policies":
+        return _policies(args, host, port, sec)
     # permissions
     if sub == "list":
         doc = admin.call_permission_list(host, port, vhost=args.vhost, user=args.user, **sec)
@@ -281,6 +302,32 @@ def _users(args: argparse.Namespace, host: str, port: int,
                 f"user {args.name} saved" + (f" (tags: {', '.join(tags)})" if tags else ""))
     ok = admin.call_user_delete(host, port, args.name, **sec)["ok"]
     return {"ok": ok, "deleted": args.name}, f"user {args.name} deleted"
+
+
+def _policies(args: argparse.Namespace, host: str, port: int,
+              sec: dict[str, Any]) -> tuple[Any, str]:
+    from node.admin import client as admin
+    kind = "operator policy" if args.operator else "policy"
+    if args.sub == "list":
+        doc = admin.call_policy_list(host, port, vhost=args.vhost, operator=args.operator, **sec)
+        rows = [[p["vhost"], p["name"], p["pattern"], p["apply-to"], p["priority"],
+                 json.dumps(p["definition"], sort_keys=True)] for p in doc["policies"]]
+        return doc, _table(["VHOST", "NAME", "PATTERN", "APPLY_TO", "PRIORITY", "DEFINITION"],
+                           rows)
+    if args.sub == "set":
+        try:
+            definition = json.loads(args.definition)
+        except ValueError as exc:
+            raise UsageError(f"the definition is not JSON: {exc}") from None
+        ok = admin.call_policy_set(host, port, args.vhost, args.name, args.pattern,
+                                   json.dumps(definition), args.priority, args.apply_to,
+                                   args.operator, **sec)["ok"]
+        doc = {"ok": ok, "vhost": args.vhost, "name": args.name, "pattern": args.pattern,
+               "apply-to": args.apply_to, "priority": args.priority, "definition": definition}
+        return doc, f"{kind} {args.name} set on vhost {args.vhost}"
+    ok = admin.call_policy_clear(host, port, args.vhost, args.name, args.operator, **sec)["ok"]
+    return ({"ok": ok, "vhost": args.vhost, "cleared": args.name},
+            f"{kind} {args.name} cleared on vhost {args.vhost}")
 
 
 # ------------------------------------------------------------------ text output

@@ -1,4 +1,5 @@
-"""The admin operations on a cluster: users, vhosts, permissions, drain, membership.
+"""The admin operations on a cluster: users, vhosts, permissions, policies, drain,
+membership.
 
 Each is validated against the node's read model (the replicated state as of
 its last Raft tick) and carried out as commands through the log (the raft
@@ -14,12 +15,15 @@ from typing import Any, Protocol
 from node.app.config import is_loopback
 from node.broker.password import hash_password, password_hash_ok
 from node.broker.permission import check_patterns
+from node.broker.policy import policy_error
 from node.broker.vhost import vhost_name_error
 from node.replication.command import (
     Command,
     DropMember,
     PermissionClear,
     PermissionSet,
+    PolicyClear,
+    PolicySet,
     SetDraining,
     SetMember,
     UserDelete,
@@ -201,3 +205,34 @@ class Administrator:
             if (user, vhost) not in self.read_model().permissions:
                 raise KeyError(f"user {user!r} has no permissions on vhost {vhost!r}")
             await self.replica.commit([PermissionClear(user, vhost)], timeout)
+
+    # ------------------------------------------------------------- policies
+    async def set_policy(self, vhost: str, name: str, pattern: Any, definition: Any,
+                         priority: Any = 0, apply_to: Any = "all", operator: bool = False,
+                         timeout: float = 30.0) -> bool:
+        """Create or replace a policy (operator: an operator policy); True
+        when it is new. KeyError for an unknown vhost, ValueError with
+        RabbitMQ's "Validation failed" text for a policy it refuses."""
+        async with self._changing:
+            if not name:
+                raise ValueError("a policy needs a name")
+            why = policy_error(pattern, definition, priority, apply_to, operator)
+            if why is not None:
+                raise ValueError(f"Validation failed\n\n{why}\n")
+            model = self.read_model()
+            if vhost not in model.vhosts:
+                raise KeyError(f"no vhost {vhost!r}")
+            table = model.operator_policies if operator else model.policies
+            new = (vhost, name) not in table
+            await self.replica.commit([PolicySet(operator, vhost, name, pattern, apply_to,
+                                                 priority, dict(definition))], timeout)
+            return new
+
+    async def clear_policy(self, vhost: str, name: str, operator: bool = False,
+                           timeout: float = 30.0) -> None:
+        async with self._changing:
+            model = self.read_model()
+            table = model.operator_policies if operator else model.policies
+            if (vhost, name) not in table:
+                raise KeyError(f"no policy {name!r} in vhost {vhost!r}")
+            await self.replica.commit([PolicyClear(operator, vhost, name)], timeout)

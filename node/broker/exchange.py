@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from node.broker.vhost import SEP, resource_key, split_key
+
 Dest = tuple[bool, str]  # (is_exchange, name)
 # (dest_is_exchange, dest, routing_key, frozen arguments): a binding's identity
 BindKey = tuple[bool, str, str, Any]
@@ -181,11 +183,15 @@ class Exchange:
 
 
 def route(exchanges: Mapping[str, Exchange], start: Exchange, routing_key: str,
-          headers: Mapping[str, Any] | None) -> list[str]:
+          headers: Mapping[str, Any] | None,
+          policy_ae: Mapping[str, str] | None = None) -> list[str]:
     """Queue names a message reaches from `start` (see _route_from); when none,
-    tries the exchange's "alternate-exchange" chain like RabbitMQ."""
+    tries the exchange's alternate exchange chain like RabbitMQ: its
+    "alternate-exchange" argument, else the one its policy names
+    (`policy_ae`: exchange key -> name), in the exchange's vhost."""
     queues = _route_from(exchanges, start, routing_key, headers)
-    if queues or "alternate-exchange" not in start.arguments:
+    if queues or ("alternate-exchange" not in start.arguments
+                  and not (policy_ae and start.name in policy_ae)):
         return queues
     seen: dict[str, None] = {start.name: None}
     x: Exchange | None = start
@@ -193,10 +199,15 @@ def route(exchanges: Mapping[str, Exchange], start: Exchange, routing_key: str,
         ae = x.arguments.get("alternate-exchange")
         if isinstance(ae, bytes):
             ae = ae.decode("utf-8", "replace")  # may not be UTF-8: see headers_match
-        if not isinstance(ae, str) or ae in seen:
+        if not isinstance(ae, str) and policy_ae:
+            ae = policy_ae.get(x.name)
+        if not isinstance(ae, str) or SEP in ae:
             break
-        seen[ae] = None
-        x = exchanges.get(ae)
+        key = resource_key(split_key(x.name)[0], ae)
+        if key in seen:
+            break
+        seen[key] = None
+        x = exchanges.get(key)
         if x is not None:
             queues = _route_from(exchanges, x, routing_key, headers)
     return queues

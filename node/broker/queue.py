@@ -16,6 +16,7 @@ import heapq
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from node.broker.policy import QueueSettings, queue_settings
 from node.broker.vhost import ResourceKey
 
 if TYPE_CHECKING:
@@ -88,20 +89,18 @@ class Queue:
         self.arguments = arguments
         self.home = home
         a = arguments
-        self.message_ttl: int | None = a.get("x-message-ttl")
-        self.expires: int | None = a.get("x-expires")
-        self.max_length: int | None = a.get("x-max-length")
-        self.max_length_bytes: int | None = a.get("x-max-length-bytes")
-        self.overflow: str = a.get("x-overflow", "drop-head")
-        self.dlx: str | None = a.get("x-dead-letter-exchange")
-        self.dlrk: str | None = a.get("x-dead-letter-routing-key")
+        self.message_ttl: int | None = None
+        self.expires: int | None = None
+        self.max_length: int | None = None
+        self.max_length_bytes: int | None = None
+        self.overflow: str = "drop-head"
+        self.dlx: str | None = None
+        self.dlrk: str | None = None
+        self.delivery_limit: int | None = None
+        self.counts_deliveries = False
+        self.settle(queue_settings(a))
         self.max_priority: int | None = a.get("x-max-priority")
         self.single_active: bool = a.get("x-single-active-consumer") is True
-        self.delivery_limit: int | None = a.get("x-delivery-limit")
-        # quorum queues (and any with a delivery limit) tell consumers how often
-        # a message came back: the x-delivery-count header on redeliveries
-        self.counts_deliveries = (a.get("x-queue-type") == "quorum"
-                                  or self.delivery_limit is not None)
         # consumers with a non-zero x-priority: pick() compares only when any
         self.prio_consumers = 0
         self.returned: list[tuple[int, Message]] = []
@@ -119,6 +118,21 @@ class Queue:
         # same totals; the HTTP API derives rates by sampling them):
         # [published, delivered + got, redelivered, acked]
         self.stats: list[int] = [0, 0, 0, 0]
+
+    def settle(self, st: QueueSettings) -> None:
+        """Take the effective settings (x-arguments and policies:
+        node/broker/policy.py's queue_settings) that enforcement reads."""
+        (self.message_ttl, self.expires, self.max_length, self.max_length_bytes, self.overflow,
+         self.dlx, self.dlrk, self.delivery_limit) = st
+        # quorum queues (and any with a delivery limit) tell consumers how often
+        # a message came back: the x-delivery-count header on redeliveries
+        self.counts_deliveries = (self.arguments.get("x-queue-type") == "quorum"
+                                  or self.delivery_limit is not None)
+
+    def settings(self) -> QueueSettings:
+        return QueueSettings(self.message_ttl, self.expires, self.max_length,
+                             self.max_length_bytes, self.overflow, self.dlx, self.dlrk,
+                             self.delivery_limit)
 
     def _key(self, m: Message) -> int:
         """Heap order: sequence, or (max - priority, sequence) in a priority queue."""

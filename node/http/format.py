@@ -79,7 +79,7 @@ def queue_json(q: MQueue, rates: tuple[float, ...] | None = None) -> dict[str, A
         "consumer_capacity": 1.0 if q.consumers else 0,
         "consumer_utilisation": 1.0 if q.consumers else 0,
         "durable": q.durable,
-        "effective_policy_definition": {},
+        "effective_policy_definition": plain_json(dict(q.effective_policy_definition)),
         "exclusive": q.exclusive,
         "exclusive_consumer_tag": None,
         "head_message_timestamp": None,
@@ -95,8 +95,8 @@ def queue_json(q: MQueue, rates: tuple[float, ...] | None = None) -> dict[str, A
         "messages_unacknowledged_details": rate(0),
         "name": q.name,
         "node": q.node,
-        "operator_policy": None,
-        "policy": None,
+        "operator_policy": q.operator_policy,
+        "policy": q.policy,
         "recoverable_slaves": None,
         "single_active_consumer_tag": None,
         "state": "running",
@@ -113,7 +113,7 @@ def queue_json(q: MQueue, rates: tuple[float, ...] | None = None) -> dict[str, A
 def exchange_json(x: MExchange) -> dict[str, Any]:
     return {"arguments": dict(x.arguments), "auto_delete": x.auto_delete, "durable": x.durable,
             "internal": x.internal, "name": x.name, "type": x.type,
-            "user_who_performed_action": "rmq-internal", "vhost": x.vhost, "policy": None}
+            "user_who_performed_action": "rmq-internal", "vhost": x.vhost, "policy": x.policy}
 
 
 def plain_json(value: Any) -> Any:
@@ -238,9 +238,10 @@ def vhost_json(name: str, queues: Iterable[MQueue], nodes: Iterable[str]) -> dic
 
 def definitions(users: Mapping[str, tuple[str, tuple[str, ...]]], vhosts: Iterable[str],
                 permissions: Mapping[tuple[str, str], tuple[str, str, str]], m: Management,
-                product_version: str) -> dict[str, Any]:
+                product_version: str, policies: Iterable[Any] = ()) -> dict[str, Any]:
     """RabbitMQ's definitions export: no amq.* or default exchanges, no
-    exclusive queues, no implicit default-exchange bindings."""
+    exclusive queues, no implicit default-exchange bindings; `policies` (not
+    operator policies: RabbitMQ exports only these)."""
     return {
         "rabbit_version": RABBIT_VERSION, "rabbitmq_version": RABBIT_VERSION,
         "product_name": "mirrorq", "product_version": product_version,
@@ -248,7 +249,10 @@ def definitions(users: Mapping[str, tuple[str, tuple[str, ...]]], vhosts: Iterab
                    "tags": list(e[1]), "limits": {}} for n, e in users.items()],
         "vhosts": [{"name": v} for v in vhosts],
         "permissions": [permission_json(u, v, p) for (u, v), p in permissions.items()],
-        "topic_permissions": [], "parameters": [], "global_parameters": [], "policies": [],
+        "topic_permissions": [], "parameters": [], "global_parameters": [],
+        "policies": [{"vhost": p.vhost, "name": p.name, "pattern": p.pattern,
+                      "apply-to": p.apply_to, "priority": p.priority,
+                      "definition": dict(p.definition)} for p in policies],
         "queues": [{"name": q.name, "vhost": q.vhost, "durable": q.durable,
                     "auto_delete": q.auto_delete, "arguments": plain_json(q.arguments)}
                    for q in m.queues if not q.exclusive],

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import re2  # type: ignore[import-untyped]
-
+from node.broker.pattern import PatternError, compile_pattern
 from node.http.errors import bad_request
 from node.http.server import Request, Response, json_response
 
@@ -29,26 +28,13 @@ def pick_columns(r: Mapping[str, Any], columns: str) -> dict[str, Any]:
     return out
 
 
-MAX_REGEX = 1000  # characters of a `use_regex` pattern
-
-
 def compile_filter(pattern: str) -> Any:
-    """A user's `name` pattern compiled by RE2: linear time in the text, so
-    no pattern can stall the event loop (Python's `re` backtracks: ^(a+)+$
-    took seconds over a 28-character name). 400 for a pattern over
-    MAX_REGEX characters or one RE2 refuses (backreferences, lookaround)."""
-    if len(pattern) > MAX_REGEX:
-        raise bad_request(f"regex longer than {MAX_REGEX} characters")
-    options = re2.Options()
-    options.max_mem = 8 << 20  # bounds the compiled program too
-    options.log_errors = False
+    """A user's `name` pattern compiled by RE2 (node/broker/pattern.py): 400
+    for a pattern over MAX_REGEX characters or one RE2 refuses."""
     try:
-        return re2.compile(pattern, options)
-    except re2.error as exc:
-        detail = exc.args[0] if exc.args else ""
-        if isinstance(detail, bytes):
-            detail = detail.decode("utf-8", "replace")
-        raise bad_request(f"bad regex: {detail}") from None
+        return compile_pattern(pattern)
+    except PatternError as exc:
+        raise bad_request(str(exc)) from None
 
 
 def filter_sort_page(req: Request, rows: list[dict[str, Any]]) -> Response:

@@ -48,6 +48,7 @@ RECORDS: tuple[type, ...] = (
     cmd.Echo, cmd.Tick, cmd.NodeUp, cmd.NodeDown, cmd.MarkOutOfSync, cmd.MarkInSync,
     cmd.SetMember, cmd.SetDraining, cmd.UserPut, cmd.UserDelete, cmd.VhostPut,
     cmd.VhostDelete, cmd.PermissionSet, cmd.PermissionClear, cmd.DropMember,
+    cmd.PolicySet, cmd.PolicyClear,
 )
 _RECORD_ID: dict[type, int] = {t: i for i, t in enumerate(RECORDS)}
 _RECORD_ARITY: tuple[int, ...] = tuple(len(t._fields) for t in RECORDS)  # type: ignore[attr-defined]

@@ -342,6 +342,27 @@ class PermissionClear(NamedTuple):
     vhost: str
 
 
+class PolicySet(NamedTuple):
+    """Create or replace a policy (operator=False) or an operator policy of
+    `vhost` (RabbitMQ's set_policy / set_operator_policy); validated before
+    proposing (node/broker/policy.py). Applies at once to every matching
+    queue and exchange of the vhost."""
+
+    operator: bool
+    vhost: str
+    name: str
+    pattern: str
+    apply_to: str
+    priority: int | float
+    definition: Table
+
+
+class PolicyClear(NamedTuple):
+    operator: bool
+    vhost: str
+    name: str
+
+
 class DropMember(NamedTuple):
     """Forget a removed member (also leaves the in-sync set)."""
 
@@ -354,7 +375,8 @@ Command = (
     QueuePurge | QueueDelete | BasicQos | BasicConsume | BasicCancel | BasicCredit |
     BasicGet | BasicPublish | BasicAck | BasicNack | BasicRecover | TxCommit | Echo | Tick |
     NodeUp | NodeDown | MarkOutOfSync | MarkInSync | SetMember | DropMember | SetDraining |
-    UserPut | UserDelete | VhostPut | VhostDelete | PermissionSet | PermissionClear
+    UserPut | UserDelete | VhostPut | VhostDelete | PermissionSet | PermissionClear |
+    PolicySet | PolicyClear
 )
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
+from node.broker.policy import effective_definition, matching, queue_type
 from node.broker.vhost import split_key
 
 if TYPE_CHECKING:
@@ -66,13 +67,17 @@ class ReadModel:
     members: Mapping[str, str] = field(default_factory=_empty)
     in_sync: tuple[str, ...] = ()
     draining: tuple[str, ...] = ()
+    # (vhost, name) -> Policy: policies and operator policies
+    policies: Mapping[tuple[str, str], Any] = field(default_factory=_empty)
+    operator_policies: Mapping[tuple[str, str], Any] = field(default_factory=_empty)
     message_bytes: int = 0  # bytes of message bodies held (memory high-watermark)
     queue_count: int = 0
     config_version: int = 0  # BrokerState.config_version this was built from
     version: int = 0  # counts the models built (one more per build that changed something)
 
     def __post_init__(self) -> None:
-        for name in ("users", "vhosts", "permissions", "members"):
+        for name in ("users", "vhosts", "permissions", "members", "policies",
+                     "operator_policies"):
             value = getattr(self, name)
             if not isinstance(value, MappingProxyType):
                 object.__setattr__(self, name, _frozen(value))
@@ -116,15 +121,18 @@ def build(state: BrokerState, prev: ReadModel | None = None, full: bool = False)
         if prev.message_bytes == message_bytes and prev.queue_count == queue_count:
             return prev
         return ReadModel(prev.users, prev.vhosts, prev.permissions, prev.members, prev.in_sync,
-                         prev.draining, message_bytes, queue_count, cv, prev.version + 1)
+                         prev.draining, prev.policies, prev.operator_policies, message_bytes,
+                         queue_count, cv, prev.version + 1)
     users = _keep_or_copy(prev.users if prev else None, state.users)
     vhosts = _keep_or_copy(prev.vhosts if prev else None, state.vhosts)
     permissions = _keep_or_copy(prev.permissions if prev else None, state.permissions)
     members = _keep_or_copy(prev.members if prev else None, state.members)
     in_sync = _keep_or_tuple(prev.in_sync if prev else None, state.in_sync)
     draining = _keep_or_tuple(prev.draining if prev else None, state.draining)
-    return ReadModel(users, vhosts, permissions, members, in_sync, draining, message_bytes,
-                     queue_count, cv, (prev.version + 1) if prev else 1)
+    policies = _keep_or_copy(prev.policies if prev else None, state.policies)
+    ops = _keep_or_copy(prev.operator_policies if prev else None, state.operator_policies)
+    return ReadModel(users, vhosts, permissions, members, in_sync, draining, policies, ops,
+                     message_bytes, queue_count, cv, (prev.version + 1) if prev else 1)
 
 
 def access_changed(old: ReadModel, new: ReadModel) -> bool:
@@ -180,6 +188,9 @@ class MQueue(NamedTuple):
     consumers: int
     stats: tuple[int, int, int, int]  # published, delivered+got, redelivered, acked
     idle_since: float  # the proposer's clock at the last use (apply time)
+    policy: str | None = None  # the names of the policy and operator policy that apply
+    operator_policy: str | None = None
+    effective_policy_definition: Mapping[str, Any] = MappingProxyType({})
 
 
 class MExchange(NamedTuple):
@@ -190,6 +201,8 @@ class MExchange(NamedTuple):
     auto_delete: bool
     internal: bool
     arguments: Mapping[str, Any]
+    policy: str | None = None
+    operator_policy: str | None = None
 
 
 class MBinding(NamedTuple):
@@ -276,21 +289,29 @@ def management_rows(state: Any) -> Management:
                                        not c.no_ack, bool(c.exclusive), int(c.prefetch),
                                        int(getattr(c, "priority", 0))))
     queues = []
+    has_policies = bool(getattr(state, "policies", None) or getattr(state, "operator_policies", None))
     for key, q in state.queues.items():
         vhost, name = split_key(key)
         un = unacked.get(id(q), (0, 0))
         owner = (q.owner.node, q.owner.serial) if q.owner is not None else None
         stats = getattr(q, "stats", None) or [0, 0, 0, 0]
+        p, op = (matching(state.policies, state.operator_policies, key, "queue",
+                          queue_type(q.arguments)) if has_policies else (None, None))
         queues.append(MQueue(vhost, name, bool(q.durable), bool(q.auto_delete), bool(q.exclusive),
                              owner, MappingProxyType(_plain(q.arguments)), q.home,
                              q.ready_count(), un[0], int(q.ready_bytes), un[1], len(q.consumers),
-                             (stats[0], stats[1], stats[2], stats[3]), float(q.last_used)))
+                             (stats[0], stats[1], stats[2], stats[3]), float(q.last_used),
+                             p.name if p else None, op.name if op else None,
+                             MappingProxyType(_plain(effective_definition(p, op)))))
     exchanges = []
     bindings = []
     for key, x in state.exchanges.items():
         vhost, name = split_key(key)
+        xp, xop = (matching(state.policies, state.operator_policies, key, "exchange")
+                    if has_policies else (None, None))
         exchanges.append(MExchange(vhost, name, x.type, bool(x.durable), bool(x.auto_delete),
-                                   bool(x.internal), MappingProxyType(_plain(x.arguments))))
+                                   bool(x.internal), MappingProxyType(_plain(x.arguments)),
+                                   xp.name if xp else None, xop.name if xop else None))
         for b in x.bindings.values():
             is_x, dest = b.dest
             bindings.append(MBinding(vhost, name, split_key(dest)[1],

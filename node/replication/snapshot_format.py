@@ -16,6 +16,8 @@ Layout (integers little endian):
           consumers    u32 count, each one codec tuple (channel and queue by index)
           links        per channel: its unacked deliveries and consumers;
                        per queue: its consumers and exclusive consumer
+          policies     one codec value: the policies and operator policies
+                       (issue 28; absent from older files: none then)
 A message is a fixed struct, its exchange and routing key, then (version 3)
 where its bytes are in the Raft log (index, offset and length of its
 properties inside that entry; the body follows them): the snapshot holds the
@@ -51,8 +53,10 @@ from typing import IO, Any, NamedTuple
 from node.broker.channel import Channel, Consumer
 from node.broker.exchange import Binding, Exchange, split_topic
 from node.broker.ids import ChanId
+from node.broker.policy import Policy
 from node.broker.queue import Message, Queue, raw_priority
 from node.replication.codec import CodecError, decode_from, encode_into
+from node.replication.machine.policy import rebuild_policy_ae
 from node.replication.machine.state import BrokerState
 from node.replication.message_store import BUCKET_SHIFT, make_loc
 
@@ -104,9 +108,12 @@ CHANNEL_FIELDS = ("id", "vhost", "next_tag", "prefetch", "global_prefetch", "lim
                   "flow")
 CONSUMER_FIELDS = ("chan", "tag", "no_ack", "exclusive", "prefetch", "unacked", "credit",
                    "priority")
+# BrokerState's slots written in the policies section (after everything else)
+POLICY_FIELDS = ("policies", "operator_policies")
 # slots not in the field lists: written another way (references, messages) or derived
 DERIVED = {
-    "BrokerState": ("exchanges", "queues", "channels", "live", "fetch_props"),
+    "BrokerState": ("exchanges", "queues", "channels", "live", "fetch_props", "policy_ae",
+                    *POLICY_FIELDS),
     "Exchange": ("bindings", "_topic_cache"),
     "Queue": ("returned", "ready", "consumers", "exclusive_consumer"),
     "Channel": ("unacked", "consumers"),
@@ -204,6 +211,7 @@ def write_snapshot(sink: IO[bytes], state: BrokerState, raft: RaftMeta) -> int:
         ex = q.exclusive_consumer
         w.value(([(key, k_index[id(k)]) for key, k in q.consumers.items()],
                  -1 if ex is None else k_index[id(ex)]))
+    _write_policies(w, state)
     w.flush()
     end = sink.tell()
     sink.seek(start)
@@ -424,6 +432,9 @@ def read_snapshot(data: bytes) -> tuple[BrokerState, RaftMeta]:
         r.entries()
         meta = r.meta()
         state = r.state()
+        if r.pos != len(data):  # files written before issue 28 end without it
+            _read_policies(r.value(), state)
+        rebuild_policy_ae(state)
     except (CodecError, struct.error, UnicodeDecodeError, IndexError, TypeError, ValueError) as e:
         if isinstance(e, SnapshotFormatError):
             raise
@@ -677,6 +688,33 @@ def _list(v: Any, what: str) -> list[Any]:
 def _at(items: list[Any], i: Any, what: str) -> Any:
     _expect(type(i) is int and 0 <= i < len(items), f"{what} reference {i!r} out of range")
     return items[i]
+
+
+# ---------------------------------------------------------- policies section
+# ("policies", section version, policies, operator policies), each policy a
+# plain tuple of Policy's fields. Written last: a reader of a file without it
+# (an older build's) finds the body ends where the state does.
+_POLICY_SECTION = "policies"
+_POLICY_SECTION_VERSION = 1
+
+
+def _write_policies(w: _Writer, state: BrokerState) -> None:
+    w.value((_POLICY_SECTION, _POLICY_SECTION_VERSION,
+             [tuple(p) for p in state.policies.values()],
+             [tuple(p) for p in state.operator_policies.values()]))
+
+
+def _read_policies(v: Any, state: BrokerState) -> None:
+    tag, version, pols, ops = _tuple(v, 4, "policies section")
+    _expect(tag == _POLICY_SECTION, f"unknown section {tag!r}")
+    _expect(version == _POLICY_SECTION_VERSION, f"policies section version {version!r}")
+    for items, table in ((pols, state.policies), (ops, state.operator_policies)):
+        for t in _list(items, "policies"):
+            vhost, name, pattern, apply_to, priority, definition = _tuple(t, 6, "policy")
+            _expect(all(type(f) is str for f in (vhost, name, pattern, apply_to))
+                    and type(priority) in (int, float), "policy fields")
+            table[(vhost, name)] = Policy(vhost, name, pattern, apply_to, priority,
+                                          _dict(definition, "policy definition"))
 
 
 def iter_fields() -> Iterable[tuple[type, tuple[str, ...]]]:

@@ -24,34 +24,57 @@ async def definitions_get(ctx: Context, _r: Request, params: dict[str, str],
         rows = rows._replace(queues=tuple(q for q in rows.queues if q.vhost == vhost),
                              exchanges=tuple(x for x in rows.exchanges if x.vhost == vhost),
                              bindings=tuple(b for b in rows.bindings if b.vhost == vhost))
-        d = definitions({}, [], {}, rows, ctx.b.product_version)
+        d = definitions({}, [], {}, rows, ctx.b.product_version,
+                        [pol for pol in m.policies.values() if pol.vhost == vhost])
         for key in ("users", "vhosts", "permissions", "topic_permissions",
                     "global_parameters"):
             d.pop(key, None)
-        for section in ("queues", "exchanges", "bindings"):
+        for section in ("queues", "exchanges", "bindings", "policies"):
             for item in d[section]:
                 item.pop("vhost", None)
         return json_response(d)
     return json_response(definitions(m.users, list(m.vhosts), m.permissions, rows,
-                                     ctx.b.product_version))
+                                     ctx.b.product_version, m.policies.values()))
 
 
 async def definitions_post(ctx: Context, req: Request, _p: dict[str, str],
                            p: Principal) -> Response:
     require_admin(p)
+    d = _json_body(req)
+    await import_definitions(ctx, d, p)
+    return Response(204)
+
+
+async def definitions_vhost_post(ctx: Context, req: Request, params: dict[str, str],
+                                 p: Principal) -> Response:
+    """A vhost's definitions (as its export writes them: no vhost fields)."""
+    require_admin(p)
+    vhost = params["vhost"]
+    if vhost not in ctx.model().vhosts:
+        raise not_found()
+    d = _json_body(req)
+    for key in ("users", "vhosts", "permissions"):
+        d.pop(key, None)
+    for section in ("queues", "exchanges", "bindings", "policies"):
+        for item in d.get(section) or []:
+            if isinstance(item, dict):
+                item["vhost"] = vhost
+    await import_definitions(ctx, d, p)
+    return Response(204)
+
+
+def _json_body(req: Request) -> dict[str, Any]:
     # RabbitMQ's handler accepts only declared types (cowboy: 415 otherwise); a
     # browser's cross-site form can send text/plain without a preflight, never JSON
     ctype = req.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype != "application/json":
         raise HttpError(415, "bad_request", "send the definitions as application/json")
-    d = json_object(req.json())
-    await import_definitions(ctx, d, p)
-    return Response(204)
+    return json_object(req.json())
 
 
 async def import_definitions(ctx: Context, d: dict[str, Any], p: Principal) -> None:
-    """RabbitMQ's import order: users, vhosts, permissions, exchanges,
-    queues, bindings. The first failure answers 400 with its reason."""
+    """RabbitMQ's import order: users, vhosts, permissions, policies,
+    exchanges, queues, bindings. The first failure answers 400 with its reason."""
     admin = ctx.b.administrator
 
     def items(key: str) -> list[dict[str, Any]]:
@@ -91,6 +114,17 @@ async def import_definitions(ctx: Context, d: dict[str, Any], p: Principal) -> N
                                         str(perm["read"]))
         except (KeyError, ValueError) as exc:
             raise bad_request(f"permission {perm}: {exc}") from None
+    for pol in items("policies"):  # before the queues, as RabbitMQ imports them
+        name, vhost = pol.get("name"), pol.get("vhost", "/")
+        if not isinstance(name, str) or not name:
+            raise bad_request(f"policy in virtual host '{vhost}' has undefined name")
+        try:
+            await admin.set_policy(str(vhost), name, pol.get("pattern"), pol.get("definition"),
+                                   pol.get("priority", 0), pol.get("apply-to", "all"))
+        except ValueError as exc:
+            raise bad_request(f'{exc} (vhost: "{vhost}" key: "{name}")') from None
+        except KeyError:
+            raise bad_request(f"policy {name}: vhost {vhost} does not exist") from None
     token_p = Principal(p.name, p.tags, token=True)  # an administrator imports everything
     by_vhost: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     for kind in ("exchanges", "queues", "bindings"):

@@ -15,6 +15,7 @@ Where things are (after RabbitMQ's rabbit_fifo):
   topology.py    exchanges, queues, bindings
   delivery.py    consumers, delivering, requeue, get, acks, expiry (Tick)
   publish.py     routing, enqueue, dead-lettering, tx.commit
+  policy.py      policies and operator policies, applied to queues and exchanges
   arguments.py   x-argument and queue-type validation
   errors.py      channel/connection errors and their texts
   outcomes.py    batch verdicts, failure_effects, skipped_effects

@@ -54,6 +54,9 @@ class AccessHandlers(ApplierBase):
         del s.vhosts[vhost]
         for k in [k for k in s.permissions if k[1] == vhost]:
             del s.permissions[k]
+        for table in (s.policies, s.operator_policies):
+            for k in [k for k in table if k[0] == vhost]:
+                del table[k]
         _config_changed(s)
         conns = dict.fromkeys(ch.id.conn_id for ch in s.channels.values() if ch.vhost == vhost)
         for conn in conns:

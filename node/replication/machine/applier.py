@@ -1,7 +1,7 @@
 """apply_batch: fold one batch of commands into the state.
 
 The Applier is one object whose handlers live in one mixin per concern
-(sessions, membership, access, topology, delivery, publish); each handler is
+(sessions, membership, access, topology, delivery, publish, policy); each handler is
 registered for its command by `handler.handles`.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ from node.replication.machine.errors import _ChanErr, _ConnErr
 from node.replication.machine.handler import HANDLERS
 from node.replication.machine.membership import MembershipHandlers
 from node.replication.machine.outcomes import batch_verdict
+from node.replication.machine.policy import PolicyHandlers
 from node.replication.machine.publish import PublishHandlers
 from node.replication.machine.sessions import SessionHandlers
 from node.replication.machine.state import BrokerState
@@ -22,7 +23,7 @@ from node.replication.machine.topology import TopologyHandlers
 
 
 class Applier(SessionHandlers, MembershipHandlers, AccessHandlers, TopologyHandlers,
-              DeliveryHandlers, PublishHandlers):
+              DeliveryHandlers, PublishHandlers, PolicyHandlers):
     """Applies the commands of one batch; collects effects and the queues
     whose delivery may have become possible."""
 

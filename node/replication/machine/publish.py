@@ -67,7 +67,7 @@ class PublishHandlers(ApplierBase):
         if x.internal:
             raise _ChanErr(403, f"ACCESS_REFUSED - cannot publish to internal exchange "
                                 f"{_where(xkey)}", ids)
-        return route(s.exchanges, x, cmd.routing_key, cmd.props.get("headers"))
+        return route(s.exchanges, x, cmd.routing_key, cmd.props.get("headers"), s.policy_ae)
 
     def _publish(self, cmd: BasicPublish, names: list[str], exp: int | None) -> None:
         queues = self.s.queues
@@ -179,7 +179,7 @@ class PublishHandlers(ApplierBase):
             tkey = resource_key(vhost, rk)
             targets: list[str] = [tkey] if tkey in s.queues and SEP not in rk else []
         else:
-            targets = route(s.exchanges, x, rk, headers)
+            targets = route(s.exchanges, x, rk, headers, s.policy_ae)
         for name in targets:
             if reason != "rejected" and _is_cycle(split_key(name)[1], deaths):
                 continue

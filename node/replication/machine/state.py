@@ -11,6 +11,7 @@ from typing import Any
 from node.broker.channel import Channel
 from node.broker.exchange import Exchange
 from node.broker.ids import ChanId, ConnId
+from node.broker.policy import Policy
 from node.broker.queue import Queue
 from node.broker.vhost import DEFAULT_VHOST, resource_key
 
@@ -26,7 +27,8 @@ class BrokerState:
     __slots__ = ("now", "exchanges", "queues", "channels", "conns", "exclusive",
                  "ttl_index", "expires_index", "dedup", "counter", "message_bytes",
                  "members", "in_sync", "draining", "users", "vhosts", "permissions",
-                 "config_version", "live", "fetch_props")
+                 "config_version", "live", "fetch_props", "policies", "operator_policies",
+                 "policy_ae")
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -71,6 +73,13 @@ class BrokerState:
         # loc -> the properties of a message in the log (dead-lettering, on the
         # raft thread); set by the node, None where messages are inline only
         self.fetch_props: Callable[[int], dict[str, Any]] | None = None
+        # (vhost, name) -> Policy: policies and operator policies (config: they
+        # bump config_version); snapshotted in their own section
+        self.policies: dict[tuple[str, str], Policy] = {}
+        self.operator_policies: dict[tuple[str, str], Policy] = {}
+        # exchange key -> the alternate exchange its policy names (derived from
+        # the policies: rebuilt after a snapshot load, never written)
+        self.policy_ae: dict[str, str] = {}
 
 
 def _config_changed(s: BrokerState) -> None:

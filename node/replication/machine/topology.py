@@ -44,6 +44,7 @@ from node.replication.machine.errors import (
     _where,
 )
 from node.replication.machine.handler import ApplierBase, handles
+from node.replication.machine.policy import refresh_exchange
 from node.replication.machine.state import _gen_name
 
 
@@ -76,9 +77,10 @@ class TopologyHandlers(ApplierBase):
                 if name.startswith("amq."):
                     raise _ChanErr(403, f"ACCESS_REFUSED - exchange name '{name}' contains "
                                         f"reserved prefix 'amq.*'", EXCHANGE_DECLARE)
-                s.exchanges[key] = Exchange(key, cmd.exchange_type, cmd.durable,
-                                             cmd.auto_delete, cmd.internal, dict(cmd.arguments),
-                                             home=cmd.chan.node)
+                s.exchanges[key] = x = Exchange(key, cmd.exchange_type, cmd.durable,
+                                                 cmd.auto_delete, cmd.internal,
+                                                 dict(cmd.arguments), home=cmd.chan.node)
+                refresh_exchange(s, x)
             else:
                 for arg, got, cur in (("type", cmd.exchange_type, x.type),
                                       ("durable", cmd.durable, x.durable),
@@ -120,6 +122,7 @@ class TopologyHandlers(ApplierBase):
         if s.exchanges.get(x.name) is not x:
             return
         del s.exchanges[x.name]
+        s.policy_ae.pop(x.name, None)
         for key, b in list(x.bindings.items()):
             x.remove_binding(key)
             self._dest_incoming(b.dest).pop((x.name, key), None)
@@ -231,6 +234,7 @@ class TopologyHandlers(ApplierBase):
                 if "x-overflow" not in args:
                     q.overflow = "reject-publish"
             s.queues[key] = q
+            self.apply_policies(q)
             if owner is not None:
                 s.exclusive.setdefault(owner, {})[key] = None
             if q.expires is not None:

@@ -51,6 +51,9 @@ def _all_commands() -> list[object]:
         cmd.UserPut("u", "hash", ("administrator",)), cmd.UserDelete("u"), cmd.VhostPut("v"),
         cmd.VhostDelete("v"), cmd.PermissionSet("u", "v", ".*", ".*", ".*"), cmd.PermissionClear("u", "v"),
         cmd.DropMember("n4"),
+        cmd.PolicySet(False, "v", "p", "^q", "queues", 1, {"max-length": 5, "overflow": "reject-publish"}),
+        cmd.PolicySet(True, "/", "op", ".*", "all", 2.5, {"message-ttl": 1000}),
+        cmd.PolicyClear(True, "/", "op"),
     ]
 
 
