@@ -195,6 +195,7 @@ def test_a_snapshot_written_before_policies_existed_still_loads() -> None:
     section = encode(("policies", 1, [], []))
     assert data.endswith(section)
     body = data[HEADER_SIZE:-len(section)]  # what a build before issue 28 wrote
-    old = struct.pack("<8sHHQI", MAGIC, 2, 0, len(body), zlib.crc32(body)) + body
-    state, _ = read_snapshot(old)
-    assert state.policies == {} and state.queues["q"].max_length == 4
+    for version, old_body in ((3, body), (2, body[8:])):  # (version 2: no log-entries section)
+        old = struct.pack("<8sHHQI", MAGIC, version, 0, len(old_body), zlib.crc32(old_body)) + old_body
+        state, _ = read_snapshot(old)
+        assert state.policies == {} and state.queues["q"].max_length == 4
