@@ -538,6 +538,8 @@ class RaftNode:
             installed_snapshots=shim.installed_snapshots,
             refused_snapshots=shim.refused_snapshots,
             damaged_snapshots=shim.damaged_snapshots,
+            log_segments=shim.log_segments(),
+            log_compactions=shim.log_compactions(),
             skipped_closes=self.skipped_closes,
             longest_fork_ms=round(shim.longest_fork * 1000, 1),
             longest_owner_tick_ms=round(shim.longest_owner_tick * 1000, 1),

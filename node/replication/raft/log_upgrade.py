@@ -51,7 +51,8 @@ def old_records(path: str) -> Iterator[tuple[bytes, int, int]]:
             pos += size + 8
 
 
-def open_log(data_dir: str, repairable: bool, segment_bytes: int, retain: Retain | None = None) -> SegmentLog:
+def open_log(data_dir: str, repairable: bool, segment_bytes: int, retain: Retain | None = None,
+             granule: int = 16) -> SegmentLog:
     directory = os.path.join(data_dir, "log")
     old = os.path.join(data_dir, "raft.journal")
     meta = old + ".meta"  # the term/vote/commit file keeps its name (and content) across the upgrade
@@ -60,7 +61,8 @@ def open_log(data_dir: str, repairable: bool, segment_bytes: int, retain: Retain
             _convert(old, data_dir, meta, segment_bytes)
         os.unlink(old)  # converted (now, or before a crash that came before this unlink)
         _fsync_dir(data_dir)
-    return SegmentLog(directory, meta, segment_bytes=segment_bytes, repairable=repairable, retain=retain)
+    return SegmentLog(directory, meta, segment_bytes=segment_bytes, repairable=repairable, retain=retain,
+                      granule=granule)
 
 
 def _convert(old: str, data_dir: str, meta: str, segment_bytes: int) -> None:

@@ -230,14 +230,19 @@ class SegmentLog:
     """pysyncobj's Journal interface over segment files (see the module doc)."""
 
     RESERVE = 1 << 20  # fallocate a MiB at a time
+    COMPACT_BELOW = 0.25  # a retained segment is rewritten when its live records are under this share
+    COMPACT_MIN_BYTES = 1 << 20  # (smaller ones are not worth it, unless segments are that small)
 
     def __init__(self, directory: str, meta_path: str, segment_bytes: int = 64 << 20,
-                 repairable: bool = True, cache_bytes: int = 8 << 20, retain: Retain | None = None) -> None:
+                 repairable: bool = True, cache_bytes: int = 8 << 20, retain: Retain | None = None,
+                 granule: int = 16) -> None:
         if not 4096 <= segment_bytes <= MAX_SEGMENT_BYTES:
             raise ValueError(f"segment_bytes {segment_bytes} outside 4096..{MAX_SEGMENT_BYTES}")
         self.dir = directory
         self.segment_bytes = segment_bytes
         self.retain = retain
+        self.granule = granule  # how finely `retain` tells live entries apart (compaction)
+        self.compactions = 0
         self._segs: list[_Segment] = []  # Raft's log: contiguous indices
         self._firsts: list[int] = []  # their first indices (bisect)
         self._start = 0  # first index Raft sees (inside _segs[0])
@@ -579,10 +584,10 @@ class SegmentLog:
             return False
         return True
 
-    def import_records(self, records: Iterable[bytes]) -> int:
-        """Store records (as a leader's snapshot brought them, each already
-        checked, indices ascending) in a new sparse segment below Raft's
-        start, synced before it is used; returns how many."""
+    def import_records(self, records: Iterable[bytes]) -> _Segment | None:
+        """Store records (as a leader's snapshot brought them, or a compaction
+        copies them, each already checked, indices ascending) in a new sparse
+        segment below Raft's start, synced before it is used; None if none."""
         tmp = os.path.join(self.dir, "import.lseg.tmp")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
         seg = _Segment(tmp, 0, fd, sparse=True)
@@ -614,7 +619,7 @@ class SegmentLog:
         if not seg.idxs:
             os.close(fd)
             os.unlink(tmp)
-            return 0
+            return None
         seg.end = seg.reserved = pos
         seg.first = seg.idxs[0]
         seg.path = os.path.join(self.dir, f"{seg.first:020d}-{seg.last:020d}.lseg")
@@ -623,7 +628,7 @@ class SegmentLog:
         os.replace(tmp, seg.path)
         _fsync_dir(self.dir)
         self.hidden.append(seg)
-        return len(seg.idxs)
+        return seg
 
     def _record(self, idx: int) -> tuple[bytes, int]:
         """(the record's bytes, term) read back and verified."""
@@ -757,6 +762,62 @@ class SegmentLog:
         if len(keep) != len(self.hidden):
             _fsync_dir(self.dir)
         self.hidden = keep
+        if keep:
+            self.compact()
+
+    def compact(self) -> int:
+        """Rewrite the live records of one mostly-dead retained segment (live
+        records under COMPACT_BELOW of its bytes) into a sparse segment and
+        delete it: a few messages never settled must not keep whole segments
+        (RabbitMQ's quorum queues before 4.3 filled disks that way). One
+        segment per call (the tick calls it every second); returns the bytes
+        freed."""
+        if self.retain is None:
+            return 0
+        for seg in list(self.hidden):
+            if seg.end < min(self.COMPACT_MIN_BYTES, self.segment_bytes // 2) or seg.fd < 0:
+                continue
+            live = self._live_positions(seg)
+            if len(live) == len(seg.offsets):
+                continue
+            live_bytes = sum(seg.span(p)[1] for p in live)
+            if live_bytes > seg.end * self.COMPACT_BELOW:
+                continue
+            try:
+                new = self.import_records(self._checked_record(seg, p) for p in live)
+            except LogDamaged as exc:  # left as it is: a reader of that record stops the node
+                log.error("raft log: %s not compacted: %s", seg.path, exc)
+                continue
+            self.hidden.remove(seg)
+            if new is None or new.path != seg.path:
+                os.unlink(seg.path)  # (readable until its last EntryHandle goes)
+                _fsync_dir(self.dir)
+            self.compactions += 1
+            log.info("raft log: %s compacted: %d of %d records live, %d bytes freed", seg.path, len(live),
+                     len(seg.offsets), seg.end - live_bytes)
+            return seg.end - live_bytes
+        return 0
+
+    def _live_positions(self, seg: _Segment) -> list[int]:
+        """Positions of the records `retain` keeps, asked per `granule` indices."""
+        assert self.retain is not None
+        g = self.granule
+        idxs = seg.idxs
+        out = []
+        block, alive = -1, False
+        for p in range(len(seg.offsets)):
+            idx = idxs[p] if idxs is not None else seg.first + p
+            b = idx // g
+            if b != block:
+                block, alive = b, self.retain(b * g, b * g + g - 1)
+            if alive:
+                out.append(p)
+        return out
+
+    def _checked_record(self, seg: _Segment, pos: int) -> bytes:
+        start, size = seg.span(pos)
+        idx = seg.idxs[pos] if seg.idxs is not None else seg.first + pos
+        return EntryHandle(seg, start, size, idx).record()
 
     # --------------------------------------------------------- meta
     def setRaftCommitIndex(self, raftCommitIndex: int) -> None:  # noqa: N802,N803 - pysyncobj's names

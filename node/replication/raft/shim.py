@@ -50,6 +50,7 @@ from node.replication.codec import CodecError, decode, decode_batch, encode, enc
 from node.replication.command import Batch
 from node.replication.config import RaftConfig
 from node.replication.machine.state import BrokerState
+from node.replication.message_store import BUCKET_SHIFT
 from node.replication.raft.data_dir import make_private_dir, tighten
 from node.replication.raft.election import ElectionMixin, quiet_timeouts
 from node.replication.raft.log_upgrade import adopt, open_log
@@ -438,6 +439,7 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         self._prevote_won = False
         self._term_noticed: dict[Any, float] = {}
         self._last_forced_compaction = 0.0
+        self._last_pin_check = 0.0
         self._last_release = 0.0
         self._iteration_began = 0.0
         self._fail_names = {v: k.lower() for k, v in vars(FAIL_REASON).items()
@@ -506,7 +508,7 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         # retain: the state's and the snapshot's messages point into the log
         repairable = bool(c.peers) or c.join
         journal = open_log(self.data_dir, repairable=repairable, segment_bytes=c.segment_bytes,
-                           retain=self._retains)
+                           retain=self._retains, granule=1 << BUCKET_SHIFT)
         try:  # before the first tick, where pysyncobj would load it
             self.load_own_snapshot(journal, repairable)
         except SnapshotFormatError as exc:
@@ -619,6 +621,14 @@ class RaftShim(ElectionMixin, SnapshotMixin):
     def has_quorum(self) -> bool:
         so = self._so
         return so is not None and self._has_quorum(so)
+
+    def log_segments(self) -> int:
+        so = self._so  # (any thread: counts a list, reads no entry)
+        return 0 if so is None else len(so._SyncObj__raftLog.segment_files())
+
+    def log_compactions(self) -> int:
+        so = self._so
+        return 0 if so is None else int(so._SyncObj__raftLog.compactions)
 
     def peer_rejects(self) -> int:
         so = self._so
@@ -813,10 +823,24 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         if now - self._last_forced_compaction < c.compaction_min_gap:
             return
         used = so._SyncObj__raftLog.bytes_used()
-        if used > c.compaction_max_bytes and self._snap_pid is None:
+        if self._snap_pid is None and (used > c.compaction_max_bytes or self._snapshot_pins_dead_segments()):
             self._last_forced_compaction = now
             self.forced_compactions += 1
             so.forceLogCompaction()
+
+    def _snapshot_pins_dead_segments(self) -> bool:
+        """Whether the latest snapshot keeps log entries (for messages it
+        holds) that the state has settled since: most of them, at least 64
+        buckets. A quiet queue after a drain takes no snapshot by entry
+        count, and those segments would stay on disk until the next one."""
+        pinned = self.snapshot_buckets
+        now = clock()
+        if len(pinned) < 64 or now - self._last_pin_check < 1.0:  # O(buckets): once a second at most
+            return False
+        self._last_pin_check = now
+        live = self.owner.snapshot_state().live
+        dead = sum(1 for b in pinned if b not in live)
+        return dead * 2 >= len(pinned)
 
     def _has_quorum(self, so: _BrokerLog) -> bool:
         """Raft's view, not TCP's (a link cut by a firewall stays 'connected'

@@ -238,3 +238,61 @@ def test_upgrade_from_pysyncobj_journal(tmp_path: Path) -> None:
     assert _all(j) == entries and j.getCurrentTerm() == 11 and j.getVotedForNodeId() == "n2"
     assert not (tmp_path / "raft.journal").exists() and not (tmp_path / "log.upgrade").exists()
     j._destroy()
+
+
+def _log_bytes(tmp: Path) -> int:
+    return sum(p.stat().st_size for p in (tmp / "log").iterdir() if p.suffix in (".seg", ".lseg"))
+
+
+def test_mostly_dead_retained_segments_are_compacted_into_their_live_records(tmp_path: Path) -> None:
+    """Issue 27 item 4: one entry in 100 stays live (messages never settled)
+    below the snapshot: without compaction every segment stays on disk;
+    with it their live records move into sparse .lseg segments, the rest is
+    freed, every live entry reads back the same (also after a reopen), and
+    a damaged record is never copied."""
+    live: set[int] = set()
+    granule = 16
+
+    def retain(first: int, last: int) -> bool:
+        return any(first <= i <= last for i in live)
+
+    j = _open(tmp_path, retain=retain, granule=granule)
+    j.COMPACT_MIN_BYTES = 16 * 1024
+    rnd = random.Random(3)
+    entries = [(rnd.randbytes(rnd.randrange(100, 300)), i, 1) for i in range(1, 3001)]
+    for e in entries:
+        j.add(*e)
+    live.update(i for i in range(1, 3001) if i % 100 == 3)
+    before = _log_bytes(tmp_path)
+    j.deleteEntriesTo(len(j) - 1)  # a snapshot: everything below the last entry leaves Raft's part
+    bad = j.handle(1503)  # one live record damaged: its segment is left as it is, never copied
+    with open(bad.seg.path, "r+b") as f:
+        f.seek(bad.start + bad.size - 5)
+        f.write(b"\xff\x00\xff")
+    live.discard(1503)
+    live.add(1503)
+    for _ in range(200):  # one segment per call, as the tick does every second
+        if not j.compact():
+            break
+    assert j.compactions >= 5
+    raft_part = sum(os.path.getsize(s.path) for s in j._segs)  # the last segment: Raft's
+    after = _log_bytes(tmp_path) - raft_part - os.path.getsize(bad.seg.path)
+    assert after < before // 5, (before, after)  # ~16%: the live entries' 16-entry blocks
+    assert [s for s in j.hidden if s.idxs is None] == [bad.seg]  # only the damaged one not compacted
+    with pytest.raises(LogDamaged):
+        j.read(1503, 0, 1)
+    live.discard(1503)
+    for e in entries:
+        if e[1] in live:
+            assert j.read(e[1], 0, len(e[0])) == e[0]
+    assert not j.has(entries[50][1])  # a dead one (not in a live block) is gone
+    j._destroy()
+    again = _open(tmp_path, retain=retain, granule=granule)
+    assert again.recovered  # the damaged segment is cut at its bad record (the snapshot check repairs)
+    for e in entries:
+        if e[1] in live and not bad.seg.first <= e[1] <= bad.seg.last:
+            assert again.read(e[1], 0, len(e[0])) == e[0]
+    live.clear()
+    again.release()  # nothing live: every retained segment goes
+    assert not list((tmp_path / "log").glob("*.lseg"))
+    again._destroy()
