@@ -84,6 +84,8 @@ class NodeStatus:
     forced_compactions: int
     longest_leader_gap_ms: float
     in_sync_size: int
+    machine_version: int  # the cluster's, as applied here (node/replication/machine/version.py)
+    runs_machine_version: int  # this build's (lower only by the MIRRORQ_MACHINE_VERSION test hook)
     confirm_latency: dict[str, Any]  # metric.Histogram.snapshot()
     peers: tuple[PeerStatus, ...]
     # filled by the app (node/app/node.py), all at once: absent from to_dict() until
