@@ -584,5 +584,5 @@ class RaftNode:
         return tuple(PeerStatus(p.member or self.member_id(p.address), p.address, p.match_index,
                                 p.connected, p.lost,
                                 round(max(0.0, view.now - p.last_reply), 3)
-                                if p.last_reply else None)
+                                if p.last_reply else None, p.machine_version)
                      for p in view.peers)

@@ -24,10 +24,12 @@ class PeerStatus:
     connected: bool
     lost: bool
     reply_age: float | None
+    machine_version: int = 0  # leader: the version its build runs, as it told us (0: unknown)
 
     def to_dict(self) -> dict[str, Any]:
         return {"member": self.member, "address": self.address, "match_index": self.match_index,
-                "connected": self.connected, "lost": self.lost, "reply_age": self.reply_age}
+                "connected": self.connected, "lost": self.lost, "reply_age": self.reply_age,
+                "machine_version": self.machine_version}
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,8 @@ def test_raft_node_status_has_the_keys_in_order() -> None:
     d = st.to_dict()
     assert list(d) == RAFT_KEYS
     assert d["peers"] == [{"member": "n2", "address": "h:n2", "match_index": 7,
-                           "connected": True, "lost": False, "reply_age": None}]
+                           "connected": True, "lost": False, "reply_age": None,
+                           "machine_version": 0}]
 
 
 APP_KEYS = ["connections", "amqp_port", "amqps_port", "connection_held_bytes", "mem_used",
