@@ -121,7 +121,8 @@ def _enc(v: Any, out: list[bytes]) -> None:
         if _counted or rid >= len(_LEGACY_ARITY):
             out.append(b"C" + bytes((rid, len(v))))
         else:
-            v = _legacy_fields(v, rid)
+            if len(v) != _LEGACY_ARITY[rid]:
+                v = _legacy_fields(v, rid)
             out.append(b"R" + bytes((rid,)))
         for f in v:
             _enc(f, out)
@@ -133,8 +134,6 @@ def _legacy_fields(v: Any, rid: int) -> Any:
     """The fields an R record carries: a field added since must hold its default
     (readers of R records do not know it)."""
     n = _LEGACY_ARITY[rid]
-    if len(v) == n:
-        return v
     defaults = type(v)._field_defaults
     for name, value in zip(v._fields[n:], v[n:], strict=True):
         if value != defaults[name]:
