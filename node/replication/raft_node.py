@@ -252,7 +252,7 @@ class RaftNode:
         """The cluster's machine version moved (raft thread): what this node
         writes follows it (counted records once no member reads only R/P)."""
         version = self.state.machine_version
-        if self.machine_version and index is not None:
+        if index is not None and version != self.machine_version:
             log.info("machine version %d from log index %d on", version, index)
         self.machine_version = version
         codec.write_counted(version >= COUNTED_RECORDS)
