@@ -87,4 +87,4 @@ def test_the_snapshot_carries_the_machine_version_from_version_2_on() -> None:
     v2 = encode_snapshot(s, META)
     assert read_snapshot(v2)[0].machine_version == 2
     # version 1 writes the file builds before machine versions read: no section
-    assert len(v2) - len(v1) == len(codec.encode({"machine_version": 2}))
+    assert len(v2) - len(v1) == len(codec.encode(("machine", 1, 2)))
