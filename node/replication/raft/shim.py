@@ -231,7 +231,15 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
         if kind == _COMMAND_TYPE.REGULAR:
             # after the type byte, no copy; pysyncobj counts it applied after we return
             spans: dict[int, tuple[int, int]] = {}  # where each publish's bytes sit (message store)
-            return self._owner.owner.apply(decode_batch(command, 1, spans), self.raftLastApplied + 1, spans)
+            index = self.raftLastApplied + 1
+            try:
+                batch = decode_batch(command, 1, spans)
+            except CodecError as exc:
+                # its CRC held, so not damage: a record this build cannot read (a
+                # newer one). Retrying every tick would hang the node: it stops (exit 4)
+                raise MachineVersionError(f"log entry {index} cannot be read by this build ({exc}): "
+                                          "run the build that wrote it or a newer one") from None
+            return self._owner.owner.apply(batch, index, spans)
         if kind == _COMMAND_TYPE.VERSION:
             log.error("ignoring a code-version entry (pysyncobj pickle; mirrorq never writes one)")
             return None
