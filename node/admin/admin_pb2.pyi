@@ -11,7 +11,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "role", "leader", "term", "commit_index", "last_applied", "log_len", "members", "in_sync", "draining", "has_quorum", "mirrored_index", "blocked", "pending_batches", "resends", "nacked_publishes", "journal_flushes", "snapshots", "last_snapshot_seconds", "last_snapshot_bytes", "applied_batches", "message_bytes", "connections", "amqp_port", "queues", "amqps_port", "extra")
+    __slots__ = ("node_id", "role", "leader", "term", "commit_index", "last_applied", "log_len", "members", "in_sync", "draining", "has_quorum", "mirrored_index", "blocked", "pending_batches", "resends", "nacked_publishes", "journal_flushes", "snapshots", "last_snapshot_seconds", "last_snapshot_bytes", "applied_batches", "message_bytes", "connections", "amqp_port", "queues", "amqps_port", "machine_version", "runs_machine_version", "extra")
     class ExtraEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,8 @@ class NodeStatus(_message.Message):
     AMQP_PORT_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     AMQPS_PORT_FIELD_NUMBER: _ClassVar[int]
+    MACHINE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RUNS_MACHINE_VERSION_FIELD_NUMBER: _ClassVar[int]
     EXTRA_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: str
@@ -72,8 +74,10 @@ class NodeStatus(_message.Message):
     amqp_port: int
     queues: int
     amqps_port: int
+    machine_version: int
+    runs_machine_version: int
     extra: _containers.ScalarMap[str, str]
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., leader: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., log_len: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ..., in_sync: _Optional[_Iterable[str]] = ..., draining: _Optional[_Iterable[str]] = ..., has_quorum: _Optional[bool] = ..., mirrored_index: _Optional[int] = ..., blocked: _Optional[bool] = ..., pending_batches: _Optional[int] = ..., resends: _Optional[int] = ..., nacked_publishes: _Optional[int] = ..., journal_flushes: _Optional[int] = ..., snapshots: _Optional[int] = ..., last_snapshot_seconds: _Optional[float] = ..., last_snapshot_bytes: _Optional[int] = ..., applied_batches: _Optional[int] = ..., message_bytes: _Optional[int] = ..., connections: _Optional[int] = ..., amqp_port: _Optional[int] = ..., queues: _Optional[int] = ..., amqps_port: _Optional[int] = ..., extra: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., leader: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., log_len: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ..., in_sync: _Optional[_Iterable[str]] = ..., draining: _Optional[_Iterable[str]] = ..., has_quorum: _Optional[bool] = ..., mirrored_index: _Optional[int] = ..., blocked: _Optional[bool] = ..., pending_batches: _Optional[int] = ..., resends: _Optional[int] = ..., nacked_publishes: _Optional[int] = ..., journal_flushes: _Optional[int] = ..., snapshots: _Optional[int] = ..., last_snapshot_seconds: _Optional[float] = ..., last_snapshot_bytes: _Optional[int] = ..., applied_batches: _Optional[int] = ..., message_bytes: _Optional[int] = ..., connections: _Optional[int] = ..., amqp_port: _Optional[int] = ..., queues: _Optional[int] = ..., amqps_port: _Optional[int] = ..., machine_version: _Optional[int] = ..., runs_machine_version: _Optional[int] = ..., extra: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ListQueuesRequest(_message.Message):
     __slots__ = ("vhost",)

@@ -35,10 +35,12 @@ from node.app.config import (
     validate,
 )
 from node.replication.config import SHORT_RAFT_PASSWORD
+from node.replication.machine.version import MACHINE_VERSION
 from node.replication.raft.segment_log import LogDamaged
 
 EXIT_USAGE = 2
 EXIT_DATA = 3  # the data dir holds what this build will not load (a damaged log or snapshot)
+# 4: the cluster's machine version is newer than this build's (raft/shim.py exits)
 log = logging.getLogger("mirrorq")
 
 
@@ -46,6 +48,21 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"mirrorq: error: {message}\n")
         raise SystemExit(EXIT_USAGE)
+
+
+# TEST HOOK: run as a build of an older machine version would (report it, write
+# what it writes, refuse a newer cluster's log), to test rolling upgrades
+# without an old image (tests/cluster/test_machine_version.py). Not for production.
+MACHINE_VERSION_ENV = "MIRRORQ_MACHINE_VERSION"
+
+
+def machine_version_override(value: str | None) -> int:
+    if not value:
+        return MACHINE_VERSION
+    if not value.isdigit() or not 1 <= int(value) <= MACHINE_VERSION:
+        raise ConfigError(f"{MACHINE_VERSION_ENV}={value!r}: expected 1..{MACHINE_VERSION} "
+                          "(a test hook: this build's machine version or an older one)")
+    return int(value)
 
 
 def _port(text: str) -> int:
@@ -161,6 +178,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
     cfg.insecure_dev = bool(args.insecure_dev)
     if os.environ.get("MIRRORQ_UNSAFE_EARLY_CONFIRM") == "1":
         cfg.raft.unsafe_early_confirm = True
+    cfg.raft.machine_version = machine_version_override(os.environ.get(MACHINE_VERSION_ENV))
     validate(cfg)
     check_cluster_password(cfg)
     check_admin(cfg)

@@ -162,6 +162,8 @@ def cluster_json(status: NodeStatus, latency: LatencyWindow | None = None,
             "last_applied": status.last_applied,
             "mirrored_index": status.mirrored_index,
             "has_quorum": status.has_quorum,
+            "machine_version": status.machine_version,
+            "runs_machine_version": status.runs_machine_version,
             "confirm_latency": {**recent, "since_start": since_start}}
 
 

@@ -11,9 +11,21 @@ Value tags (one byte each):
   l list, t tuple, m dict, D datetime, E Decimal,
   W a header value with its AMQP wire type (node/broker/fieldtypes.py): the
     type letter, then its big-endian wire bytes (for x a u32 BE length first),
-  R record: class id (u8) then its fields, P BasicPublish (hot path).
+  C record: class id (u8), its field count (u8), then its fields;
+  Q BasicPublish (hot path): its field count (u8), then P's layout;
+  R and P: the same without the count (what builds before counted records
+    wrote; still read, and still written while the cluster's machine
+    version is below COUNTED_RECORDS: see `write_counted`).
 Lengths and counts are u32 little endian. Decoding checks every length
 against the bytes left and raises CodecError on anything malformed.
+
+Field counts: a reader takes a record with fewer fields than its class has
+(an older build wrote it) and gives the missing ones their defaults; a field
+without a default is refused, and so is a record with more fields than this
+build knows (a newer build wrote it: never silently truncated). A new field
+is therefore appended, with a default, never inserted. An R record has the
+count its class had when records carried none (_LEGACY_ARITY, frozen).
+BasicPublish's fields beyond the seven of P's layout would follow the body.
 """
 from __future__ import annotations
 
@@ -49,9 +61,36 @@ RECORDS: tuple[type, ...] = (
     cmd.SetMember, cmd.SetDraining, cmd.UserPut, cmd.UserDelete, cmd.VhostPut,
     cmd.VhostDelete, cmd.PermissionSet, cmd.PermissionClear, cmd.DropMember,
     cmd.PolicySet, cmd.PolicyClear,
+    cmd.SetMachineVersion,
 )
 _RECORD_ID: dict[type, int] = {t: i for i, t in enumerate(RECORDS)}
+_N_RECORDS = len(RECORDS)
 _RECORD_ARITY: tuple[int, ...] = tuple(len(t._fields) for t in RECORDS)  # type: ignore[attr-defined]
+# fields a record must carry: those without a default (defaults are trailing)
+_RECORD_MIN: tuple[int, ...] = tuple(len(t._fields) - len(t._field_defaults)  # type: ignore[attr-defined]
+                                     for t in RECORDS)
+# The field count of each record id as R (count-less) records were written:
+# frozen, never edited (a field added later is absent from older R records).
+_LEGACY_ARITY: tuple[int, ...] = (3, 2, 5, 2, 2, 2, 1, 9, 4, 6, 6, 9, 6, 5, 3, 5, 3, 9, 3, 3, 3, 7, 3, 5,
+                                  1, 2, 3, 0, 2, 1, 1, 1, 3, 2, 3, 1, 1, 1, 5, 2, 1, 7, 3)
+_PUB_FIELDS = 7  # BasicPublish's fields in P's layout
+
+# Counted (C, Q) or count-less (R, P) records: count-less while a member of the
+# cluster may run a build that reads only those (node/replication/raft_node.py
+# follows the replicated machine version). Read by every encode, set rarely.
+_counted = True
+
+
+def write_counted(on: bool) -> None:
+    """Write records with their field count (True) or as builds before
+    counted records read them (False). Record ids those builds do not know
+    are always written counted."""
+    global _counted
+    _counted = on
+
+
+def writes_counted() -> bool:
+    return _counted
 
 _Q = struct.Struct("<q")
 _D = struct.Struct("<d")
@@ -79,11 +118,28 @@ def _enc(v: Any, out: list[bytes]) -> None:
         rid = _RECORD_ID.get(type(v))
         if rid is None:
             raise CodecError(f"cannot encode {type(v).__name__}")
-        out.append(b"R" + bytes((rid,)))
+        if _counted or rid >= len(_LEGACY_ARITY):
+            out.append(b"C" + bytes((rid, len(v))))
+        else:
+            if len(v) != _LEGACY_ARITY[rid]:
+                v = _legacy_fields(v, rid)
+            out.append(b"R" + bytes((rid,)))
         for f in v:
             _enc(f, out)
         return
     fn(v, out)
+
+
+def _legacy_fields(v: Any, rid: int) -> Any:
+    """The fields an R record carries: a field added since must hold its default
+    (readers of R records do not know it)."""
+    n = _LEGACY_ARITY[rid]
+    defaults = type(v)._field_defaults
+    for name, value in zip(v._fields[n:], v[n:], strict=True):
+        if value != defaults[name]:
+            raise CodecError(f"{type(v).__name__}.{name}={value!r} cannot be written before "
+                             "the cluster's machine version counts record fields")
+    return v[:n]
 
 
 def _enc_int(v: int, out: list[bytes]) -> None:
@@ -127,8 +183,9 @@ def _enc_publish(v: cmd.BasicPublish, out: list[bytes]) -> None:
     ex = v.exchange.encode()
     rk = v.routing_key.encode()
     body = v.body
-    out.append(b"P" + _PUB.pack(chan.conn, chan.serial, v.seq, v.mandatory, len(node), len(ex), len(rk),
-                                len(body)) + node + ex + rk)
+    out.append((b"Q\x07" if _counted else b"P")
+               + _PUB.pack(chan.conn, chan.serial, v.seq, v.mandatory, len(node), len(ex), len(rk), len(body))
+               + node + ex + rk)
     if v.props:
         _enc_dict(v.props, out)
     else:
@@ -213,19 +270,31 @@ def _dec(buf: bytes, pos: int, depth: int) -> tuple[Any, int]:
         return True, pos
     if tag == 0x46:  # F
         return False, pos
+    if tag == 0x51:  # Q
+        if buf[pos] != _PUB_FIELDS:
+            raise CodecError(f"a BasicPublish record with {buf[pos]} fields: this build reads {_PUB_FIELDS}"
+                             + (" (written by a newer build)" if buf[pos] > _PUB_FIELDS else ""))
+        return _dec_publish(buf, pos + 1, depth)
+    if tag == 0x43:  # C
+        rid = buf[pos]
+        count = buf[pos + 1]
+        if rid < _N_RECORDS and count == _RECORD_ARITY[rid]:  # as this build writes it (inline: hot)
+            pos += 2
+            fields = []
+            for _ in range(count):
+                f, pos = _dec(buf, pos, depth + 1)
+                fields.append(f)
+            return RECORDS[rid](*fields), pos
+        if rid >= _N_RECORDS:
+            raise CodecError(f"unknown record {rid} (written by a newer build?)")
+        return _dec_record(buf, pos + 2, depth, rid, count)
     if tag == 0x50:  # P
         return _dec_publish(buf, pos, depth)
     if tag == 0x52:  # R
         rid = buf[pos]
-        if rid >= len(RECORDS):
+        if rid >= len(_LEGACY_ARITY):
             raise CodecError(f"unknown record {rid}")
-        pos += 1
-        arity = _RECORD_ARITY[rid]
-        fields = []
-        for _ in range(arity):
-            f, pos = _dec(buf, pos, depth + 1)
-            fields.append(f)
-        return RECORDS[rid](*fields), pos
+        return _dec_record(buf, pos + 1, depth, rid, _LEGACY_ARITY[rid])
     if tag in (0x6C, 0x74):  # l, t
         n = _U.unpack_from(buf, pos)[0]
         pos += 4
@@ -281,6 +350,22 @@ def _dec(buf: bytes, pos: int, depth: int) -> tuple[Any, int]:
             return datetime.datetime.fromisoformat(text), end
         return decimal.Decimal(text), end
     raise CodecError(f"unknown tag {tag:#x}")
+
+
+def _dec_record(buf: bytes, pos: int, depth: int, rid: int, count: int) -> tuple[Any, int]:
+    kind = RECORDS[rid]
+    if count != _RECORD_ARITY[rid]:
+        if count > _RECORD_ARITY[rid]:
+            raise CodecError(f"a {kind.__name__} record with {count} fields: this build knows "
+                             f"{_RECORD_ARITY[rid]} (written by a newer build)")
+        if count < _RECORD_MIN[rid]:
+            raise CodecError(f"a {kind.__name__} record with {count} fields lacks "
+                             f"{kind._fields[count]!r}, which has no default")  # type: ignore[attr-defined]
+    fields = []
+    for _ in range(count):
+        f, pos = _dec(buf, pos, depth + 1)
+        fields.append(f)
+    return kind(*fields), pos  # missing trailing fields take the class's defaults
 
 
 def _dec_publish(buf: bytes, pos: int, depth: int) -> tuple[cmd.BasicPublish, int]:

@@ -369,6 +369,16 @@ class DropMember(NamedTuple):
     node: str
 
 
+class SetMachineVersion(NamedTuple):
+    """The cluster's machine version becomes `version` from this entry on
+    (Ra's machine version): apply behaviour that differs between versions
+    switches here, at the same index on every member. The leader appends it
+    once every member of the configuration runs a build of at least
+    `version` (node/replication/upgrade.py); never lowers the version."""
+
+    version: int
+
+
 Command = (
     ChannelOpen | ChannelClose | ChannelFlow | ConnectionClose | ExchangeDeclare |
     ExchangeDelete | ExchangeBind | ExchangeUnbind | QueueDeclare | QueueBind | QueueUnbind |
@@ -376,7 +386,7 @@ Command = (
     BasicGet | BasicPublish | BasicAck | BasicNack | BasicRecover | TxCommit | Echo | Tick |
     NodeUp | NodeDown | MarkOutOfSync | MarkInSync | SetMember | DropMember | SetDraining |
     UserPut | UserDelete | VhostPut | VhostDelete | PermissionSet | PermissionClear |
-    PolicySet | PolicyClear
+    PolicySet | PolicyClear | SetMachineVersion
 )
 
 

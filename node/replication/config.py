@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from node.replication.machine.version import MACHINE_VERSION
+
 # A Raft password shorter than this (characters) gets a warning at start when
 # links are not TLS: one handshake seen on the wire lets an observer test
 # guesses offline, each at the cost of one scrypt (~75 ms on one core).
@@ -63,3 +65,6 @@ class RaftConfig:
     compaction_min_gap: float = 10.0
     # the Raft log's segment files roll over past this size (segment_log.py)
     segment_bytes: int = 64 * 1024 * 1024
+    # the machine version this node runs (machine/version.py); below this build's
+    # only by the test hook MIRRORQ_MACHINE_VERSION (simulates an older build)
+    machine_version: int = MACHINE_VERSION

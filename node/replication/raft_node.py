@@ -30,7 +30,7 @@ from typing import Any
 
 from node.broker.ids import NodeId
 from node.broker.vhost import DEFAULT_VHOST
-from node.replication import in_sync, mirror
+from node.replication import codec, in_sync, mirror, upgrade
 from node.replication.command import (
     APPLIED,
     DUPLICATE,
@@ -53,6 +53,7 @@ from node.replication.machine import (
     default_state,
     skipped_effects,
 )
+from node.replication.machine.version import COUNTED_RECORDS, too_old
 from node.replication.message_store import BUCKET_SHIFT, PayloadCache, decode_props, split_loc
 from node.replication.metric import Histogram
 from node.replication.pipeline import Flush, Limits, Pipeline
@@ -87,6 +88,9 @@ class RaftNode:
         self.incarnation = time.time_ns()
         self.state: BrokerState = default_state()
         self.state.fetch_props = self._fetch_props
+        self.state.runs_version = config.machine_version
+        self.machine_version = 0  # the cluster's, as applied here (raft thread writes)
+        self._machine_changed()
         self._raft_cache = PayloadCache(4 << 20)  # dead-lettering's reads (raft thread)
         self._handles: dict[int, Any] = {}  # index -> EntryHandle, the last few made (raft thread)
         self.on_removed: Callable[[str], None] | None = None
@@ -112,6 +116,7 @@ class RaftNode:
         self._gate = mirror.Gate()
         self._view: RaftView | None = None
         self._planner = in_sync.Planner()
+        self._upgrade = upgrade.Planner()
         self._was_member = False
         self._removed = False
         # ---- statistics
@@ -160,6 +165,8 @@ class RaftNode:
             return verdict
         effects = apply_batch(self.state, batch, index, spans)
         self.applied_batches += 1
+        if self.state.machine_version != self.machine_version:
+            self._machine_changed(index)
         me = self.node_id
         mine = [e for e in effects if effect_node(e) == me]
         if mine:
@@ -213,6 +220,10 @@ class RaftNode:
         self._view = view  # the last view (immutable): per-peer figures for status()
         boot = self._bootstrap() if not view.members else ()
         self._planner, control = in_sync.plan(self._planner, view, self.config.out_of_sync_after, boot)
+        self._upgrade, raise_to = upgrade.plan(self._upgrade, view, self.state.machine_version,
+                                               self.config.machine_version)
+        if raise_to is not None:
+            control = [*control, raise_to]
         if control:
             self.loop.call_soon_threadsafe(self._propose_all, control)
         # the model first: a commit() that returns has its change in the model
@@ -237,8 +248,22 @@ class RaftNode:
     def snapshot_state(self) -> BrokerState:
         return self.state
 
+    def _machine_changed(self, index: int | None = None) -> None:
+        """The cluster's machine version moved (raft thread): what this node
+        writes follows it (counted records once no member reads only R/P)."""
+        version = self.state.machine_version
+        if index is not None and version != self.machine_version:
+            log.info("machine version %d from log index %d on", version, index)
+        self.machine_version = version
+        codec.write_counted(version >= COUNTED_RECORDS)
+
     def restore_state(self, state: BrokerState, index: int) -> None:
+        runs = self.config.machine_version
+        if state.machine_version > runs:
+            raise too_old(state.machine_version, runs)  # the shim exits (never applied)
+        state.runs_version = runs
         old, self.state = self.state, state
+        self._machine_changed(index)
         state.fetch_props = self._fetch_props  # (its messages are inline: read from the snapshot)
         self._raft_cache.clear()
         self._handles.clear()
@@ -546,6 +571,8 @@ class RaftNode:
             forced_compactions=shim.forced_compactions,
             longest_leader_gap_ms=round(shim.longest_leader_gap * 1000, 1),
             in_sync_size=len(model.in_sync),
+            machine_version=self.machine_version,
+            runs_machine_version=self.config.machine_version,
             confirm_latency=self.confirm_latency.snapshot(),
             peers=self._peer_rows(),
         )
@@ -559,5 +586,5 @@ class RaftNode:
         return tuple(PeerStatus(p.member or self.member_id(p.address), p.address, p.match_index,
                                 p.connected, p.lost,
                                 round(max(0.0, view.now - p.last_reply), 3)
-                                if p.last_reply else None)
+                                if p.last_reply else None, p.machine_version)
                      for p in view.peers)

@@ -37,6 +37,8 @@ READ_VERSIONS. Version 2 (issue 28): message properties may hold the codec's
 W values (header values with their AMQP wire type); version 1 files, which
 cannot, are read as before. Version 3 (issue 27): the log-entries section,
 messages by their place in the log, the priority in the message struct.
+After the policies section, from machine version 2 on, the machine section
+(node/replication/machine/version.py): absent, the machine version is 1.
 """
 from __future__ import annotations
 
@@ -58,6 +60,7 @@ from node.broker.queue import Message, Queue, raw_priority
 from node.replication.codec import CodecError, decode_from, encode_into
 from node.replication.machine.policy import rebuild_policy_ae
 from node.replication.machine.state import BrokerState
+from node.replication.machine.version import COUNTED_RECORDS
 from node.replication.message_store import BUCKET_SHIFT, make_loc
 
 MAGIC = b"\x89MQSNAP\n"  # not a pickle (0x80), not text
@@ -113,7 +116,7 @@ POLICY_FIELDS = ("policies", "operator_policies")
 # slots not in the field lists: written another way (references, messages) or derived
 DERIVED = {
     "BrokerState": ("exchanges", "queues", "channels", "live", "fetch_props", "policy_ae",
-                    *POLICY_FIELDS),
+                    "machine_version", "runs_version", *POLICY_FIELDS),
     "Exchange": ("bindings", "_topic_cache"),
     "Queue": ("returned", "ready", "consumers", "exclusive_consumer"),
     "Channel": ("unacked", "consumers"),
@@ -212,6 +215,7 @@ def write_snapshot(sink: IO[bytes], state: BrokerState, raft: RaftMeta) -> int:
         w.value(([(key, k_index[id(k)]) for key, k in q.consumers.items()],
                  -1 if ex is None else k_index[id(ex)]))
     _write_policies(w, state)
+    _write_machine(w, state)
     w.flush()
     end = sink.tell()
     sink.seek(start)
@@ -435,6 +439,8 @@ def read_snapshot(data: bytes) -> tuple[BrokerState, RaftMeta]:
         if r.pos != len(data):  # files written before issue 28 end without it
             _read_policies(r.value(), state)
         rebuild_policy_ae(state)
+        if r.pos < len(data):  # from machine version 2 on
+            _read_machine(r.value(), state)
     except (CodecError, struct.error, UnicodeDecodeError, IndexError, TypeError, ValueError) as e:
         if isinstance(e, SnapshotFormatError):
             raise
@@ -442,6 +448,27 @@ def read_snapshot(data: bytes) -> tuple[BrokerState, RaftMeta]:
     if r.pos != len(data):
         raise SnapshotFormatError(f"{len(data) - r.pos} trailing bytes after the snapshot")
     return state, meta
+
+
+# ---------------------------------------------------------- machine section
+# ("machine", section version, the cluster's machine version), after the
+# policies section, written from machine version 2 on only: below it a member
+# may run a build before machine versions, which refuses trailing bytes.
+_MACHINE_SECTION = "machine"
+_MACHINE_SECTION_VERSION = 1
+
+
+def _write_machine(w: _Writer, state: BrokerState) -> None:
+    if state.machine_version >= COUNTED_RECORDS:
+        w.value((_MACHINE_SECTION, _MACHINE_SECTION_VERSION, state.machine_version))
+
+
+def _read_machine(v: Any, state: BrokerState) -> None:
+    tag, version, machine = _tuple(v, 3, "machine section")
+    _expect(tag == _MACHINE_SECTION, f"unknown section {tag!r}")
+    _expect(version == _MACHINE_SECTION_VERSION, f"machine section version {version!r}")
+    _expect(type(machine) is int and machine >= COUNTED_RECORDS, "machine_version")
+    state.machine_version = machine
 
 
 def _expect(ok: bool, what: str) -> None:

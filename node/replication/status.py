@@ -24,10 +24,12 @@ class PeerStatus:
     connected: bool
     lost: bool
     reply_age: float | None
+    machine_version: int = 0  # leader: the version its build runs, as it told us (0: unknown)
 
     def to_dict(self) -> dict[str, Any]:
         return {"member": self.member, "address": self.address, "match_index": self.match_index,
-                "connected": self.connected, "lost": self.lost, "reply_age": self.reply_age}
+                "connected": self.connected, "lost": self.lost, "reply_age": self.reply_age,
+                "machine_version": self.machine_version}
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +88,8 @@ class NodeStatus:
     forced_compactions: int
     longest_leader_gap_ms: float
     in_sync_size: int
+    machine_version: int  # the cluster's, as applied here (node/replication/machine/version.py)
+    runs_machine_version: int  # this build's (lower only by the MIRRORQ_MACHINE_VERSION test hook)
     confirm_latency: dict[str, Any]  # metric.Histogram.snapshot()
     peers: tuple[PeerStatus, ...]
     # filled by the app (node/app/node.py), all at once: absent from to_dict() until

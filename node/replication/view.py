@@ -21,6 +21,9 @@ class PeerView:
     last_reply: float  # leader: when it last answered (pysyncobj's clock)
     connected: bool  # a live, authenticated peer link
     lost: bool  # the link broke (reset, EOF, connect refused) and has not come back since
+    # the machine version its build runs, as it last told us (on AppendEntries
+    # answers; 0: not heard since its link came up)
+    machine_version: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ import pika
 
 from harness.client import declare, drain, uniq_queue
 from harness.process import Cluster, ClusterNode
+from node.replication.machine.version import MACHINE_VERSION
 from tests.broker_proc import wait_for
 
 
@@ -145,6 +146,8 @@ def test_a_data_dir_of_the_previous_format_is_upgraded_and_serves_every_message(
     assert _hashes(got) == Counter(want["sha256"]), f"{len(want['sha256'])} in the old journal, {len(got)} served"
     assert not (node.data_dir / "raft.journal").exists() and list((node.data_dir / "log").glob("*.seg"))
     assert "converted into" in node.tail_log(200)
+    # the old build's log replays at machine version 1; then the node raises it (upgrade.py)
+    wait_for(lambda: node.status()["machine_version"] == MACHINE_VERSION, 20, what="machine version")
 
 
 def test_a_record_damaged_under_a_running_leader_is_never_sent(cluster: Cluster) -> None:

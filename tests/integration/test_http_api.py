@@ -16,6 +16,7 @@ import pika
 import pytest
 import requests
 
+from node.replication.machine.version import MACHINE_VERSION
 from tests.broker_proc import NodeProcess, free_port, start_http_node, uniq, wait_for
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -84,6 +85,10 @@ def test_overview_nodes_whoami_cluster(http: Api) -> None:
     assert c["members"][0]["name"] == "n1" and c["members"][0]["leader"] is True
     assert isinstance(c["commit_index"], int) and isinstance(c["mirrored_index"], int)
     assert set(c["confirm_latency"]) >= {"p50_ms", "p99_ms"}
+    # a single node runs its build's machine version as soon as it leads (upgrade.py)
+    wait_for(lambda: http.get("/api/overview")["mirrorq"]["machine_version"] == MACHINE_VERSION,
+             10, what="the overview's machine_version")
+    assert http.get("/api/mirrorq/cluster")["runs_machine_version"] == MACHINE_VERSION
 
 
 def test_queue_lifecycle_publish_get_purge_delete(http: Api, node: NodeProcess) -> None:

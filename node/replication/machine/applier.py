@@ -20,10 +20,11 @@ from node.replication.machine.publish import PublishHandlers
 from node.replication.machine.sessions import SessionHandlers
 from node.replication.machine.state import BrokerState
 from node.replication.machine.topology import TopologyHandlers
+from node.replication.machine.version import VersionHandlers
 
 
 class Applier(SessionHandlers, MembershipHandlers, AccessHandlers, TopologyHandlers,
-              DeliveryHandlers, PublishHandlers, PolicyHandlers):
+              DeliveryHandlers, PublishHandlers, PolicyHandlers, VersionHandlers):
     """Applies the commands of one batch; collects effects and the queues
     whose delivery may have become possible."""
 

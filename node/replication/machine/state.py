@@ -14,6 +14,7 @@ from node.broker.ids import ChanId, ConnId
 from node.broker.policy import Policy
 from node.broker.queue import Queue
 from node.broker.vhost import DEFAULT_VHOST, resource_key
+from node.replication.machine.version import FIRST_VERSION, MACHINE_VERSION
 
 DEFAULT_EXCHANGES = (("", "direct"), ("amq.direct", "direct"), ("amq.fanout", "fanout"),
                      ("amq.topic", "topic"), ("amq.headers", "headers"),
@@ -28,7 +29,7 @@ class BrokerState:
                  "ttl_index", "expires_index", "dedup", "counter", "message_bytes",
                  "members", "in_sync", "draining", "users", "vhosts", "permissions",
                  "config_version", "live", "fetch_props", "policies", "operator_policies",
-                 "policy_ae")
+                 "policy_ae", "machine_version", "runs_version")
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -80,6 +81,11 @@ class BrokerState:
         # exchange key -> the alternate exchange its policy names (derived from
         # the policies: rebuilt after a snapshot load, never written)
         self.policy_ae: dict[str, str] = {}
+        # the cluster's machine version (replicated: SetMachineVersion, machine/version.py;
+        # a snapshot's machine section) and the one this build runs (local: set
+        # by the node; a state that asks for more is refused, never applied)
+        self.machine_version = FIRST_VERSION
+        self.runs_version = MACHINE_VERSION
 
 
 def _config_changed(s: BrokerState) -> None:

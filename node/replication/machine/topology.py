@@ -46,6 +46,7 @@ from node.replication.machine.errors import (
 from node.replication.machine.handler import ApplierBase, handles
 from node.replication.machine.policy import refresh_exchange
 from node.replication.machine.state import _gen_name
+from node.replication.machine.version import NO_LEGACY_QUEUE_CAP
 
 
 class TopologyHandlers(ApplierBase):
@@ -227,9 +228,12 @@ class TopologyHandlers(ApplierBase):
             _check_queue_type(key, args, cmd.durable, cmd.exclusive, cmd.auto_delete)
             owner = cmd.chan.conn_id if cmd.exclusive else None
             q = Queue(key, cmd.durable, owner, cmd.auto_delete, args, cmd.chan.node, s.now)
-            if cmd.default_max_length and "x-max-length" not in args:
-                # the node's default bound; publishers past it are nacked (not
-                # drop-head: a confirmed message must never vanish silently)
+            if cmd.default_max_length and "x-max-length" not in args \
+                    and s.machine_version < NO_LEGACY_QUEUE_CAP:
+                # the proposing node's default bound (builds before issue 27
+                # item 6); publishers past it are nacked (not drop-head: a
+                # confirmed message must never vanish silently). Only before
+                # machine version 2: those builds cannot be members after it
                 q.max_length = cmd.default_max_length
                 if "x-overflow" not in args:
                     q.overflow = "reject-publish"

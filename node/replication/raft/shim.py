@@ -50,6 +50,7 @@ from node.replication.codec import CodecError, decode, decode_batch, encode, enc
 from node.replication.command import Batch
 from node.replication.config import RaftConfig
 from node.replication.machine.state import BrokerState
+from node.replication.machine.version import FIRST_VERSION, MachineVersionError
 from node.replication.message_store import BUCKET_SHIFT
 from node.replication.raft.data_dir import make_private_dir, tighten
 from node.replication.raft.election import ElectionMixin, quiet_timeouts
@@ -105,6 +106,8 @@ class _Transport(PeerTransport):
 
     def _onDisconnected(self, conn: Any) -> None:  # noqa: N802
         node = self._connToNode(conn)
+        if node is not None:
+            self._owner.peer_versions.pop(node, None)  # unknown until it answers again (U2)
         if node is not None and getattr(conn, "close_reason", "") in LOST_REASONS \
                 and node not in self.lost_at:
             self.lost_at[node] = clock()
@@ -136,6 +139,9 @@ class _Transport(PeerTransport):
                 floor = self._syncobj_ref.raftCommitIndex + 1
                 if message["next_node_idx"] > floor:
                     message = dict(message, next_node_idx=floor)
+            # the machine version we run, for the leader's upgrade planner (a
+            # key older builds ignore; absent from theirs: version 1)
+            message["mq_machine"] = self._owner.config.machine_version
             self._held.append((node, message))  # all of them, to keep their order
             return True
         if kind == "request_vote" and self._owner._campaign_transfer:
@@ -168,6 +174,10 @@ class _Transport(PeerTransport):
         if kind == TERM_NOTICE:
             owner._on_term_notice(node, message)
             return
+        if kind == "next_node_idx":
+            version = message.get("mq_machine", FIRST_VERSION)
+            if type(version) is int and version >= FIRST_VERSION:
+                owner.peer_versions[node] = version
         if kind == "request_vote" and not message.get("transfer") and owner._leader_alive():
             owner.ignored_votes += 1
             return
@@ -222,7 +232,15 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
         if kind == _COMMAND_TYPE.REGULAR:
             # after the type byte, no copy; pysyncobj counts it applied after we return
             spans: dict[int, tuple[int, int]] = {}  # where each publish's bytes sit (message store)
-            return self._owner.owner.apply(decode_batch(command, 1, spans), self.raftLastApplied + 1, spans)
+            index = self.raftLastApplied + 1
+            try:
+                batch = decode_batch(command, 1, spans)
+            except CodecError as exc:
+                # its CRC held, so not damage: a record this build cannot read (a
+                # newer one). Retrying every tick would hang the node: it stops (exit 4)
+                raise MachineVersionError(f"log entry {index} cannot be read by this build ({exc}): "
+                                          "run the build that wrote it or a newer one") from None
+            return self._owner.owner.apply(batch, index, spans)
         if kind == _COMMAND_TYPE.VERSION:
             log.error("ignoring a code-version entry (pysyncobj pickle; mirrorq never writes one)")
             return None
@@ -438,6 +456,8 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         self._prevote_grants: set[Any] = set()
         self._prevote_won = False
         self._term_noticed: dict[Any, float] = {}
+        # peer node -> the machine version it last told us it runs (raft thread)
+        self.peer_versions: dict[Any, int] = {}
         self._last_forced_compaction = 0.0
         self._last_pin_check = 0.0
         self._last_release = 0.0
@@ -689,6 +709,10 @@ class RaftShim(ElectionMixin, SnapshotMixin):
                 log.critical("raft log damaged: %s; exiting (the restart drops it and re-fetches)", exc)
                 logging.shutdown()
                 os._exit(3)
+            except MachineVersionError as exc:  # applying on would diverge from the other members
+                log.critical("%s; exiting", exc)
+                logging.shutdown()
+                os._exit(4)
             except Exception:  # noqa: BLE001 - a bad tick must not kill replication
                 log.exception("raft tick failed")
                 time.sleep(0.05)
@@ -748,8 +772,9 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         match, replies = so.match_index(), so.last_response()
         lost = so.transport().lost_at
         connected = so._SyncObj__connectedNodes
+        versions = self.peer_versions
         peers = tuple(PeerView(n.address, by_addr.get(n.address), match.get(n, 0), replies.get(n, now),
-                               n in connected, n in lost)
+                               n in connected, n in lost, versions.get(n, 0))
                       for n in so.otherNodes)
         leader = bool(so._isLeader())
         return RaftView(now=now, me=self.node_id, leader=leader,

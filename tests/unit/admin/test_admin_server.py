@@ -28,6 +28,7 @@ STATUS: dict[str, Any] = {
     "resends": 0, "nacked_publishes": 0, "journal_flushes": 9, "snapshots": 0,
     "last_snapshot_seconds": 0.0, "last_snapshot_bytes": 0, "applied_batches": 5,
     "message_bytes": 0, "connections": 2, "amqp_port": 5672, "queues": 1, "amqps_port": None,
+    "machine_version": 2, "runs_machine_version": 2,
     # keys the schema does not name travel as JSON, types intact
     "failed_batches": {"n2": 1}, "future_ratio": 0.5, "future_count": 3,
 }

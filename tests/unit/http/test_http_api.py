@@ -246,8 +246,9 @@ def test_cluster_json_and_latency() -> None:
                      peers=[{"member": "n2", "connected": True, "match_index": 10},
                             {"member": "n3", "connected": False, "match_index": 4}],
                      confirm_latency=hist)
-    c = cluster_json(st)
+    c = cluster_json(replace(st, machine_version=1, runs_machine_version=2))
     assert c["leader"] == "n2" and c["term"] == 3 and c["mirrored_index"] == 9
+    assert (c["machine_version"], c["runs_machine_version"]) == (1, 2)
     by = {m["name"]: m for m in c["members"]}
     assert by["n1"]["reachable"] and by["n2"]["leader"] and not by["n3"]["reachable"]
     assert not by["n3"]["in_sync"]

@@ -54,6 +54,7 @@ def _all_commands() -> list[object]:
         cmd.PolicySet(False, "v", "p", "^q", "queues", 1, {"max-length": 5, "overflow": "reject-publish"}),
         cmd.PolicySet(True, "/", "op", ".*", "all", 2.5, {"message-ttl": 1000}),
         cmd.PolicyClear(True, "/", "op"),
+        cmd.SetMachineVersion(2),
     ]
 
 

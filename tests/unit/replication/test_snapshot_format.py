@@ -203,8 +203,13 @@ def test_random_bytes_wrong_version_unknown_records_and_trailing_bytes_are_refus
     read_snapshot(_reframe(body[8:], version=2))  # version 2 (before index-only messages) still loads
     with pytest.raises(SnapshotFormatError, match="trailing|header says"):
         read_snapshot(good + b"\x00")
-    with pytest.raises(SnapshotFormatError, match="trailing"):
+    # after the policies section only the machine section may follow, nothing after it
+    with pytest.raises(SnapshotFormatError, match="machine section"):
         read_snapshot(_reframe(body + encode(None)))
+    with pytest.raises(SnapshotFormatError, match="unknown section 'future'"):
+        read_snapshot(_reframe(body + encode(("future", 1, 2))))
+    with pytest.raises(SnapshotFormatError, match="trailing"):
+        read_snapshot(_reframe(body + encode(("machine", 1, 2)) + encode(None)))
     # an unknown record id / an unknown tag where the raft position should be
     for bad in (b"R\xfe", b"\x07", b"Z"):
         _loads_or_raises(_reframe(body[:8] + bad + body[8:]))

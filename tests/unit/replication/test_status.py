@@ -20,7 +20,8 @@ RAFT_KEYS = [
     "journal_write_errors", "journal_flush_errors", "installed_snapshots", "refused_snapshots",
     "damaged_snapshots", "log_segments", "log_compactions",
     "skipped_closes", "longest_fork_ms", "longest_owner_tick_ms", "forced_compactions",
-    "longest_leader_gap_ms", "in_sync_size", "confirm_latency", "peers",
+    "longest_leader_gap_ms", "in_sync_size", "machine_version", "runs_machine_version",
+    "confirm_latency", "peers",
 ]
 
 
@@ -29,7 +30,8 @@ def test_raft_node_status_has_the_keys_in_order() -> None:
     d = st.to_dict()
     assert list(d) == RAFT_KEYS
     assert d["peers"] == [{"member": "n2", "address": "h:n2", "match_index": 7,
-                           "connected": True, "lost": False, "reply_age": None}]
+                           "connected": True, "lost": False, "reply_age": None,
+                           "machine_version": 0}]
 
 
 APP_KEYS = ["connections", "amqp_port", "amqps_port", "connection_held_bytes", "mem_used",

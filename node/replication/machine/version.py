@@ -1,0 +1,55 @@
+"""Machine versions (Ra's model): which apply behaviour the cluster runs.
+
+Every build has MACHINE_VERSION. The replicated state holds the cluster's
+`machine_version`; it changes only by a SetMachineVersion entry, which the
+leader appends once every member runs a build of at least that version
+(node/replication/upgrade.py). Members of two builds (a rolling image
+update) therefore apply the log identically: apply code that behaves
+differently in a newer version branches on `state.machine_version`, so the
+new behaviour starts at that entry's index on every member, and entries
+before it replay as they were first applied.
+
+A member whose build is older than the cluster's machine version cannot
+apply the log the way the others do: it stops (MachineVersionError) rather
+than diverge. The version never goes down.
+
+Versions:
+  1  every build before machine versions (and a new cluster's start)
+  2  records and snapshots carry their field counts (codec C/Q records,
+     the snapshot's machine section); QueueDeclare.default_max_length,
+     the cap of builds before issue 27 item 6, is no longer applied
+"""
+from __future__ import annotations
+
+from node.replication.command import SetMachineVersion
+from node.replication.machine.handler import ApplierBase, handles
+
+MACHINE_VERSION = 2
+FIRST_VERSION = 1  # a state that never applied SetMachineVersion
+# what switches at which version (apply code compares state.machine_version with these)
+COUNTED_RECORDS = 2  # the log and snapshots are written with field counts
+NO_LEGACY_QUEUE_CAP = 2  # QueueDeclare.default_max_length is ignored
+
+
+class MachineVersionError(RuntimeError):
+    """This build cannot apply the cluster's log (its machine version is newer)."""
+
+
+def too_old(cluster: int, runs: int) -> MachineVersionError:
+    return MachineVersionError(
+        f"the cluster runs machine version {cluster}, this build runs {runs}: refusing to "
+        f"apply the log (it would diverge from the other members); run a build of machine "
+        f"version {cluster} or later on this member")
+
+
+class VersionHandlers(ApplierBase):
+    __slots__ = ()
+
+    @handles(SetMachineVersion)
+    def set_machine_version(self, cmd: SetMachineVersion) -> None:
+        s = self.s
+        if cmd.version <= s.machine_version:
+            return  # never downgrades (a repeated or stale proposal)
+        if cmd.version > s.runs_version:
+            raise too_old(cmd.version, s.runs_version)
+        s.machine_version = cmd.version
