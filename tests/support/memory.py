@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.process import ClusterNode
 from tests.broker_proc import NodeProcess, node_metric, wait_for
 
 
-def rss(node: NodeProcess) -> int:
+def rss(node: NodeProcess | ClusterNode) -> int:
     """The node process's VmRSS, in bytes."""
     assert node.proc is not None
     with open(f"/proc/{node.proc.pid}/status") as f:
