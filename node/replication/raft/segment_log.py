@@ -613,11 +613,11 @@ class SegmentLog:
             os.write(fd, b"".join(pending))
             os.fsync(fd)
         except BaseException:
-            os.close(fd)
+            seg.close()  # (not os.close: the segment's __del__ would close the number again)
             os.unlink(tmp)
             raise
         if not seg.idxs:
-            os.close(fd)
+            seg.close()
             os.unlink(tmp)
             return None
         seg.end = seg.reserved = pos

@@ -424,11 +424,10 @@ class SnapshotMixin:
                 data = f.read(size)
                 state, meta = read_snapshot(data)
                 entries = read_entries(BytesIO(data))
-                if entries:
+                if entries or f.read(1):  # (a section of 0 entries, or none from a leader before issue 27)
+                    f.seek(size)
                     journal: SegmentLog = self._so._SyncObj__raftLog  # type: ignore[union-attr]
                     journal.import_records(_received_entries(f, entries))
-                elif f.read(1):
-                    raise SnapshotFormatError("bytes after a snapshot that needs no log entries")
             os.truncate(received, size)  # what stays: the snapshot itself
         except (OSError, SnapshotFormatError) as exc:
             self.damaged_snapshots += 1
