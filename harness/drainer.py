@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from pamqp import commands as spec
 
-from harness.amqp import Endpoint, RawClient
+from harness.amqp import Closed, Endpoint, RawClient
 from harness.body import body_id, body_ok
 
 _U64 = struct.Struct(">Q")
@@ -38,11 +38,7 @@ def drain_checked(broker: Endpoint, queue: str, expect: int, prefetch: int = 200
                   ack_every: int = 500, idle: float = 15.0, timeout: float = 900.0) -> Drained:
     """Consume `queue` until `expect` messages arrived (or nothing for `idle`
     seconds, or `timeout`), acking as it goes; every body checked."""
-    c = RawClient(broker, rcvbuf=4 << 20)
-    c.handshake()
-    c.open_channel()
-    c.call(spec.Basic.Qos(prefetch_count=prefetch), spec.Basic.QosOk)
-    c.call(spec.Basic.Consume(queue=queue, consumer_tag="drain"), spec.Basic.ConsumeOk)
+    c = _consumer(broker, queue, prefetch)
     out = Drained()
     t0 = time.monotonic()
     last_data = t0
@@ -110,6 +106,26 @@ def drain_checked(broker: Endpoint, queue: str, expect: int, prefetch: int = 200
         except Exception:  # noqa: BLE001 - a drain's result stands; closing is best effort
             c.abort()
     return out
+
+
+def _consumer(broker: Endpoint, queue: str, prefetch: int, setup: float = 60.0) -> RawClient:
+    """A consuming connection; a node that has just restarted may still drop
+    a new connection while it catches up: try again until `setup` runs out."""
+    deadline = time.monotonic() + setup
+    while True:
+        c = RawClient(broker, rcvbuf=4 << 20)
+        try:
+            c.handshake()
+            c.open_channel()
+            c.call(spec.Basic.Qos(prefetch_count=prefetch), spec.Basic.QosOk)
+            c.call(spec.Basic.Consume(queue=queue, consumer_tag="drain"), spec.Basic.ConsumeOk)
+            return c
+        except (OSError, Closed) as exc:
+            c.abort()
+            if time.monotonic() > deadline:
+                raise
+            print(f"drain: connection setup failed ({exc!r}), again")
+            time.sleep(0.5)
 
 
 def _done(out: Drained, body: bytes, redelivered: bool) -> None:
