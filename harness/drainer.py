@@ -113,15 +113,17 @@ def _consumer(broker: Endpoint, queue: str, prefetch: int, setup: float = 60.0) 
     a new connection while it catches up: try again until `setup` runs out."""
     deadline = time.monotonic() + setup
     while True:
-        c = RawClient(broker, rcvbuf=4 << 20)
+        c: RawClient | None = None
         try:
+            c = RawClient(broker, rcvbuf=4 << 20)
             c.handshake()
             c.open_channel()
             c.call(spec.Basic.Qos(prefetch_count=prefetch), spec.Basic.QosOk)
             c.call(spec.Basic.Consume(queue=queue, consumer_tag="drain"), spec.Basic.ConsumeOk)
             return c
         except (OSError, Closed) as exc:
-            c.abort()
+            if c is not None:
+                c.abort()
             if time.monotonic() > deadline:
                 raise
             print(f"drain: connection setup failed ({exc!r}), again")
