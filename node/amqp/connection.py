@@ -775,6 +775,6 @@ def _bytes_of(e: Deliver | GetOk) -> tuple[dict[str, Any], bytes]:
             logging.shutdown()
             os._exit(3)
         raise
-    if e.delivery_count >= 0:
-        props = message_store.with_delivery_count(props, e.delivery_count)
+    if e.delivery_count >= 0 or e.acquired_count >= 0:
+        props = message_store.with_delivery_count(props, e.delivery_count, e.acquired_count)
     return props, body

@@ -32,7 +32,7 @@ class Message:
     has new properties here and its body still in the log."""
 
     __slots__ = ("seq", "exchange", "routing_key", "props", "body", "loc", "size", "priority",
-                 "persistent", "expires_at", "redelivered", "delivery_count")
+                 "persistent", "expires_at", "redelivered", "delivery_count", "acquired_count")
 
     def __init__(self, seq: int, exchange: str, routing_key: str, props: dict[str, Any] | None,
                  body: bytes | None, persistent: bool, expires_at: float | None,
@@ -50,8 +50,12 @@ class Message:
         self.expires_at = expires_at
         # True once delivered: any later delivery is a redelivery (S07)
         self.redelivered = False
-        # times returned to the queue (x-delivery-count, x-delivery-limit)
+        # times returned to the queue (x-delivery-count, x-delivery-limit); on
+        # a quorum queue from machine version 3 on the failed deliveries only
+        # (reject with requeue, its channel gone), as RabbitMQ 4.3 counts them
         self.delivery_count = 0
+        # machine version 3 on, quorum queues: every return (x-acquired-count)
+        self.acquired_count = 0
 
 
 def raw_priority(props: dict[str, Any]) -> int:

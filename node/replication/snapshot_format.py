@@ -39,6 +39,9 @@ cannot, are read as before. Version 3 (issue 27): the log-entries section,
 messages by their place in the log, the priority in the message struct.
 After the policies section, from machine version 2 on, the machine section
 (node/replication/machine/version.py): absent, the machine version is 1.
+Version 4 (issue 28, written from machine version 3 on, when every member
+reads it): the message struct ends with the acquired count (x-acquired-count);
+older files load with 0 there.
 """
 from __future__ import annotations
 
@@ -60,12 +63,12 @@ from node.broker.queue import Message, Queue, raw_priority
 from node.replication.codec import CodecError, decode_from, encode_into
 from node.replication.machine.policy import rebuild_policy_ae
 from node.replication.machine.state import BrokerState
-from node.replication.machine.version import COUNTED_RECORDS
+from node.replication.machine.version import COUNTED_RECORDS, QUORUM_SEMANTICS
 from node.replication.message_store import BUCKET_SHIFT, make_loc
 
 MAGIC = b"\x89MQSNAP\n"  # not a pickle (0x80), not text
-FORMAT_VERSION = 3
-READ_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 4  # written from machine version 3 on; version 3 below it
+READ_VERSIONS = (1, 2, 3, 4)
 _HEADER = struct.Struct("<8sHHQI")
 HEADER_SIZE = _HEADER.size
 _U32 = struct.Struct("<I")
@@ -74,6 +77,7 @@ _U32 = struct.Struct("<I")
 _MSG = struct.Struct("<qdIBIII")  # versions 1 and 2
 # version 3: flags u16, and the priority; body length is the size where the body is logged
 _MSG3 = struct.Struct("<qdIHIIIB")
+_MSG4 = struct.Struct("<qdIHIIIBI")  # version 4: and the acquired count
 _LOC = struct.Struct("<QII")  # Raft index, properties' offset and length in the entry
 _U64 = struct.Struct("<Q")
 _PERSISTENT, _REDELIVERED, _EXPIRES, _PROPS_EMPTY, _PROPS_REF, _BODY_REF = 1, 2, 4, 8, 16, 32
@@ -191,7 +195,7 @@ def write_snapshot(sink: IO[bytes], state: BrokerState, raft: RaftMeta) -> int:
     w.value(tuple(getattr(state, f) for f in STATE_FIELDS))
     _write_exchanges(w, state)
     queues, channels, consumers = _graph(state)
-    msgs = _MessageWriter(w)  # one for the whole file: back references span queues
+    msgs = _MessageWriter(w, state.machine_version)  # one for the whole file: back references span queues
     _write_queues(w, state, queues, msgs)
     q_index = {id(q): i for i, q in enumerate(queues)}
     c_index = {id(c): i for i, c in enumerate(channels)}
@@ -219,7 +223,7 @@ def write_snapshot(sink: IO[bytes], state: BrokerState, raft: RaftMeta) -> int:
     w.flush()
     end = sink.tell()
     sink.seek(start)
-    sink.write(_HEADER.pack(MAGIC, FORMAT_VERSION, 0, w.length, w.crc))
+    sink.write(_HEADER.pack(MAGIC, msgs.version, 0, w.length, w.crc))
     sink.seek(end)
     return end - start
 
@@ -307,12 +311,14 @@ class _MessageWriter:
     """Messages, with property tables and inline bodies shared between queues
     written once; bytes in the log as their place there."""
 
-    def __init__(self, w: _Writer) -> None:
+    def __init__(self, w: _Writer, machine_version: int) -> None:
         self.w = w
         self.bodies: dict[int, int] = {}  # back references, by id()
         self.props: dict[int, int] = {}
         self.n_bodies = 0
         self.n_props = 0
+        # a member of a build before machine version 3 reads up to version 3
+        self.version = FORMAT_VERSION if machine_version >= QUORUM_SEMANTICS else 3
 
     def write(self, m: Message) -> None:
         out = self.w.out
@@ -351,8 +357,13 @@ class _MessageWriter:
         ex = m.exchange.encode()
         rk = m.routing_key.encode()
         n = m.size if body is None else (bref if bref >= 0 else len(body))
-        out.append(_MSG3.pack(m.seq, 0.0 if expires is None else expires, m.delivery_count, flags,
-                              len(ex), len(rk), n, min(m.priority, 255)))
+        if self.version >= 4:
+            out.append(_MSG4.pack(m.seq, 0.0 if expires is None else expires, m.delivery_count,
+                                  flags, len(ex), len(rk), n, min(m.priority, 255),
+                                  m.acquired_count))
+        else:
+            out.append(_MSG3.pack(m.seq, 0.0 if expires is None else expires, m.delivery_count,
+                                  flags, len(ex), len(rk), n, min(m.priority, 255)))
         out.append(ex)
         out.append(rk)
         if loc is not None:
@@ -639,7 +650,11 @@ class _Reader:
     def message(self) -> Message:
         data = self.data
         pos = self.pos
-        if self.version >= 3:
+        acquired = 0
+        if self.version >= 4:
+            seq, expires, count, flags, n_ex, n_rk, n, priority, acquired = _MSG4.unpack_from(data, pos)
+            pos += _MSG4.size
+        elif self.version >= 3:
             seq, expires, count, flags, n_ex, n_rk, n, priority = _MSG3.unpack_from(data, pos)
             pos += _MSG3.size
         else:
@@ -704,6 +719,7 @@ class _Reader:
         m.redelivered = bool(flags & _REDELIVERED)
         m.expires_at = expires if flags & _EXPIRES else None
         m.delivery_count = count
+        m.acquired_count = acquired
         return m
 
 
@@ -751,5 +767,6 @@ def iter_fields() -> Iterable[tuple[type, tuple[str, ...]]]:
     yield Queue, QUEUE_FIELDS + DERIVED["Queue"]
     yield Channel, CHANNEL_FIELDS + DERIVED["Channel"]
     yield Consumer, CONSUMER_FIELDS + DERIVED["Consumer"]
-    yield Message, ("seq", "exchange", "routing_key", "props", "body", "persistent",
-                    "expires_at", "redelivered", "delivery_count") + DERIVED["Message"]
+    yield Message, (("seq", "exchange", "routing_key", "props", "body", "persistent",
+                     "expires_at", "redelivered", "delivery_count", "acquired_count")
+                    + DERIVED["Message"])

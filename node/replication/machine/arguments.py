@@ -20,8 +20,12 @@ _EQUIV_ARGS = ("x-dead-letter-exchange", "x-dead-letter-routing-key", "x-expires
 _OVERFLOW = ("drop-head", "reject-publish", "reject-publish-dlx")
 
 
-def _validate_queue_args(key: ResourceKey, args: dict[str, Any]) -> dict[str, Any]:
-    """Check x-arguments like RabbitMQ and return them normalised (bytes -> str)."""
+def _validate_queue_args(key: ResourceKey, args: dict[str, Any],
+                         quorum_semantics: bool = False) -> dict[str, Any]:
+    """Check x-arguments like RabbitMQ and return them normalised (bytes -> str).
+    With `quorum_semantics` (machine version 3 on) a quorum queue's
+    x-delivery-limit may be negative: no limit (RabbitMQ 4.x; its declare
+    does not check the argument, rabbit_fifo takes a negative one as none)."""
     def bad(arg: str, why: str) -> _ChanErr:
         return _ChanErr(406, f"PRECONDITION_FAILED - invalid arg '{arg}' for queue "
                              f"{_where(key)}: {why}", QUEUE_DECLARE)
@@ -38,7 +42,8 @@ def _validate_queue_args(key: ResourceKey, args: dict[str, Any]) -> dict[str, An
         v = out[arg]
         if isinstance(v, bool) or not isinstance(v, int):
             raise bad(arg, f'"expected integer, got {_type_name(v)}"')
-        if v < 0:
+        if v < 0 and not (arg == "x-delivery-limit" and quorum_semantics
+                          and out.get("x-queue-type") == "quorum"):
             raise bad(arg, f"{{value_negative,{v}}}")
         if v == 0 and not zero_ok:
             raise bad(arg, "{value_zero,0}")

@@ -34,6 +34,7 @@ from node.replication.effect import Deliver, GetOk
 from node.replication.machine.errors import _ChanErr, _ConnErr, _type_name, _where
 from node.replication.machine.handler import ApplierBase, handles
 from node.replication.machine.state import _gen_name
+from node.replication.machine.version import QUORUM_SEMANTICS
 from node.replication.message_store import with_delivery_count
 
 
@@ -164,9 +165,13 @@ class DeliveryHandlers(ApplierBase):
         stats[1] += 1
         if m.redelivered:
             stats[2] += 1
-        props, count, stored = _out(m, bool(m.delivery_count and q.counts_deliveries))
+        if self.quorum43(q):
+            props, count, acquired, stored = _out43(m)
+        else:
+            props, count, stored = _out(m, bool(m.delivery_count and q.counts_deliveries))
+            acquired = -1
         self.fx.append(Deliver(c.chan, c.tag, tag, m.redelivered, m.exchange, m.routing_key,
-                               props, m.body, stored, count))
+                               props, m.body, stored, count, acquired))
         m.redelivered = True
 
     def service(self, q: Queue) -> None:
@@ -192,15 +197,32 @@ class DeliveryHandlers(ApplierBase):
             q.pop()
             self.deliver(c, q, m)
 
-    def requeue(self, q: Queue, m: Message) -> None:
+    def quorum43(self, q: Queue) -> bool:
+        """Does `q` follow RabbitMQ 4.3's quorum-queue semantics (a quorum
+        queue, machine version 3 on)?"""
+        return (self.s.machine_version >= QUORUM_SEMANTICS
+                and q.arguments.get("x-queue-type") == "quorum")
+
+    def requeue(self, q: Queue, m: Message, failed: bool = True) -> None:
         """Return a delivery to its original position (S04), or drop it if its
-        queue is gone."""
+        queue is gone. `failed`: a failed delivery (reject with requeue, the
+        channel gone), not a plain return (nack, recover)."""
         if q.deleted:
             self.drop(m)
             return
-        # every return counts, as in a quorum queue: past x-delivery-limit the
-        # message is dead-lettered (dropped without a DLX) instead
-        m.delivery_count += 1
+        if self.quorum43(q):
+            # rabbit_fifo (4.3) return_one: every return is an acquisition
+            # (acquired_count), a failed one a delivery (delivery_count);
+            # past the limit it is dead-lettered with reason delivery_limit
+            # (a message returned before version 3 counted its returns as
+            # delivery_count: those were acquisitions too)
+            m.acquired_count = max(m.acquired_count, m.delivery_count) + 1
+            if failed:
+                m.delivery_count += 1
+        else:
+            # every return counts: past x-delivery-limit the message is
+            # dead-lettered (dropped without a DLX) instead
+            m.delivery_count += 1
         if q.delivery_limit is not None and m.delivery_count > q.delivery_limit:
             self.dead_letter(q, m, "delivery_limit")
             return
@@ -256,7 +278,10 @@ class DeliveryHandlers(ApplierBase):
         for tag in self._collect(ch, cmd.delivery_tag, multiple, ids):
             q, m = self._settle(ch, tag)
             if cmd.requeue:
-                self.requeue(q, m)
+                # 4.3: basic.reject requeue=true is a failed delivery
+                # (rabbit_channel: {modify, DeliveryFailed=true}), basic.nack
+                # requeue=true a plain return (rabbit_fifo_client:return)
+                self.requeue(q, m, cmd.reject)
             elif q.deleted:
                 self.drop(m)
             else:
@@ -270,7 +295,7 @@ class DeliveryHandlers(ApplierBase):
             return
         for tag in list(ch.unacked):  # S12
             q, m = self._settle(ch, tag)
-            self.requeue(q, m)
+            self.requeue(q, m, failed=False)  # 4.3: requeue, not a failed delivery
         self.reply(cmd.chan, "Basic.RecoverOk")
         self.mark_channel_queues(ch)
 
@@ -303,10 +328,15 @@ class DeliveryHandlers(ApplierBase):
         stats[1] += 1
         if m.redelivered:
             stats[2] += 1
-        # a quorum queue's basic.get always carries the count, 0 the first time
-        props, count, stored = _out(m, q.counts_deliveries)
+        if self.quorum43(q):
+            props, count, acquired, stored = _out43(m)
+        else:
+            # a quorum queue's basic.get always carries the count, 0 the first
+            # time (RabbitMQ 3.x)
+            props, count, stored = _out(m, q.counts_deliveries)
+            acquired = -1
         self.fx.append(GetOk(cmd.chan, tag, m.redelivered, m.exchange, m.routing_key,
-                             q.ready_count(), props, m.body, stored, count))
+                             q.ready_count(), props, m.body, stored, count, acquired))
         m.redelivered = True
 
     # -- expiry (x-message-ttl, expiration, x-expires) ----------------------
@@ -338,3 +368,20 @@ def _out(m: Message, counted: bool) -> tuple[dict[str, Any] | None, int, tuple[i
     if m.props is None:
         return None, (m.delivery_count if counted else -1), stored
     return (with_delivery_count(m.props, m.delivery_count) if counted else m.props), -1, stored
+
+
+def _out43(m: Message) -> tuple[dict[str, Any] | None, int, int, tuple[int, int] | None]:
+    """(props, x-delivery-count or -1, x-acquired-count or -1, stored) of a
+    delivery from a quorum queue at machine version 3 on, as RabbitMQ 4.3
+    sets them (rabbit_fifo_client:add_delivery_count_header): x-acquired-count
+    once the message came back, x-delivery-count once a delivery failed. A
+    message returned before version 3 counted every return as delivery_count:
+    those returns were acquisitions too (RabbitMQ patches a v3 header alike)."""
+    acquired = max(m.acquired_count, m.delivery_count)
+    count = m.delivery_count if m.delivery_count else -1
+    stored = None if m.loc is None or (m.props is not None and m.body is not None) else (m.loc, m.size)
+    if not acquired:
+        return m.props, -1, -1, stored
+    if m.props is None:
+        return None, count, acquired, stored
+    return with_delivery_count(m.props, count, acquired), -1, -1, stored

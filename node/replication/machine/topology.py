@@ -46,7 +46,7 @@ from node.replication.machine.errors import (
 from node.replication.machine.handler import ApplierBase, handles
 from node.replication.machine.policy import refresh_exchange
 from node.replication.machine.state import _gen_name
-from node.replication.machine.version import NO_LEGACY_QUEUE_CAP
+from node.replication.machine.version import NO_LEGACY_QUEUE_CAP, QUORUM_SEMANTICS
 
 
 class TopologyHandlers(ApplierBase):
@@ -224,7 +224,8 @@ class TopologyHandlers(ApplierBase):
             if name.startswith("amq.") and not generated:
                 raise _ChanErr(403, f"ACCESS_REFUSED - queue name '{name}' contains reserved "
                                     f"prefix 'amq.*'", QUEUE_DECLARE)
-            args = _validate_queue_args(key, cmd.arguments)
+            args = _validate_queue_args(key, cmd.arguments,
+                                        s.machine_version >= QUORUM_SEMANTICS)
             _check_queue_type(key, args, cmd.durable, cmd.exclusive, cmd.auto_delete)
             owner = cmd.chan.conn_id if cmd.exclusive else None
             q = Queue(key, cmd.durable, owner, cmd.auto_delete, args, cmd.chan.node, s.now)

@@ -1,0 +1,192 @@
+"""RabbitMQ 4.3's quorum-queue semantics, from machine version 3 on (issue 28;
+docs/semantics.md, Quorum queues): the delivery limit defaults to 20,
+x-delivery-count counts failed deliveries only, x-acquired-count every
+return. Queues declared classic keep classic semantics, and the cluster
+switches at the SetMachineVersion(3) entry.
+
+Verified against RabbitMQ's source (v4.3.x): rabbit_quorum_queue
+?DEFAULT_DELIVERY_LIMIT and get_delivery_limit (20, a negative limit is
+none); rabbit_channel (basic.reject requeue=true is {modify, true, false}:
+a failed delivery; basic.nack requeue=true and basic.recover are `requeue`,
+i.e. rabbit_fifo_client:return: not failed); rabbit_fifo return_one /
+incr_msg_headers (every return adds to acquired_count, a failed one to
+delivery_count, dead-lettered with reason delivery_limit once
+delivery_count > limit), maybe_return_all (a consumer's process down:
+failed), consumer_disconnected_timeout (a disconnected node: not failed);
+rabbit_fifo_client:add_delivery_count_header (the headers, present once
+counted).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from node.broker.policy import DEFAULT_DELIVERY_LIMIT
+from node.replication.command import (
+    BasicRecover,
+    ChannelClose,
+    ChannelOpen,
+    ExchangeDeclare,
+    NodeDown,
+    PolicySet,
+    SetMachineVersion,
+)
+from node.replication.effect import GetOk
+from tests.support.machine import (
+    Harness,
+    chan,
+    consume,
+    delivers,
+    errors,
+    get,
+    gets,
+    nack,
+    pub,
+    qbind,
+    qdecl,
+    reject,
+)
+from tests.support.snapshot import snapshot_copy
+
+QUORUM = {"x-queue-type": "quorum"}
+
+
+def harness(version: int = 3) -> Harness:
+    h = Harness()
+    h.run(SetMachineVersion(version))
+    return h
+
+
+def counts(g: GetOk) -> tuple[Any, Any]:
+    headers = (g.props or {}).get("headers") or {}
+    return headers.get("x-delivery-count"), headers.get("x-acquired-count")
+
+
+def with_dlx(h: Harness, **args: Any) -> Any:
+    c = h.open(chan())
+    h.run(ExchangeDeclare(c, "dlx", "fanout", False, False, False, False, {}, False))
+    h.run(qdecl(c, "dead"), qbind(c, "dead", "dlx"))
+    h.run(qdecl(c, "work", durable=True,
+                arguments={**QUORUM, "x-dead-letter-exchange": "dlx", **args}))
+    return c
+
+
+def test_a_quorum_queue_delivery_limit_defaults_to_20_then_dead_letters() -> None:
+    h = harness()
+    c = with_dlx(h)
+    assert h.state.queues["work"].delivery_limit == DEFAULT_DELIVERY_LIMIT == 20
+    h.run(pub(c, "work", b"poison"))
+    seen = []
+    for _ in range(21):
+        [g] = gets(h.run(get(c, "work")))
+        seen.append(counts(g))
+        h.run(reject(c, g.delivery_tag, requeue=True))
+    # the first hand-out carries neither header; then both count each reject
+    assert seen == [(None, None)] + [(n, n) for n in range(1, 21)]
+    assert h.state.queues["work"].ready_count() == 0  # the 21st failure: 21 > 20
+    [g] = gets(h.run(get(c, "dead", no_ack=True)))
+    assert g.body == b"poison"
+    assert g.props["headers"]["x-death"][0]["reason"] == "delivery_limit"
+
+
+def test_x_delivery_limit_minus_1_means_no_limit_on_a_quorum_queue() -> None:
+    h = harness()
+    c = with_dlx(h, **{"x-delivery-limit": -1})
+    assert errors(h.run(pub(c, "work", b"m"))) == []
+    assert h.state.queues["work"].delivery_limit is None
+    for _ in range(30):
+        [g] = gets(h.run(get(c, "work")))
+        h.run(reject(c, g.delivery_tag, requeue=True))
+    [g] = gets(h.run(get(c, "work")))
+    assert counts(g) == (30, 30)
+
+
+def test_basic_nack_and_recover_requeue_count_acquisitions_not_failed_deliveries() -> None:
+    h = harness()
+    c = with_dlx(h, **{"x-delivery-limit": 1})
+    h.run(pub(c, "work", b"m"))
+    for _ in range(5):
+        [g] = gets(h.run(get(c, "work")))
+        h.run(nack(c, g.delivery_tag, requeue=True))
+    [g] = gets(h.run(get(c, "work")))
+    h.run(BasicRecover(c))
+    [g] = gets(h.run(get(c, "work")))
+    assert counts(g) == (None, 6)  # never failed: the limit of 1 never bites
+    h.run(reject(c, g.delivery_tag, requeue=True))
+    [g] = gets(h.run(get(c, "work")))
+    assert counts(g) == (1, 7)
+    h.run(reject(c, g.delivery_tag, requeue=True))  # the second failure: 2 > 1
+    assert h.state.queues["work"].ready_count() == 0
+    assert len(h.state.queues["dead"].ready) == 1
+
+
+def test_a_closed_channel_is_a_failed_delivery_a_node_declared_down_is_not() -> None:
+    h = harness()
+    c = with_dlx(h)
+    h.run(pub(c, "work", b"m"))
+    c2 = h.open(chan(2))
+    assert delivers(h.run(consume(c2, "work", "t")))
+    h.run(ChannelClose(c2, True))  # the consumer's channel gone: counted
+    c3 = chan(1, conn=1, node="n2")
+    h.run(ChannelOpen(c3), node="n2")
+    assert delivers(h.run(consume(c3, "work", "t3"), node="n2"))
+    h.run(NodeDown("n2"))  # cut off by the cluster: returned, not counted
+    [g] = gets(h.run(get(c, "work")))
+    assert counts(g) == (1, 2)
+
+
+def test_a_policy_sets_the_delivery_limit_of_an_existing_quorum_queue() -> None:
+    h = harness()
+    c = with_dlx(h)
+    h.run(PolicySet(False, "/", "unlimited", "^work$", "quorum_queues", 0,
+                    {"delivery-limit": -1}))
+    assert h.state.queues["work"].delivery_limit is None
+    h.run(PolicySet(False, "/", "unlimited", "^work$", "quorum_queues", 0,
+                    {"delivery-limit": 2}))
+    assert h.state.queues["work"].delivery_limit == 2
+    h.run(pub(c, "work", b"m"))
+    for _ in range(3):
+        [g] = gets(h.run(get(c, "work")))
+        h.run(reject(c, g.delivery_tag, requeue=True))
+    assert len(h.state.queues["dead"].ready) == 1
+
+
+def test_existing_quorum_queues_take_the_default_at_machine_version_3() -> None:
+    h = harness(version=2)
+    c = h.open(chan())
+    h.run(qdecl(c, "qq", durable=True, arguments=QUORUM), qdecl(c, "classic", durable=True),
+          qdecl(c, "own", durable=True, arguments={**QUORUM, "x-delivery-limit": 4}))
+    h.run(pub(c, "qq", b"m"))
+    for _ in range(3):  # returns before the switch: old semantics, every one counted
+        [g] = gets(h.run(get(c, "qq")))
+        h.run(nack(c, g.delivery_tag, requeue=True))
+    limits = {n: h.state.queues[n].delivery_limit for n in ("qq", "classic", "own")}
+    assert limits == {"qq": None, "classic": None, "own": 4}
+    # x-delivery-limit -1 is refused before the switch, as builds of version 2 refuse it
+    assert errors(h.run(qdecl(c, "neg", durable=True, arguments={**QUORUM, "x-delivery-limit": -1})))
+    c = h.open(chan(3))
+    h.run(SetMachineVersion(3))
+    limits = {n: h.state.queues[n].delivery_limit for n in ("qq", "classic", "own")}
+    assert limits == {"qq": 20, "classic": None, "own": 4}
+    # a message returned before the switch: its returns were acquisitions
+    [g] = gets(h.run(get(c, "qq")))
+    assert counts(g) == (3, 3)
+    h.run(nack(c, g.delivery_tag, requeue=True))
+    h.state = snapshot_copy(h.state)  # the counts survive a snapshot
+    [g] = gets(h.run(get(c, "qq")))
+    assert counts(g) == (3, 4)
+
+
+def test_classic_queues_keep_classic_semantics_at_machine_version_3() -> None:
+    h = harness()
+    c = h.open(chan())
+    h.run(qdecl(c, "q", durable=True))
+    assert h.state.queues["q"].delivery_limit is None
+    h.run(pub(c, "q", b"m"))
+    for _ in range(25):
+        [g] = gets(h.run(get(c, "q")))
+        h.run(reject(c, g.delivery_tag, requeue=True))
+    [g] = gets(h.run(get(c, "q")))
+    assert g.redelivered and "headers" not in g.props
+    # a negative x-delivery-limit stays refused on a classic queue
+    fx = h.run(qdecl(c, "neg", arguments={"x-delivery-limit": -1}))
+    assert errors(fx)[0].reply_text.endswith("{value_negative,-1}")
