@@ -1,0 +1,109 @@
+"""RabbitMQ 4.3's quorum-queue semantics with a real node and pika (issue 28;
+docs/semantics.md, Quorum queues). The expected behaviour was read in
+RabbitMQ's source (v4.3.x: rabbit_fifo return_one / incr_msg_headers,
+rabbit_channel's settle ops for basic.reject / basic.nack,
+rabbit_quorum_queue ?DEFAULT_DELIVERY_LIMIT, rabbit_fifo_client
+add_delivery_count_header). Marked rabbitmq_ok: written to pass against
+RabbitMQ 4.3 (MIRRORQ_TARGET) too."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pika
+import pytest
+
+from node.admin.client import call_status
+from node.replication.machine.version import MACHINE_VERSION
+from tests.broker_proc import Broker, NodeProcess, uniq, wait_for
+from tests.support.pika_session import Amqp, pump_until
+
+pytestmark = pytest.mark.rabbitmq_ok
+
+
+@pytest.fixture
+def qq(broker: Broker, amqp: Amqp) -> Iterator[Amqp]:
+    """`amqp` once the node runs this build's machine version (a fresh node
+    raises it shortly after its start; the 4.3 semantics start there)."""
+    if isinstance(broker, NodeProcess):
+        wait_for(lambda: call_status("127.0.0.1", broker.admin_port,
+                                     token=broker.admin_token)["machine_version"]
+                 == MACHINE_VERSION, 20, what="the node's machine version")
+    yield amqp
+
+
+def counts(props: pika.BasicProperties) -> tuple[Any, Any]:
+    headers = props.headers or {}
+    return headers.get("x-delivery-count"), headers.get("x-acquired-count")
+
+
+def declare_with_dlx(amqp: Amqp, ch: Any, **args: Any) -> tuple[str, str]:
+    """A quorum queue dead-lettering into a fanout bound to `dead`."""
+    dlx = amqp.exchange(ch, uniq("qq-dlx"), "fanout")
+    dead = amqp.queue(ch, prefix="qq-dead", durable=True)
+    ch.queue_bind(dead, dlx)
+    work = amqp.queue(ch, prefix="qq-work", durable=True, arguments={
+        "x-queue-type": "quorum", "x-dead-letter-exchange": dlx, **args})
+    return work, dead
+
+
+def test_quorum_queue_default_delivery_limit_20_dead_letters_the_21st_failure(qq: Amqp) -> None:
+    ch = qq.channel()
+    work, dead = declare_with_dlx(qq, ch)
+    ch.basic_publish("", work, b"poison")
+    seen = []
+    for _ in range(21):
+        m, p, body = ch.basic_get(work)
+        assert m is not None and body == b"poison"
+        seen.append(counts(p))
+        ch.basic_reject(m.delivery_tag, requeue=True)
+    assert seen == [(None, None)] + [(n, n) for n in range(1, 21)]
+    qq.wait_count(dead, 1)
+    m, p, body = ch.basic_get(dead, auto_ack=True)
+    assert body == b"poison"
+    assert p.headers["x-death"][0]["reason"] == "delivery_limit"
+    assert qq.count(work) == 0
+
+
+def test_nack_requeue_is_an_acquisition_not_a_failed_delivery(qq: Amqp) -> None:
+    ch = qq.channel()
+    work, dead = declare_with_dlx(qq, ch, **{"x-delivery-limit": 1})
+    ch.basic_publish("", work, b"m")
+    for _ in range(4):
+        m, _p, _b = ch.basic_get(work)
+        ch.basic_nack(m.delivery_tag, requeue=True)
+    m, p, _b = ch.basic_get(work)
+    assert counts(p) == (None, 4)  # the limit of 1 never bit
+    ch.basic_reject(m.delivery_tag, requeue=True)
+    m, p, _b = ch.basic_get(work)
+    assert counts(p) == (1, 5)
+    ch.basic_reject(m.delivery_tag, requeue=True)  # 2 > 1
+    qq.wait_count(dead, 1)
+
+
+def test_x_delivery_limit_minus_1_disables_the_limit(qq: Amqp) -> None:
+    ch = qq.channel()
+    work, dead = declare_with_dlx(qq, ch, **{"x-delivery-limit": -1})
+    ch.basic_publish("", work, b"m")
+    for _ in range(25):
+        m, _p, _b = ch.basic_get(work)
+        ch.basic_reject(m.delivery_tag, requeue=True)
+    m, p, _b = ch.basic_get(work)
+    assert counts(p) == (25, 25)
+    assert qq.count(dead) == 0
+
+
+def test_a_consumers_closed_channel_counts_as_a_failed_delivery(qq: Amqp) -> None:
+    ch = qq.channel()
+    work, _dead = declare_with_dlx(qq, ch)
+    ch.basic_publish("", work, b"m")
+    conn = qq.connect()
+    ch2 = conn.channel()
+    got: list[Any] = []
+    ch2.basic_consume(work, lambda _c, m, p, b: got.append((m, p, b)))
+    pump_until(conn, lambda: bool(got))
+    assert counts(got[0][1]) == (None, None) and not got[0][0].redelivered
+    conn.close()  # the consumer's connection gone without an ack
+    qq.wait_count(work, 1)
+    m, p, _b = ch.basic_get(work)
+    assert m.redelivered and counts(p) == (1, 1)
