@@ -4,7 +4,8 @@ RabbitMQ's source (v4.3.x: rabbit_fifo return_one / incr_msg_headers,
 rabbit_channel's settle ops for basic.reject / basic.nack,
 rabbit_quorum_queue ?DEFAULT_DELIVERY_LIMIT, rabbit_fifo_client
 add_delivery_count_header). Marked rabbitmq_ok: written to pass against
-RabbitMQ 4.3 (MIRRORQ_TARGET) too."""
+RabbitMQ 4.3 (MIRRORQ_TARGET) too:
+all of them passed against RabbitMQ 4.3.6 (../shared/rabbitmq4, rmq4_single.sh)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -37,6 +38,20 @@ def counts(props: pika.BasicProperties) -> tuple[Any, Any]:
     return headers.get("x-delivery-count"), headers.get("x-acquired-count")
 
 
+def get(ch: Any, queue: str, timeout: float = 10.0) -> tuple[Any, Any, bytes]:
+    """basic.get until a message comes: a return is asynchronous in RabbitMQ."""
+    got: list[tuple[Any, Any, bytes]] = []
+
+    def one() -> bool:
+        m, p, b = ch.basic_get(queue)
+        if m is not None:
+            got.append((m, p, b))
+        return bool(got)
+
+    wait_for(one, timeout, what=f"a message in {queue}")
+    return got[0]
+
+
 def declare_with_dlx(amqp: Amqp, ch: Any, **args: Any) -> tuple[str, str]:
     """A quorum queue dead-lettering into a fanout bound to `dead`."""
     dlx = amqp.exchange(ch, uniq("qq-dlx"), "fanout")
@@ -44,6 +59,7 @@ def declare_with_dlx(amqp: Amqp, ch: Any, **args: Any) -> tuple[str, str]:
     ch.queue_bind(dead, dlx)
     work = amqp.queue(ch, prefix="qq-work", durable=True, arguments={
         "x-queue-type": "quorum", "x-dead-letter-exchange": dlx, **args})
+    ch.confirm_delivery()  # publishes below are in the queue once they return
     return work, dead
 
 
@@ -53,8 +69,8 @@ def test_quorum_queue_default_delivery_limit_20_dead_letters_the_21st_failure(qq
     ch.basic_publish("", work, b"poison")
     seen = []
     for _ in range(21):
-        m, p, body = ch.basic_get(work)
-        assert m is not None and body == b"poison"
+        m, p, body = get(ch, work)
+        assert body == b"poison"
         seen.append(counts(p))
         ch.basic_reject(m.delivery_tag, requeue=True)
     assert seen == [(None, None)] + [(n, n) for n in range(1, 21)]
@@ -70,12 +86,12 @@ def test_nack_requeue_is_an_acquisition_not_a_failed_delivery(qq: Amqp) -> None:
     work, dead = declare_with_dlx(qq, ch, **{"x-delivery-limit": 1})
     ch.basic_publish("", work, b"m")
     for _ in range(4):
-        m, _p, _b = ch.basic_get(work)
+        m, _p, _b = get(ch, work)
         ch.basic_nack(m.delivery_tag, requeue=True)
-    m, p, _b = ch.basic_get(work)
+    m, p, _b = get(ch, work)
     assert counts(p) == (None, 4)  # the limit of 1 never bit
     ch.basic_reject(m.delivery_tag, requeue=True)
-    m, p, _b = ch.basic_get(work)
+    m, p, _b = get(ch, work)
     assert counts(p) == (1, 5)
     ch.basic_reject(m.delivery_tag, requeue=True)  # 2 > 1
     qq.wait_count(dead, 1)
@@ -86,9 +102,9 @@ def test_x_delivery_limit_minus_1_disables_the_limit(qq: Amqp) -> None:
     work, dead = declare_with_dlx(qq, ch, **{"x-delivery-limit": -1})
     ch.basic_publish("", work, b"m")
     for _ in range(25):
-        m, _p, _b = ch.basic_get(work)
+        m, _p, _b = get(ch, work)
         ch.basic_reject(m.delivery_tag, requeue=True)
-    m, p, _b = ch.basic_get(work)
+    m, p, _b = get(ch, work)
     assert counts(p) == (25, 25)
     assert qq.count(dead) == 0
 
@@ -105,5 +121,5 @@ def test_a_consumers_closed_channel_counts_as_a_failed_delivery(qq: Amqp) -> Non
     assert counts(got[0][1]) == (None, None) and not got[0][0].redelivered
     conn.close()  # the consumer's connection gone without an ack
     qq.wait_count(work, 1)
-    m, p, _b = ch.basic_get(work)
+    m, p, _b = get(ch, work)
     assert m.redelivered and counts(p) == (1, 1)
