@@ -59,7 +59,7 @@ from node.broker.channel import Channel, Consumer
 from node.broker.exchange import Binding, Exchange, split_topic
 from node.broker.ids import ChanId
 from node.broker.policy import Policy
-from node.broker.queue import Message, Queue, raw_priority
+from node.broker.queue import Message, Queue, raw_priority, uses_levels
 from node.replication.codec import CodecError, decode_from, encode_into
 from node.replication.machine.policy import rebuild_policy_ae
 from node.replication.machine.state import BrokerState
@@ -122,7 +122,7 @@ DERIVED = {
     "BrokerState": ("exchanges", "queues", "channels", "live", "fetch_props", "policy_ae",
                     "machine_version", "runs_version", *POLICY_FIELDS),
     "Exchange": ("bindings", "_topic_cache"),
-    "Queue": ("returned", "ready", "consumers", "exclusive_consumer"),
+    "Queue": ("returned", "ready", "consumers", "exclusive_consumer", "levels"),
     "Channel": ("unacked", "consumers"),
     "Consumer": ("channel", "queue"),
     "Message": ("size", "loc", "priority"),
@@ -452,6 +452,9 @@ def read_snapshot(data: bytes) -> tuple[BrokerState, RaftMeta]:
         rebuild_policy_ae(state)
         if r.pos < len(data):  # from machine version 2 on
             _read_machine(r.value(), state)
+        quorum43 = state.machine_version >= QUORUM_SEMANTICS
+        for q in state.queues.values():
+            q.levels = uses_levels(q.arguments, quorum43)
     except (CodecError, struct.error, UnicodeDecodeError, IndexError, TypeError, ValueError) as e:
         if isinstance(e, SnapshotFormatError):
             raise
@@ -626,6 +629,7 @@ class _Reader:
         q.ready = ready
         q.consumers = {}
         q.exclusive_consumer = None
+        q.levels = False  # derived once the machine version is known (read_snapshot)
         return q
 
     def channel(self) -> Channel:

@@ -123,3 +123,28 @@ def test_a_consumers_closed_channel_counts_as_a_failed_delivery(qq: Amqp) -> Non
     qq.wait_count(work, 1)
     m, p, _b = get(ch, work)
     assert m.redelivered and counts(p) == (1, 1)
+
+
+# -- priorities (S28) ------------------------------------------------------------------
+
+def test_quorum_queue_has_32_priority_levels_default_4_without_x_max_priority(qq: Amqp) -> None:
+    ch = qq.channel()
+    ch.confirm_delivery()
+    q = qq.queue(ch, prefix="qq-prio", durable=True, arguments={"x-queue-type": "quorum"})
+    for p in [None, 0, 1, 4, 5, 31, 40, 200, 3]:
+        ch.basic_publish("", q, str(p).encode(), pika.BasicProperties(priority=p))
+    got: list[bytes] = []
+    ch.basic_consume(q, lambda _c, m, _p, b: got.append(b), auto_ack=True)
+    pump_until(ch.connection, lambda: len(got) == 9)
+    assert got == [b"31", b"40", b"200", b"5", b"None", b"4", b"3", b"1", b"0"]
+
+
+def test_x_max_priority_is_refused_on_a_quorum_queue(qq: Amqp) -> None:
+    ch = qq.channel()
+    name = uniq("qq-maxprio")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.queue_declare(name, durable=True,
+                         arguments={"x-queue-type": "quorum", "x-max-priority": 5})
+    assert (err.value.reply_code, err.value.reply_text) == (
+        406, f"PRECONDITION_FAILED - invalid arg 'x-max-priority' for queue '{name}' in "
+             "vhost '/' of queue type rabbit_quorum_queue")

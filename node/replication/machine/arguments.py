@@ -78,7 +78,7 @@ QUEUE_TYPES = ("classic", "quorum")
 
 
 def _check_queue_type(key: ResourceKey, args: dict[str, Any], durable: bool, exclusive: bool,
-                      auto_delete: bool) -> None:
+                      auto_delete: bool, quorum_semantics: bool = False) -> None:
     if "x-queue-type" not in args:
         return
     qtype = args["x-queue-type"]
@@ -101,3 +101,8 @@ def _check_queue_type(key: ResourceKey, args: dict[str, Any], durable: bool, exc
             if bad:
                 raise _ChanErr(406, f"PRECONDITION_FAILED - invalid property '{prop}' for "
                                     f"queue {where}", QUEUE_DECLARE)
+        if quorum_semantics and "x-max-priority" in args:
+            # rabbit_amqqueue:check_arguments_key (3.x and 4.x alike): not
+            # a quorum queue's argument; its 32 levels need none (S28)
+            raise _ChanErr(406, f"PRECONDITION_FAILED - invalid arg 'x-max-priority' for "
+                                f"queue {where} of queue type rabbit_quorum_queue", QUEUE_DECLARE)

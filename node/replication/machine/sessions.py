@@ -120,6 +120,10 @@ class SessionHandlers(ApplierBase):
             if not q.durable:
                 self.delete_queue(q)
                 continue
+            if q.levels:  # messages stay where they are, among their levels
+                for m in q.keep_only(lambda m: m.persistent):
+                    self.drop(m)
+                continue
             keep = []
             for m in q.take_all():
                 if m.persistent:

@@ -22,10 +22,12 @@ Versions:
      delivery limit defaults to 20 (x-delivery-limit -1: none; existing
      quorum queues take it at this entry); only failed deliveries count
      (x-delivery-count), every return counts as an acquisition
-     (x-acquired-count); snapshots of format 4 (the acquired count)
+     (x-acquired-count); snapshots of format 4 (the acquired count);
+     32 priority levels (x-max-priority refused on a quorum queue)
 """
 from __future__ import annotations
 
+from node.broker.queue import uses_levels
 from node.replication.command import SetMachineVersion
 from node.replication.machine.handler import ApplierBase, handles
 
@@ -62,6 +64,9 @@ class VersionHandlers(ApplierBase):
         s.machine_version = cmd.version
         if before < QUORUM_SEMANTICS <= cmd.version:
             # existing quorum queues take the 4.3 defaults (delivery limit 20)
+            # and their 32 priority levels: the messages queued so far count as
+            # of the default level, returned ones before them (S28)
             for q in list(s.queues.values()):
                 if q.arguments.get("x-queue-type") == "quorum":
                     self.refresh_queue(q)
+                    q.levels = uses_levels(q.arguments, True)

@@ -25,6 +25,7 @@ from node.replication.command import (
     ChannelOpen,
     PermissionSet,
     QueueDelete,
+    SetMachineVersion,
     SetMember,
     UserPut,
     VhostPut,
@@ -156,7 +157,7 @@ def test_an_empty_state_and_the_raft_position_round_trip() -> None:
 
 def test_from_machine_version_3_the_format_is_4_and_carries_the_acquired_count() -> None:
     h = rich_state()
-    h.state.machine_version = 3
+    h.run(SetMachineVersion(3))
     msgs = [m for q in h.state.queues.values() for m in q.ready]
     for i, m in enumerate(msgs):
         m.acquired_count, m.delivery_count = i + 7, i % 3

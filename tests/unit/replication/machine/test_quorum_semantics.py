@@ -27,6 +27,7 @@ from node.replication.command import (
     ChannelOpen,
     ExchangeDeclare,
     NodeDown,
+    NodeUp,
     PolicySet,
     SetMachineVersion,
 )
@@ -190,3 +191,109 @@ def test_classic_queues_keep_classic_semantics_at_machine_version_3() -> None:
     # a negative x-delivery-limit stays refused on a classic queue
     fx = h.run(qdecl(c, "neg", arguments={"x-delivery-limit": -1}))
     assert errors(fx)[0].reply_text.endswith("{value_negative,-1}")
+
+
+# -- priorities (S28) ------------------------------------------------------------------
+# Verified against RabbitMQ's source (v4.3.x rabbit_fifo_pq: 32 levels, 0-31;
+# rabbit_fifo msg_priority: clamped, ?DEFAULT_PRIORITY 4 without one;
+# take_next_msg: the returns queue first) and against RabbitMQ 4.3.6 itself
+# (the order of the first test is what it gave for the same publishes).
+
+def publish_priorities(h: Harness, c: Any, q: str, prios: list[int | None]) -> None:
+    for p in prios:
+        h.run(pub(c, q, str(p).encode(), props={} if p is None else {"priority": p}))
+
+
+def drain(h: Harness, c: Any, q: str) -> list[str]:
+    out = []
+    while True:
+        got = gets(h.run(get(c, q, no_ack=True)))
+        if not got:
+            return out
+        out.append(got[0].body.decode())
+
+
+def test_a_quorum_queue_has_32_strict_priority_levels_without_x_max_priority() -> None:
+    h = harness()
+    c = h.open(chan())
+    h.run(qdecl(c, "qq", durable=True, arguments=QUORUM))
+    publish_priorities(h, c, "qq", [None, 0, 1, 4, 5, 31, 40, 200, 3])
+    # 40 and 200 count as 31, no priority as 4: FIFO within a level
+    assert drain(h, c, "qq") == ["31", "40", "200", "5", "None", "4", "3", "1", "0"]
+
+
+def test_returned_messages_go_before_every_level_in_their_original_order() -> None:
+    h = harness()
+    c = h.open(chan())
+    h.run(qdecl(c, "qq", durable=True, arguments=QUORUM))
+    publish_priorities(h, c, "qq", [0, 0])
+    [a] = gets(h.run(get(c, "qq")))
+    [b] = gets(h.run(get(c, "qq")))
+    publish_priorities(h, c, "qq", [31, None])
+    h.run(nack(c, b.delivery_tag), nack(c, a.delivery_tag))
+    # RabbitMQ 4.3 serves returns in the order they came back (b, a);
+    # mirrorq in their original order (S04)
+    assert drain(h, c, "qq") == ["0", "0", "31", "None"]
+
+
+def test_consumers_get_the_levels_in_order_and_dead_letters_keep_their_level() -> None:
+    h = harness()
+    c = h.open(chan())
+    h.run(ExchangeDeclare(c, "dlx", "fanout", False, False, False, False, {}, False))
+    h.run(qdecl(c, "dead", durable=True, arguments=QUORUM), qbind(c, "dead", "dlx"))
+    h.run(qdecl(c, "src", arguments={"x-dead-letter-exchange": "dlx", "x-message-ttl": 0}))
+    publish_priorities(h, c, "dead", [None, 2])
+    publish_priorities(h, c, "src", [9, None])  # expire at once into `dead`
+    h.run(pub(c, "dead", b"late"))  # the dead-lettered ones are in by now
+    fx = h.run(consume(c, "dead", "t", no_ack=True))
+    assert [d.body for d in delivers(fx)] == [b"9", b"None", b"None", b"late", b"2"]
+
+
+def test_x_max_priority_is_refused_on_a_quorum_queue_from_machine_version_3() -> None:
+    h = harness(version=2)
+    c = h.open(chan())
+    prio = {**QUORUM, "x-max-priority": 5}
+    assert errors(h.run(qdecl(c, "old", durable=True, arguments=prio))) == []
+    h.run(SetMachineVersion(3))
+    c = h.open(chan(2))
+    [e] = errors(h.run(qdecl(c, "new", durable=True, arguments=prio)))
+    assert (e.reply_code, e.reply_text) == (
+        406, "PRECONDITION_FAILED - invalid arg 'x-max-priority' for queue 'new' in vhost '/' "
+             "of queue type rabbit_quorum_queue")  # as RabbitMQ 4.3.6 answered
+    c = h.open(chan(3))
+    # the one declared before keeps its priorities, redeclared alike
+    assert errors(h.run(qdecl(c, "old", durable=True, arguments=prio))) == []
+    old = h.state.queues["old"]
+    assert (old.max_priority, old.levels) == (5, False)
+
+
+def test_at_the_switch_queued_messages_count_as_the_default_level() -> None:
+    h = harness(version=2)
+    c = h.open(chan())
+    h.run(qdecl(c, "qq", durable=True, arguments=QUORUM))
+    publish_priorities(h, c, "qq", [9, None, 2])
+    [g] = gets(h.run(get(c, "qq")))
+    h.run(SetMachineVersion(3))
+    publish_priorities(h, c, "qq", [3, 31, None])
+    h.run(nack(c, g.delivery_tag))  # returned: before everything
+    h.state = snapshot_copy(h.state)  # the levels survive a snapshot
+    assert drain(h, c, "qq") == ["9", "31", "None", "2", "None", "3"]
+
+
+def test_a_restarted_home_node_drops_transient_messages_and_keeps_the_levels() -> None:
+    h = harness()
+    c = h.open(chan())
+    h.run(qdecl(c, "qq", durable=True, arguments=QUORUM))
+    for p, mode in ((None, 2), (7, 1), (7, 2), (None, 1), (1, 2)):
+        props: dict[str, Any] = {"delivery_mode": mode}
+        if p is not None:
+            props["priority"] = p
+        h.run(pub(c, "qq", f"{p}/{mode}".encode(), props=props))
+    h.run(NodeUp("n1", 2), node="n2")
+    c2 = chan(1, conn=9, node="n2")
+    h.run(ChannelOpen(c2), node="n2")
+    out = []
+    while got := gets(h.run(get(c2, "qq", no_ack=True), node="n2")):
+        out.append(got[0].body.decode())
+    assert out == ["7/2", "None/2", "1/2"]
+    assert h.state.queues["qq"].ready_bytes == 0 and h.state.message_bytes == 0
