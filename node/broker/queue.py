@@ -41,7 +41,8 @@ class Message:
     has new properties here and its body still in the log."""
 
     __slots__ = ("seq", "exchange", "routing_key", "props", "body", "loc", "size", "priority",
-                 "persistent", "expires_at", "redelivered", "delivery_count", "acquired_count")
+                 "persistent", "expires_at", "redelivered", "delivery_count", "acquired_count",
+                 "deadline")
 
     def __init__(self, seq: int, exchange: str, routing_key: str, props: dict[str, Any] | None,
                  body: bytes | None, persistent: bool, expires_at: float | None,
@@ -65,6 +66,9 @@ class Message:
         self.delivery_count = 0
         # machine version 3 on, quorum queues: every return (x-acquired-count)
         self.acquired_count = 0
+        # while unacked from a quorum queue with a consumer timeout (S29): when
+        # it times out (the state's clock); None otherwise
+        self.deadline: float | None = None
 
 
 def _level_key(priority: int, seq: int) -> int:

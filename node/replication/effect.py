@@ -109,7 +109,19 @@ class ConsumerCancelled(NamedTuple):
     consumer_tag: str
 
 
-Effect = (Reply | Deliver | GetOk | Return | Confirm | ChannelError | ConnectionFailure | ConsumerCancelled)
+class ConsumerTimedOut(NamedTuple):
+    """A quorum queue's consumer timeout (S29): the state already cancelled
+    the consumer and returned its timed-out deliveries. The wire sends
+    basic.cancel to a client with consumer_cancel_notify; it closes the
+    channel (406) for one without, and for an unacked basic.get
+    (consumer_tag ""), as RabbitMQ 4.3's rabbit_channel does."""
+
+    chan: ChanId
+    consumer_tag: str
+
+
+Effect = (Reply | Deliver | GetOk | Return | Confirm | ChannelError | ConnectionFailure
+          | ConsumerCancelled | ConsumerTimedOut)
 
 
 def effect_node(effect: Effect) -> str:

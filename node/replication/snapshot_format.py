@@ -62,7 +62,7 @@ from node.broker.policy import Policy
 from node.broker.queue import Message, Queue, raw_priority, uses_levels
 from node.replication.codec import CodecError, decode_from, encode_into
 from node.replication.machine.policy import rebuild_policy_ae
-from node.replication.machine.state import BrokerState
+from node.replication.machine.state import BrokerState, rebuild_deadlines
 from node.replication.machine.version import COUNTED_RECORDS, QUORUM_SEMANTICS
 from node.replication.message_store import BUCKET_SHIFT, make_loc
 
@@ -77,7 +77,8 @@ _U32 = struct.Struct("<I")
 _MSG = struct.Struct("<qdIBIII")  # versions 1 and 2
 # version 3: flags u16, and the priority; body length is the size where the body is logged
 _MSG3 = struct.Struct("<qdIHIIIB")
-_MSG4 = struct.Struct("<qdIHIIIBI")  # version 4: and the acquired count
+# version 4: and the acquired count and the deadline (0: none)
+_MSG4 = struct.Struct("<qdIHIIIBId")
 _LOC = struct.Struct("<QII")  # Raft index, properties' offset and length in the entry
 _U64 = struct.Struct("<Q")
 _PERSISTENT, _REDELIVERED, _EXPIRES, _PROPS_EMPTY, _PROPS_REF, _BODY_REF = 1, 2, 4, 8, 16, 32
@@ -115,16 +116,20 @@ CHANNEL_FIELDS = ("id", "vhost", "next_tag", "prefetch", "global_prefetch", "lim
                   "flow")
 CONSUMER_FIELDS = ("chan", "tag", "no_ack", "exclusive", "prefetch", "unacked", "credit",
                    "priority")
+# written from version 4 on, after the fields above (S29)
+CHANNEL_FIELDS_4 = ("released",)
+CONSUMER_FIELDS_4 = ("timeout",)
 # BrokerState's slots written in the policies section (after everything else)
 POLICY_FIELDS = ("policies", "operator_policies")
 # slots not in the field lists: written another way (references, messages) or derived
 DERIVED = {
     "BrokerState": ("exchanges", "queues", "channels", "live", "fetch_props", "policy_ae",
+                    "deadline_chans",
                     "machine_version", "runs_version", *POLICY_FIELDS),
     "Exchange": ("bindings", "_topic_cache"),
     "Queue": ("returned", "ready", "consumers", "exclusive_consumer", "levels"),
-    "Channel": ("unacked", "consumers"),
-    "Consumer": ("channel", "queue"),
+    "Channel": ("unacked", "consumers", "next_deadline", *CHANNEL_FIELDS_4),
+    "Consumer": ("channel", "queue", *CONSUMER_FIELDS_4),
     "Message": ("size", "loc", "priority"),
 }
 
@@ -196,6 +201,9 @@ def write_snapshot(sink: IO[bytes], state: BrokerState, raft: RaftMeta) -> int:
     _write_exchanges(w, state)
     queues, channels, consumers = _graph(state)
     msgs = _MessageWriter(w, state.machine_version)  # one for the whole file: back references span queues
+    v4 = msgs.version >= 4
+    channel_fields = CHANNEL_FIELDS + CHANNEL_FIELDS_4 if v4 else CHANNEL_FIELDS
+    consumer_fields = CONSUMER_FIELDS + CONSUMER_FIELDS_4 if v4 else CONSUMER_FIELDS
     _write_queues(w, state, queues, msgs)
     q_index = {id(q): i for i, q in enumerate(queues)}
     c_index = {id(c): i for i, c in enumerate(channels)}
@@ -203,10 +211,10 @@ def write_snapshot(sink: IO[bytes], state: BrokerState, raft: RaftMeta) -> int:
     w.value([(key, c_index[id(ch)]) for key, ch in state.channels.items()])
     w.u32(len(channels))
     for ch in channels:
-        w.value(tuple(getattr(ch, f) for f in CHANNEL_FIELDS))
+        w.value(tuple(getattr(ch, f) for f in channel_fields))
     w.u32(len(consumers))
     for k in consumers:
-        w.value((c_index[id(k.channel)], q_index[id(k.queue)], *(getattr(k, f) for f in CONSUMER_FIELDS)))
+        w.value((c_index[id(k.channel)], q_index[id(k.queue)], *(getattr(k, f) for f in consumer_fields)))
     for ch in channels:
         w.u32(len(ch.unacked))
         for tag, (q, m, by) in ch.unacked.items():
@@ -360,7 +368,7 @@ class _MessageWriter:
         if self.version >= 4:
             out.append(_MSG4.pack(m.seq, 0.0 if expires is None else expires, m.delivery_count,
                                   flags, len(ex), len(rk), n, min(m.priority, 255),
-                                  m.acquired_count))
+                                  m.acquired_count, m.deadline or 0.0))
         else:
             out.append(_MSG3.pack(m.seq, 0.0 if expires is None else expires, m.delivery_count,
                                   flags, len(ex), len(rk), n, min(m.priority, 255)))
@@ -455,6 +463,7 @@ def read_snapshot(data: bytes) -> tuple[BrokerState, RaftMeta]:
         quorum43 = state.machine_version >= QUORUM_SEMANTICS
         for q in state.queues.values():
             q.levels = uses_levels(q.arguments, quorum43)
+        rebuild_deadlines(state)
     except (CodecError, struct.error, UnicodeDecodeError, IndexError, TypeError, ValueError) as e:
         if isinstance(e, SnapshotFormatError):
             raise
@@ -633,30 +642,38 @@ class _Reader:
         return q
 
     def channel(self) -> Channel:
-        v = _tuple(self.value(), len(CHANNEL_FIELDS), "channel")
+        fields = CHANNEL_FIELDS + CHANNEL_FIELDS_4 if self.version >= 4 else CHANNEL_FIELDS
+        v = _tuple(self.value(), len(fields), "channel")
         ch = Channel.__new__(Channel)
-        for name, field in zip(CHANNEL_FIELDS, v, strict=True):
+        ch.released = {}
+        for name, field in zip(fields, v, strict=True):
             setattr(ch, name, field)
+        _dict(ch.released, "released tags")
+        ch.next_deadline = None  # derived: read_snapshot
         _expect(type(ch.id) is ChanId, "channel id")
         ch.unacked = {}
         ch.consumers = {}
         return ch
 
     def consumer(self, channels: list[Channel], queues: list[Queue]) -> Consumer:
-        v = _tuple(self.value(), len(CONSUMER_FIELDS) + 2, "consumer")
+        fields = CONSUMER_FIELDS + CONSUMER_FIELDS_4 if self.version >= 4 else CONSUMER_FIELDS
+        v = _tuple(self.value(), len(fields) + 2, "consumer")
         k = Consumer.__new__(Consumer)
         k.channel = _at(channels, v[0], "channel")
         k.queue = _at(queues, v[1], "queue")
-        for name, field in zip(CONSUMER_FIELDS, v[2:], strict=True):
+        k.timeout = None
+        for name, field in zip(fields, v[2:], strict=True):
             setattr(k, name, field)
+        _expect(k.timeout is None or type(k.timeout) is int, "consumer timeout")
         return k
 
     def message(self) -> Message:
         data = self.data
         pos = self.pos
-        acquired = 0
+        acquired, deadline = 0, 0.0
         if self.version >= 4:
-            seq, expires, count, flags, n_ex, n_rk, n, priority, acquired = _MSG4.unpack_from(data, pos)
+            (seq, expires, count, flags, n_ex, n_rk, n, priority, acquired,
+             deadline) = _MSG4.unpack_from(data, pos)
             pos += _MSG4.size
         elif self.version >= 3:
             seq, expires, count, flags, n_ex, n_rk, n, priority = _MSG3.unpack_from(data, pos)
@@ -724,6 +741,7 @@ class _Reader:
         m.expires_at = expires if flags & _EXPIRES else None
         m.delivery_count = count
         m.acquired_count = acquired
+        m.deadline = deadline or None
         return m
 
 
@@ -772,5 +790,5 @@ def iter_fields() -> Iterable[tuple[type, tuple[str, ...]]]:
     yield Channel, CHANNEL_FIELDS + DERIVED["Channel"]
     yield Consumer, CONSUMER_FIELDS + DERIVED["Consumer"]
     yield Message, (("seq", "exchange", "routing_key", "props", "body", "persistent",
-                     "expires_at", "redelivered", "delivery_count", "acquired_count")
+                     "expires_at", "redelivered", "delivery_count", "acquired_count", "deadline")
                     + DERIVED["Message"])

@@ -8,6 +8,7 @@ RabbitMQ 4.3 (MIRRORQ_TARGET) too:
 all of them passed against RabbitMQ 4.3.6 (../shared/rabbitmq4, rmq4_single.sh)."""
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -148,3 +149,85 @@ def test_x_max_priority_is_refused_on_a_quorum_queue(qq: Amqp) -> None:
     assert (err.value.reply_code, err.value.reply_text) == (
         406, f"PRECONDITION_FAILED - invalid arg 'x-max-priority' for queue '{name}' in "
              "vhost '/' of queue type rabbit_quorum_queue")
+
+
+# -- consumer timeout (S29) ------------------------------------------------------------
+# a short x-consumer-timeout; mirrorq checks deadlines on its Tick (every
+# second), RabbitMQ at the deadline: both well within the waits below
+
+def test_a_timed_out_consumer_alone_gets_basic_cancel_and_its_messages_return(qq: Amqp) -> None:
+    ch = qq.channel()
+    ch.confirm_delivery()
+    q = qq.queue(ch, prefix="qq-ct", durable=True, arguments={"x-queue-type": "quorum"})
+    for i in range(2):
+        ch.basic_publish("", q, b"m%d" % i)
+    slow_conn = qq.connect()
+    slow = slow_conn.channel()
+    held: list[Any] = []
+    cancelled: list[str] = []
+    slow.add_on_cancel_callback(lambda m: cancelled.append(m.method.consumer_tag))
+    slow.basic_consume(q, lambda _c, m, _p, b: held.append((m.delivery_tag, b)),
+                       consumer_tag="slow", arguments={"x-consumer-timeout": 1000})
+    pump_until(slow_conn, lambda: len(held) == 2)
+    fast_conn = qq.connect()
+    fast = fast_conn.channel()
+    got: list[tuple[bytes, bool, Any]] = []
+
+    def take(c: Any, m: Any, p: Any, b: bytes) -> None:
+        got.append((b, m.redelivered, counts(p)))
+        c.basic_ack(m.delivery_tag)
+    fast.basic_consume(q, take, consumer_tag="fast")
+    pump_until(slow_conn, lambda: bool(cancelled), timeout=15, what="basic.cancel")
+    assert cancelled == ["slow"] and slow.is_open
+    pump_until(fast_conn, lambda: len(got) == 2, timeout=10, what="the redeliveries")
+    # returned, not failed: acquired once, no x-delivery-count
+    assert sorted(got) == [(b"m0", True, (None, 1)), (b"m1", True, (None, 1))]
+    slow.basic_ack(held[1][0], multiple=True)  # its old tags: no channel error
+    slow_conn.process_data_events(time_limit=0.5)
+    assert slow.is_open
+    assert qq.count(q) == 0
+
+
+def channel_close(c: Any, timeout: float = 15.0) -> Any:
+    """The next channel.close the raw client gets (deliveries before it skipped)."""
+    from pamqp import commands as spec
+    deadline = time.monotonic() + timeout
+    while True:
+        _n, v = c.read_frame(timeout=max(0.1, deadline - time.monotonic()))
+        if isinstance(v, spec.Channel.Close):
+            return v
+
+
+TIMED_OUT = ("PRECONDITION_FAILED - delivery acknowledgement on channel 1 timed out. Timeout "
+             "value used: -1 ms. This timeout value can be configured, see consumers doc guide "
+             "to learn more")
+
+
+def test_without_consumer_cancel_notify_a_timeout_closes_the_channel(qq: Amqp, raw: Any) -> None:
+    from pamqp import commands as spec
+    ch = qq.channel()
+    ch.confirm_delivery()
+    q = qq.queue(ch, prefix="qq-ct", durable=True, arguments={"x-queue-type": "quorum"})
+    ch.basic_publish("", q, b"m")
+    c = raw(handshake=False)
+    c.handshake(cancel_notify=False)
+    c.open_channel(1)
+    c.call(spec.Basic.Consume(queue=q, consumer_tag="old",
+                              arguments={"x-consumer-timeout": 1000}), spec.Basic.ConsumeOk)
+    close = channel_close(c)
+    assert (close.reply_code, close.reply_text) == (406, TIMED_OUT)
+    qq.wait_count(q, 1)
+
+
+def test_an_unacked_basic_get_times_out_and_closes_the_channel(qq: Amqp, raw: Any) -> None:
+    from pamqp import commands as spec
+    ch = qq.channel()
+    ch.confirm_delivery()
+    q = qq.queue(ch, prefix="qq-ct", durable=True,
+                 arguments={"x-queue-type": "quorum", "x-consumer-timeout": 1000})
+    ch.basic_publish("", q, b"m")
+    c = raw()
+    c.call(spec.Basic.Get(queue=q), spec.Basic.GetOk)
+    close = channel_close(c)
+    assert (close.reply_code, close.reply_text) == (406, TIMED_OUT)
+    qq.wait_count(q, 1)

@@ -200,7 +200,7 @@ class PublishHandlers(ApplierBase):
         if ch is None:
             return
         # Validate everything first so the commit is all or nothing (S24).
-        outstanding = dict.fromkeys(ch.unacked)
+        outstanding = dict.fromkeys([*ch.unacked, *ch.released])  # timed out: known (S29)
         for sub in cmd.commands:
             if isinstance(sub, BasicPublish):
                 self._route(ch, sub, TX_COMMIT)

@@ -297,3 +297,112 @@ def test_a_restarted_home_node_drops_transient_messages_and_keeps_the_levels() -
         out.append(got[0].body.decode())
     assert out == ["7/2", "None/2", "1/2"]
     assert h.state.queues["qq"].ready_bytes == 0 and h.state.message_bytes == 0
+
+
+# -- consumer timeout (S29) ------------------------------------------------------------
+# Verified against RabbitMQ's source (v4.3.x): rabbit_queue_type:consume and
+# get_consumer_timeout (consumer argument, else the smaller of the queue's
+# argument and policy, else the node's consumer_timeout; a dequeue too),
+# rabbit_fifo evaluate_consumer_timeout (timed-out messages return, not as
+# failed deliveries), rabbit_channel's {released, ..., timeout} (basic.cancel
+# with consumer_cancel_notify, else the channel closed), consumer_timeouts.md
+# (classic queues: none).
+
+def timed_consumer(h: Harness, c: Any, q: str, tag: str, timeout: int | None = None,
+                   node_ms: int = -1) -> list[Any]:
+    from node.replication.command import BasicConsume
+    args = {} if timeout is None else {"x-consumer-timeout": timeout}
+    return h.run(BasicConsume(c, q, tag, False, False, False, args, False, 1000, node_ms))
+
+
+def test_a_consumer_past_its_timeout_alone_is_cancelled_and_its_deliveries_return() -> None:
+    from node.replication.command import BasicAck, Tick
+    from node.replication.effect import ConsumerTimedOut
+    h = harness()
+    c1, c2 = h.open(chan(1)), h.open(chan(2))
+    h.run(qdecl(c1, "qq", durable=True, arguments=QUORUM))
+    publish_priorities(h, c1, "qq", [None, None])
+    got = delivers(timed_consumer(h, c1, "qq", "slow", timeout=1000))
+    assert [d.body for d in got] == [b"None", b"None"]
+    assert delivers(timed_consumer(h, c2, "qq", "other", node_ms=60000)) == []
+    h.now += 0.5
+    assert h.run(Tick()) == []  # not yet
+    h.now += 0.6
+    fx = h.run(Tick())
+    assert [e for e in fx if isinstance(e, ConsumerTimedOut)] == [ConsumerTimedOut(c1, "slow")]
+    again = delivers(fx)  # both returned, not as failed deliveries, to the other consumer
+    assert [(d.chan, d.consumer_tag, d.redelivered) for d in again] == [(c2, "other", True)] * 2
+    assert [counts_of(d) for d in again] == [(None, 1)] * 2
+    assert "slow" not in h.state.channels[c1].consumers
+    # the timed-out tags stay known: a late ack is no error and settles nothing
+    assert errors(h.run(BasicAck(c1, got[0].delivery_tag, False))) == []
+    assert errors(h.run(BasicAck(c1, got[1].delivery_tag, True))) == []
+    assert errors(h.run(BasicAck(c1, got[1].delivery_tag, False)))  # now unknown
+    assert len(h.state.channels[c2].unacked) == 2
+
+
+def counts_of(d: Any) -> tuple[Any, Any]:
+    headers = (d.props or {}).get("headers") or {}
+    return headers.get("x-delivery-count"), headers.get("x-acquired-count")
+
+
+def test_the_timeout_comes_from_the_consumer_else_the_queue_and_policy_else_the_node() -> None:
+    h = harness()
+    c = h.open(chan())
+    h.run(qdecl(c, "a", durable=True, arguments={**QUORUM, "x-consumer-timeout": 5000}),
+          qdecl(c, "b", durable=True, arguments=QUORUM), qdecl(c, "cl", durable=True))
+    h.run(PolicySet(False, "/", "ct", "^(a|b|cl)$", "queues", 0, {"consumer-timeout": 3000}))
+    timed_consumer(h, c, "a", "own", timeout=0, node_ms=9)
+    timed_consumer(h, c, "a", "queue", node_ms=9)
+    timed_consumer(h, c, "b", "policy", node_ms=9)
+    h.run(PolicySet(False, "/", "ct", "^$", "queues", 0, {"consumer-timeout": 3000}))
+    timed_consumer(h, c, "b", "node", node_ms=9)
+    timed_consumer(h, c, "b", "none")
+    timed_consumer(h, c, "cl", "classic", timeout=10, node_ms=9)  # classic: none (4.3)
+    got = {t: k.timeout for t, k in h.state.channels[c].consumers.items()}
+    assert got == {"own": 0, "queue": 3000, "policy": 3000, "node": 9, "none": None,
+                   "classic": None}
+
+
+def test_x_consumer_timeout_must_be_a_non_negative_integer_on_a_quorum_queue() -> None:
+    h = harness()
+    c = h.open(chan())
+    h.run(qdecl(c, "qq", durable=True, arguments=QUORUM))
+    [e] = errors(timed_consumer(h, c, "qq", "t", timeout=-1))
+    assert e.reply_text == ("PRECONDITION_FAILED - invalid arg 'x-consumer-timeout' for queue "
+                            "'qq' in vhost '/': {value_negative,-1}")
+    c = h.open(chan(2))
+    [e] = errors(h.run(qdecl(c, "q2", durable=True,
+                             arguments={**QUORUM, "x-consumer-timeout": "soon"})))
+    assert "invalid arg 'x-consumer-timeout'" in e.reply_text
+
+
+def test_an_unacked_basic_get_times_out_and_closes_its_channel_via_the_wire() -> None:
+    from node.replication.command import BasicGet, Tick
+    from node.replication.effect import ConsumerTimedOut
+    h = harness()
+    c = h.open(chan())
+    h.run(qdecl(c, "qq", durable=True, arguments={**QUORUM, "x-consumer-timeout": 1000}))
+    publish_priorities(h, c, "qq", [None])
+    assert gets(h.run(BasicGet(c, "qq", False, 60000)))
+    h.state = snapshot_copy(h.state)  # the deadline survives a snapshot
+    h.now += 1.5
+    fx = h.run(Tick())
+    assert [e for e in fx if isinstance(e, ConsumerTimedOut)] == [ConsumerTimedOut(c, "")]
+    assert h.state.queues["qq"].ready_count() == 1
+
+
+def test_a_consumer_that_acks_in_time_and_a_classic_queue_never_time_out() -> None:
+    from node.replication.command import BasicAck, Tick
+    h = harness()
+    c = h.open(chan())
+    h.run(qdecl(c, "qq", durable=True, arguments=QUORUM), qdecl(c, "cl", durable=True))
+    publish_priorities(h, c, "qq", [None])
+    publish_priorities(h, c, "cl", [None])
+    [d] = delivers(timed_consumer(h, c, "qq", "fast", timeout=1000))
+    [d2] = delivers(timed_consumer(h, c, "cl", "classic", timeout=1000, node_ms=1000))
+    h.run(BasicAck(c, d.delivery_tag, False))
+    h.now += 10
+    assert h.run(Tick()) == []
+    assert list(h.state.channels[c].unacked) == [d2.delivery_tag]
+    assert h.state.deadline_chans == {}
