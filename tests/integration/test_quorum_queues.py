@@ -231,3 +231,28 @@ def test_an_unacked_basic_get_times_out_and_closes_the_channel(qq: Amqp, raw: An
     close = channel_close(c)
     assert (close.reply_code, close.reply_text) == (406, TIMED_OUT)
     qq.wait_count(q, 1)
+
+
+# -- single active consumer and consumer priorities (S30) ------------------------------
+
+def test_single_active_consumer_hands_over_to_a_higher_priority_once_settled(qq: Amqp) -> None:
+    ch = qq.channel()
+    ch.confirm_delivery()
+    q = qq.queue(ch, prefix="qq-sac", durable=True,
+                 arguments={"x-queue-type": "quorum", "x-single-active-consumer": True})
+    ch.basic_publish("", q, b"first")
+    conn = qq.connect()
+    low, high = conn.channel(), conn.channel()
+    got: list[tuple[str, bytes, int]] = []
+
+    def on(tag: str) -> Any:
+        return lambda _c, m, _p, b: got.append((tag, b, m.delivery_tag))
+    low.basic_consume(q, on("low"), consumer_tag="low", arguments={"x-priority": 0})
+    pump_until(conn, lambda: len(got) == 1)
+    high.basic_consume(q, on("high"), consumer_tag="high", arguments={"x-priority": 5})
+    ch.basic_publish("", q, b"second")
+    conn.process_data_events(time_limit=1.0)
+    assert [(t, b) for t, b, _ in got] == [("low", b"first")]  # low quiesces, high waits
+    low.basic_ack(got[0][2])
+    pump_until(conn, lambda: len(got) == 2, what="the hand-over")
+    assert (got[1][0], got[1][1]) == ("high", b"second")

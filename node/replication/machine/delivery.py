@@ -173,6 +173,8 @@ class DeliveryHandlers(ApplierBase):
         what the higher ones cannot take)."""
         cons = q.consumers
         if q.single_active:
+            if q.prio_consumers and self.quorum43(q):
+                return self._pick_active_by_priority(q)
             for c in cons.values():  # never rotated: registration order
                 return c if c.can_take() else None
             return None
@@ -191,6 +193,33 @@ class DeliveryHandlers(ApplierBase):
         del cons[key]
         cons[key] = c
         return c
+
+    def _pick_active_by_priority(self, q: Queue) -> Consumer | None:
+        """Single active consumer of a quorum queue with consumer priorities
+        (RabbitMQ 4.0's rabbit_fifo activate_next_consumer): the active one
+        is the first in q.consumers; a consumer of a higher priority (the
+        earliest registered of the highest) takes over once the active one
+        holds no unacked delivery, and until then the active one is
+        quiescing: it gets nothing new (S30)."""
+        cons = q.consumers
+        active = next(iter(cons.values()), None)
+        if active is None:
+            return None
+        best_key, best = None, active
+        for key, c in cons.items():
+            if c.priority > best.priority:
+                best_key, best = key, c
+        if best_key is not None:
+            if active.unacked:
+                return None  # quiescing
+            items = list(cons.items())
+            cons.clear()
+            cons[best_key] = best
+            for key, c in items:
+                if key != best_key:
+                    cons[key] = c
+            active = best
+        return active if active.can_take() else None
 
     def deliver(self, c: Consumer, q: Queue, m: Message) -> None:
         ch = c.channel

@@ -22,6 +22,10 @@ from typing import Any
 
 from node.broker.policy import DEFAULT_DELIVERY_LIMIT
 from node.replication.command import (
+    BasicAck,
+    BasicCancel,
+    BasicConsume,
+    BasicGet,
     BasicRecover,
     ChannelClose,
     ChannelOpen,
@@ -30,8 +34,9 @@ from node.replication.command import (
     NodeUp,
     PolicySet,
     SetMachineVersion,
+    Tick,
 )
-from node.replication.effect import GetOk
+from node.replication.effect import ConsumerTimedOut, GetOk
 from tests.support.machine import (
     Harness,
     chan,
@@ -310,14 +315,11 @@ def test_a_restarted_home_node_drops_transient_messages_and_keeps_the_levels() -
 
 def timed_consumer(h: Harness, c: Any, q: str, tag: str, timeout: int | None = None,
                    node_ms: int = -1) -> list[Any]:
-    from node.replication.command import BasicConsume
     args = {} if timeout is None else {"x-consumer-timeout": timeout}
     return h.run(BasicConsume(c, q, tag, False, False, False, args, False, 1000, node_ms))
 
 
 def test_a_consumer_past_its_timeout_alone_is_cancelled_and_its_deliveries_return() -> None:
-    from node.replication.command import BasicAck, Tick
-    from node.replication.effect import ConsumerTimedOut
     h = harness()
     c1, c2 = h.open(chan(1)), h.open(chan(2))
     h.run(qdecl(c1, "qq", durable=True, arguments=QUORUM))
@@ -378,8 +380,6 @@ def test_x_consumer_timeout_must_be_a_non_negative_integer_on_a_quorum_queue() -
 
 
 def test_an_unacked_basic_get_times_out_and_closes_its_channel_via_the_wire() -> None:
-    from node.replication.command import BasicGet, Tick
-    from node.replication.effect import ConsumerTimedOut
     h = harness()
     c = h.open(chan())
     h.run(qdecl(c, "qq", durable=True, arguments={**QUORUM, "x-consumer-timeout": 1000}))
@@ -393,7 +393,6 @@ def test_an_unacked_basic_get_times_out_and_closes_its_channel_via_the_wire() ->
 
 
 def test_a_consumer_that_acks_in_time_and_a_classic_queue_never_time_out() -> None:
-    from node.replication.command import BasicAck, Tick
     h = harness()
     c = h.open(chan())
     h.run(qdecl(c, "qq", durable=True, arguments=QUORUM), qdecl(c, "cl", durable=True))
@@ -406,3 +405,60 @@ def test_a_consumer_that_acks_in_time_and_a_classic_queue_never_time_out() -> No
     assert h.run(Tick()) == []
     assert list(h.state.channels[c].unacked) == [d2.delivery_tag]
     assert h.state.deadline_chans == {}
+
+
+# -- single active consumer and consumer priorities (S30) ------------------------------
+# Verified against RabbitMQ's source (v4.3.x rabbit_fifo activate_next_consumer:
+# a higher-priority consumer takes over once the active one has nothing checked
+# out, the active one quiescing until then; sort_waiting: highest priority
+# first, then the earliest attached) and against RabbitMQ 4.3.6 (the pika test).
+
+SAC = {**QUORUM, "x-single-active-consumer": True}
+
+
+def prio_consumer(h: Harness, c: Any, q: str, tag: str, prio: int) -> list[Any]:
+    return h.run(BasicConsume(c, q, tag, False, False, False, {"x-priority": prio}, False, 1000))
+
+
+def test_a_higher_priority_consumer_takes_over_once_the_active_one_settled() -> None:
+    h = harness()
+    c = h.open(chan())
+    h.run(qdecl(c, "sac", durable=True, arguments=SAC))
+    publish_priorities(h, c, "sac", [None])
+    [d] = delivers(prio_consumer(h, c, "sac", "low", 0))
+    assert delivers(prio_consumer(h, c, "sac", "high", 5)) == []
+    # the active one holds a delivery: it is quiescing, nobody gets the next
+    assert delivers(h.run(pub(c, "sac", b"next"))) == []
+    fx = h.run(BasicAck(c, d.delivery_tag, False))
+    assert [(e.consumer_tag, e.body) for e in delivers(fx)] == [("high", b"next")]
+    # and it stays active: a message later goes to it again
+    assert [e.consumer_tag for e in delivers(h.run(pub(c, "sac", b"more")))] == ["high"]
+
+
+def test_an_idle_active_consumer_hands_over_at_once_and_the_highest_waiting_follows() -> None:
+    h = harness()
+    c = h.open(chan())
+    h.run(qdecl(c, "sac", durable=True, arguments=SAC))
+    prio_consumer(h, c, "sac", "a", 0)
+    prio_consumer(h, c, "sac", "b", 2)  # takes over at once: a holds nothing
+    prio_consumer(h, c, "sac", "c", 1)
+    prio_consumer(h, c, "sac", "d", 2)  # same priority as the active one: waits
+    tags = []
+    for name in ("b", "d", "c", "a"):
+        fx = h.run(pub(c, "sac", name.encode()))
+        [d] = delivers(fx)
+        tags.append(d.consumer_tag)
+        h.run(BasicAck(c, d.delivery_tag, False), BasicCancel(c, d.consumer_tag, True))
+    assert tags == ["b", "d", "c", "a"]  # by priority, then the earliest attached
+
+
+def test_classic_single_active_consumer_keeps_the_first_registered() -> None:
+    h = harness()
+    c = h.open(chan())
+    h.run(qdecl(c, "sac", durable=True, arguments={"x-single-active-consumer": True}))
+    prio_consumer(h, c, "sac", "low", 0)
+    prio_consumer(h, c, "sac", "high", 5)
+    for _ in range(2):
+        [d] = delivers(h.run(pub(c, "sac", b"m")))
+        assert d.consumer_tag == "low"
+        h.run(BasicAck(c, d.delivery_tag, False))
