@@ -462,3 +462,44 @@ def test_classic_single_active_consumer_keeps_the_first_registered() -> None:
         [d] = delivers(h.run(pub(c, "sac", b"m")))
         assert d.consumer_tag == "low"
         h.run(BasicAck(c, d.delivery_tag, False))
+
+
+# -- determinism -----------------------------------------------------------------------
+
+def test_every_replica_applies_the_4_3_semantics_identically_across_a_snapshot() -> None:
+    """Two members fold the same log, one through a snapshot in the middle:
+    the same effects and the same state (snapshot bytes) at the end; the
+    switch, levels, counts, deadlines and released tags included."""
+    from node.replication.machine import apply_batch, default_state
+    from node.replication.snapshot_format import RaftMeta, encode_snapshot, read_snapshot
+    meta = RaftMeta((b"", 5, 1), (b"", 4, 1), ("127.0.0.1:1",))
+    h = harness(version=2)
+    c1, c2 = h.open(chan(1)), h.open(chan(2))
+    h.run(qdecl(c1, "qq", durable=True, arguments=QUORUM))
+    publish_priorities(h, c1, "qq", [1, None, 9])
+    h.run(SetMachineVersion(3))
+    h.run(qdecl(c1, "sac", durable=True, arguments=SAC))
+    publish_priorities(h, c1, "qq", [31, 0, None, 5])
+    timed_consumer(h, c1, "qq", "slow", timeout=1500)
+    prio_consumer(h, c2, "sac", "a", 0)
+    publish_priorities(h, c1, "sac", [None, 3])
+    prio_consumer(h, c2, "sac", "b", 4)
+    half = len(h.batches)
+    for _ in range(3):
+        h.now += 1.0
+        h.run(Tick())
+        for g in gets(h.run(get(c2, "qq"))):
+            h.run(reject(c2, g.delivery_tag, requeue=True))
+    h.run(BasicAck(c2, 0, True))
+    timed_consumer(h, c2, "qq", "fresh", node_ms=2000)
+    h.now += 3.0
+    h.run(Tick())
+    a = default_state()
+    fx_a = [e for batch in h.batches for e in apply_batch(a, batch)]
+    b = default_state()
+    fx_b = [e for batch in h.batches[:half] for e in apply_batch(b, batch)]
+    b = read_snapshot(encode_snapshot(b, meta))[0]
+    fx_b += [e for batch in h.batches[half:] for e in apply_batch(b, batch)]
+    assert repr(fx_a) == repr(fx_b)
+    assert encode_snapshot(a, meta) == encode_snapshot(b, meta) == encode_snapshot(h.state, meta)
+    assert any(isinstance(e, ConsumerTimedOut) for e in fx_a)
