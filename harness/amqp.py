@@ -217,14 +217,15 @@ class RawClient:
 
     # -- protocol
     def handshake(self, frame_max: int | None = 131072, heartbeat: int = 0,
-                  product: str = "mirrorq-tests") -> None:
-        """Protocol header to connection.open-ok. frame_max None: take the server's."""
+                  product: str = "mirrorq-tests", cancel_notify: bool = True) -> None:
+        """Protocol header to connection.open-ok. frame_max None: take the server's.
+        cancel_notify False: a client without the consumer_cancel_notify capability."""
         self.send(pframe.marshal(pheader.ProtocolHeader(), 0))
         self.expect(spec.Connection.Start)
         self.send_frame(spec.Connection.StartOk(
             client_properties={"product": product,
                                "capabilities": {"publisher_confirms": True,
-                                                "consumer_cancel_notify": True,
+                                                "consumer_cancel_notify": cancel_notify,
                                                 "basic.nack": True,
                                                 "connection.blocked": True}},
             mechanism="PLAIN",

@@ -347,14 +347,23 @@ class WireChannel:
         self.conn.check(READ, "queue", m.queue, 60, 20)
         self.propose(BasicConsume(self.id, m.queue, m.consumer_tag, bool(m.no_local),
                                   bool(m.no_ack), bool(m.exclusive), dict(m.arguments or {}),
-                                  bool(m.nowait), self.conn.config.consumer_credit))
+                                  bool(m.nowait), self.conn.config.consumer_credit,
+                                  self._consumer_timeout()))
 
     def on_basic_cancel(self, m: frame.Method) -> None:
         self.propose(BasicCancel(self.id, m.consumer_tag, bool(m.nowait)))
 
     def on_basic_get(self, m: frame.Method) -> None:
         self.conn.check(READ, "queue", m.queue, 60, 70)
-        self.propose(BasicGet(self.id, m.queue, bool(m.no_ack)))
+        self.propose(BasicGet(self.id, m.queue, bool(m.no_ack), self._consumer_timeout()))
+
+    def _consumer_timeout(self) -> int:
+        """This node's consumer_timeout for the command (S29): -1 for none, and
+        before machine version 3 (builds before it cannot read the field)."""
+        ms = self.conn.config.consumer_timeout
+        if ms <= 0 or not self.conn.proposer.read_model().quorum_semantics:
+            return -1
+        return ms
 
     def on_basic_publish(self, m: frame.Method) -> None:
         if m.immediate:

@@ -49,6 +49,9 @@ class WireConfig:
     disk_free_limit: int = 50 * 1000 * 1000
     data_dir: str = ""  # set by the node (the filesystem disk_free_limit watches)
     consumer_credit: int = 256  # initial BasicConsume.credit
+    # RabbitMQ's consumer_timeout (ms; 0: none): a quorum queue's consumer
+    # timeout unless the consumer or the queue sets one (S29)
+    consumer_timeout: int = 1_800_000
     max_message_size: int = 16 * 1024 * 1024  # RabbitMQ 4.x's default (3.x: 128 MiB)
     # per connection unconfirmed-in-log bound before pausing reads (optional)
     inflight_publish_bytes: int = 64 * 1024 * 1024

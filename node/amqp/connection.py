@@ -40,6 +40,7 @@ from node.replication.effect import (
     Confirm,
     ConnectionFailure,
     ConsumerCancelled,
+    ConsumerTimedOut,
     Deliver,
     Effect,
     GetOk,
@@ -698,6 +699,18 @@ class Connection:
             if ch.state == OPEN and self.cancel_notify:
                 self.write(frame.encode_method(ch.number, "Basic.Cancel", {
                     "consumer_tag": e.consumer_tag, "nowait": True}))
+        elif isinstance(e, ConsumerTimedOut):
+            ch.owed_credit.pop(e.consumer_tag, None)
+            if ch.state != OPEN:
+                return
+            if e.consumer_tag and self.cancel_notify:
+                self.write(frame.encode_method(ch.number, "Basic.Cancel", {
+                    "consumer_tag": e.consumer_tag, "nowait": True}))
+            else:  # rabbit_channel's fallback, its text (the timeout shown as -1) included
+                self.channel_error(ch, ChannelException(
+                    406, f"PRECONDITION_FAILED - delivery acknowledgement on channel {ch.number} "
+                         "timed out. Timeout value used: -1 ms. This timeout value can be "
+                         "configured, see consumers doc guide to learn more", 0, 0))
 
     def _reply(self, ch: WireChannel, e: Reply) -> None:
         method = e.method
@@ -775,6 +788,6 @@ def _bytes_of(e: Deliver | GetOk) -> tuple[dict[str, Any], bytes]:
             logging.shutdown()
             os._exit(3)
         raise
-    if e.delivery_count >= 0:
-        props = message_store.with_delivery_count(props, e.delivery_count)
+    if e.delivery_count >= 0 or e.acquired_count >= 0:
+        props = message_store.with_delivery_count(props, e.delivery_count, e.acquired_count)
     return props, body

@@ -119,7 +119,7 @@ class NodeConfig:
     https_context: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
 
 
-_WIRE_KEYS = {"frame_max", "channel_max", "heartbeat", "consumer_credit",
+_WIRE_KEYS = {"frame_max", "channel_max", "heartbeat", "consumer_credit", "consumer_timeout",
               "max_message_size", "inflight_publish_bytes", "login_failure_limit",
               "max_connections", "disk_free_limit",
               "max_handshakes", "max_handshakes_per_address", "max_connection_buffer"}

@@ -12,10 +12,11 @@ if TYPE_CHECKING:
 
 class Consumer:
     __slots__ = ("chan", "channel", "tag", "queue", "no_ack", "exclusive", "prefetch",
-                 "unacked", "credit", "priority")
+                 "unacked", "credit", "priority", "timeout")
 
     def __init__(self, channel: Channel, tag: str, queue: Queue, no_ack: bool,
-                 exclusive: bool, credit: int, priority: int = 0) -> None:
+                 exclusive: bool, credit: int, priority: int = 0,
+                 timeout: int | None = None) -> None:
         self.chan = channel.id
         self.channel = channel
         self.tag = tag
@@ -28,6 +29,8 @@ class Consumer:
         self.credit = credit
         # x-priority: higher-priority consumers are served while they can take
         self.priority = priority
+        # ms a delivery may stay unacked (a quorum queue's consumer timeout, S29)
+        self.timeout = timeout
 
     def can_take(self) -> bool:
         ch = self.channel
@@ -46,7 +49,7 @@ Unacked = tuple["Queue", "Message", "Consumer | None"]
 
 class Channel:
     __slots__ = ("id", "next_tag", "unacked", "consumers", "prefetch", "global_prefetch",
-                 "limited_unacked", "flow", "vhost")
+                 "limited_unacked", "flow", "vhost", "released", "next_deadline")
 
     def __init__(self, chan: ChanId, vhost: str = "/") -> None:
         self.id = chan
@@ -60,3 +63,8 @@ class Channel:
         # unacked deliveries made to consumers (what global prefetch counts)
         self.limited_unacked = 0
         self.flow = True
+        # tags whose delivery timed out and went back to its queue (S29): an
+        # ack, nack or reject of one is no error and does nothing
+        self.released: dict[DeliveryTag, None] = {}
+        # the earliest deadline of its unacked deliveries, or None (derived)
+        self.next_deadline: float | None = None

@@ -233,14 +233,21 @@ class QueueSettings(NamedTuple):
     delivery_limit: int | None
 
 
-def queue_settings(arguments: Mapping[str, Any], policy: Mapping[str, Any] | None = None
-                   ) -> QueueSettings:
+# RabbitMQ 4.x's default for a quorum queue (rabbit_quorum_queue ?DEFAULT_DELIVERY_LIMIT)
+DEFAULT_DELIVERY_LIMIT = 20
+
+
+def queue_settings(arguments: Mapping[str, Any], policy: Mapping[str, Any] | None = None,
+                   quorum_defaults: bool = False) -> QueueSettings:
     """The queue's effective settings from its x-arguments and its effective
     policy definition, as RabbitMQ resolves each (args_policy_lookup): the
     smaller of the two for the limits and TTLs, the argument for the
     dead-letter target, for overflow the argument on a classic queue and the
     policy on a quorum queue, and for delivery-limit the smaller unless one
-    is negative (unlimited: then the larger)."""
+    is negative (unlimited: then the larger). With `quorum_defaults` (machine
+    version 3 on) a quorum queue with neither has RabbitMQ 4.x's delivery
+    limit of 20 (rabbit_quorum_queue:get_delivery_limit); a negative one
+    means none."""
     pol = policy or {}
     qtype = queue_type(arguments)
 
@@ -267,7 +274,13 @@ def queue_settings(arguments: Mapping[str, Any], policy: Mapping[str, Any] | Non
         overflow=lookup("overflow", "policy" if qtype == "quorum" else "arg") or "drop-head",
         dlx=lookup("dead-letter-exchange", "arg"),
         dlrk=lookup("dead-letter-routing-key", "arg"),
-        delivery_limit=None if limit is None or limit < 0 else limit)
+        delivery_limit=_delivery_limit(limit, qtype == "quorum" and quorum_defaults))
+
+
+def _delivery_limit(limit: Any, default: bool) -> int | None:
+    if isinstance(limit, bool) or not isinstance(limit, int):  # rabbit_fifo ignores a non-integer
+        return DEFAULT_DELIVERY_LIMIT if default else None
+    return None if limit < 0 else limit
 
 
 def alternate_exchange(arguments: Mapping[str, Any], policy: Mapping[str, Any] | None

@@ -9,11 +9,20 @@ to its original position (S04).
 A priority queue (x-max-priority) keeps every ready message in the heap,
 keyed by (max - priority, sequence): higher priority first, FIFO within a
 priority, and a requeued message returns to its place among its priority.
+
+A quorum queue from machine version 3 on (`levels`, RabbitMQ 4.3's
+rabbit_fifo_pq) has 32 strict priority levels, 0-31 (a message without a
+priority counts as 4, one above 31 as 31) and serves returned messages
+before any other. The deque holds the messages of the default level 4
+(the common case stays O(1)); the heap the returned ones, keyed by their
+sequence (band 0), and those of the other levels, keyed by (32 - level,
+sequence); the head is the smaller of the two heads.
 """
 from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from node.broker.policy import QueueSettings, queue_settings
@@ -32,7 +41,8 @@ class Message:
     has new properties here and its body still in the log."""
 
     __slots__ = ("seq", "exchange", "routing_key", "props", "body", "loc", "size", "priority",
-                 "persistent", "expires_at", "redelivered", "delivery_count")
+                 "persistent", "expires_at", "redelivered", "delivery_count", "acquired_count",
+                 "deadline")
 
     def __init__(self, seq: int, exchange: str, routing_key: str, props: dict[str, Any] | None,
                  body: bytes | None, persistent: bool, expires_at: float | None,
@@ -50,8 +60,20 @@ class Message:
         self.expires_at = expires_at
         # True once delivered: any later delivery is a redelivery (S07)
         self.redelivered = False
-        # times returned to the queue (x-delivery-count, x-delivery-limit)
+        # times returned to the queue (x-delivery-count, x-delivery-limit); on
+        # a quorum queue from machine version 3 on the failed deliveries only
+        # (reject with requeue, its channel gone), as RabbitMQ 4.3 counts them
         self.delivery_count = 0
+        # machine version 3 on, quorum queues: every return (x-acquired-count)
+        self.acquired_count = 0
+        # while unacked from a quorum queue with a consumer timeout (S29): when
+        # it times out (the state's clock); None otherwise
+        self.deadline: float | None = None
+
+
+def _level_key(priority: int, seq: int) -> int:
+    """Heap key of a message of level `priority` (band 0: returned messages)."""
+    return ((QUORUM_LEVELS - priority) << 64) | seq
 
 
 def raw_priority(props: dict[str, Any]) -> int:
@@ -62,6 +84,25 @@ def raw_priority(props: dict[str, Any]) -> int:
 
 
 MAX_PRIORITY = 255  # RabbitMQ's limit for x-max-priority
+QUORUM_LEVELS = 32  # rabbit_fifo_pq: priorities 0..31
+QUORUM_DEFAULT_PRIORITY = 4  # rabbit_fifo ?DEFAULT_PRIORITY: a message without one
+
+
+def quorum_priority(props: dict[str, Any]) -> int:
+    """A message's level in a quorum queue (rabbit_fifo msg_priority): its
+    priority clamped to 0..31, 4 without one."""
+    p = props.get("priority")
+    if isinstance(p, bool) or not isinstance(p, int):
+        return QUORUM_DEFAULT_PRIORITY
+    return max(0, min(p, QUORUM_LEVELS - 1))
+
+
+def uses_levels(arguments: dict[str, Any], quorum_semantics: bool) -> bool:
+    """Does a queue of these arguments have the 32 quorum priority levels
+    (machine version 3 on)? A quorum queue declared with x-max-priority
+    before it keeps that queue's priorities."""
+    return (quorum_semantics and arguments.get("x-queue-type") == "quorum"
+            and "x-max-priority" not in arguments)
 
 
 def message_priority(props: dict[str, Any], max_priority: int) -> int:
@@ -76,7 +117,7 @@ class Queue:
                  "dlx", "dlrk", "returned", "ready", "next_seq", "ready_bytes",
                  "consumers", "exclusive_consumer", "last_used", "deleted", "incoming",
                  "max_priority", "single_active", "delivery_limit", "counts_deliveries",
-                 "prio_consumers", "stats")
+                 "prio_consumers", "stats", "levels")
 
     def __init__(self, name: str, durable: bool, owner: ConnId | None, auto_delete: bool,
                  arguments: dict[str, Any], home: str, now: float) -> None:
@@ -101,6 +142,8 @@ class Queue:
         self.settle(queue_settings(a))
         self.max_priority: int | None = a.get("x-max-priority")
         self.single_active: bool = a.get("x-single-active-consumer") is True
+        # the 32 quorum priority levels (derived: uses_levels; set by the machine)
+        self.levels = False
         # consumers with a non-zero x-priority: pick() compares only when any
         self.prio_consumers = 0
         self.returned: list[tuple[int, Message]] = []
@@ -144,15 +187,23 @@ class Queue:
     def ready_count(self) -> int:
         return len(self.returned) + len(self.ready)
 
+    def _heap_first(self) -> bool:
+        """Is the head in the heap (else in the deque)?"""
+        if not self.returned:
+            return False
+        if not self.levels or not self.ready:
+            return True
+        return self.returned[0][0] < _level_key(QUORUM_DEFAULT_PRIORITY, self.ready[0].seq)
+
     def peek(self) -> Message | None:
-        if self.returned:
+        if self._heap_first():
             return self.returned[0][1]
         if self.ready:
             return self.ready[0]
         return None
 
     def pop(self) -> Message:
-        if self.returned:
+        if self._heap_first():
             m = heapq.heappop(self.returned)[1]
         else:
             m = self.ready.popleft()
@@ -162,18 +213,38 @@ class Queue:
     def push(self, m: Message) -> None:
         m.seq = self.next_seq
         self.next_seq += 1
-        if self.max_priority is None:
+        if self.levels:
+            if m.priority == QUORUM_DEFAULT_PRIORITY:
+                self.ready.append(m)
+            else:
+                heapq.heappush(self.returned, (_level_key(m.priority, m.seq), m))
+        elif self.max_priority is None:
             self.ready.append(m)
         else:
             heapq.heappush(self.returned, (self._key(m), m))
         self.ready_bytes += m.size
 
     def requeue(self, m: Message) -> None:
-        heapq.heappush(self.returned, (self._key(m), m))
+        # levels: a returned message goes before every level (rabbit_fifo's
+        # returns queue), at its original place among the returned (S04)
+        heapq.heappush(self.returned, (m.seq if self.levels else self._key(m), m))
         self.ready_bytes += m.size
 
+    def keep_only(self, keep: Callable[[Message], bool]) -> list[Message]:
+        """Remove the ready messages `keep` refuses, every other one staying
+        where it is; returns the removed ones."""
+        gone = [m for _k, m in self.returned if not keep(m)]
+        gone.extend(m for m in self.ready if not keep(m))
+        if gone:
+            self.returned = [(k, m) for k, m in self.returned if keep(m)]
+            heapq.heapify(self.returned)
+            self.ready = deque(m for m in self.ready if keep(m))
+            self.ready_bytes -= sum(m.size for m in gone)
+        return gone
+
     def take_all(self) -> list[Message]:
-        """Remove and return every ready message, head first."""
+        """Remove and return every ready message (head first, but with
+        `levels`: heap, then deque)."""
         out = [heapq.heappop(self.returned)[1] for _ in range(len(self.returned))]
         out.extend(self.ready)
         self.ready.clear()

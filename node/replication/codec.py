@@ -24,7 +24,11 @@ Field counts: a reader takes a record with fewer fields than its class has
 without a default is refused, and so is a record with more fields than this
 build knows (a newer build wrote it: never silently truncated). A new field
 is therefore appended, with a default, never inserted. An R record has the
-count its class had when records carried none (_LEGACY_ARITY, frozen).
+count its class had when records carried none (_LEGACY_ARITY, frozen). A C
+record leaves out its trailing fields that hold their defaults: a field
+appended later (BasicConsume.timeout) reaches a build that does not know it
+only when set, which its proposer does once the cluster's machine version
+says every member knows it.
 BasicPublish's fields beyond the seven of P's layout would follow the body.
 """
 from __future__ import annotations
@@ -69,6 +73,10 @@ _RECORD_ARITY: tuple[int, ...] = tuple(len(t._fields) for t in RECORDS)  # type:
 # fields a record must carry: those without a default (defaults are trailing)
 _RECORD_MIN: tuple[int, ...] = tuple(len(t._fields) - len(t._field_defaults)  # type: ignore[attr-defined]
                                      for t in RECORDS)
+# each record's defaults, in field order (the trailing fields that may be left out)
+_TRAILING_DEFAULTS: tuple[tuple[Any, ...], ...] = tuple(
+    tuple(t._field_defaults[f] for f in t._fields[len(t._fields) - len(t._field_defaults):])  # type: ignore[attr-defined]
+    for t in RECORDS)
 # The field count of each record id as R (count-less) records were written:
 # frozen, never edited (a field added later is absent from older R records).
 _LEGACY_ARITY: tuple[int, ...] = (3, 2, 5, 2, 2, 2, 1, 9, 4, 6, 6, 9, 6, 5, 3, 5, 3, 9, 3, 3, 3, 7, 3, 5,
@@ -119,7 +127,14 @@ def _enc(v: Any, out: list[bytes]) -> None:
         if rid is None:
             raise CodecError(f"cannot encode {type(v).__name__}")
         if _counted or rid >= len(_LEGACY_ARITY):
-            out.append(b"C" + bytes((rid, len(v))))
+            n = len(v)
+            defaults = _TRAILING_DEFAULTS[rid]
+            if defaults:
+                while n > _RECORD_MIN[rid] and v[n - 1] == defaults[n - 1 - _RECORD_MIN[rid]] \
+                        and type(v[n - 1]) is type(defaults[n - 1 - _RECORD_MIN[rid]]):
+                    n -= 1
+                v = v[:n]
+            out.append(b"C" + bytes((rid, n)))
         else:
             if len(v) != _LEGACY_ARITY[rid]:
                 v = _legacy_fields(v, rid)

@@ -153,6 +153,12 @@ class BasicConsume(NamedTuple):
     credit: how many deliveries the node can take for this consumer before it
     grants more with BasicCredit (socket back-pressure, S11). It bounds
     deliveries in flight to the node in addition to prefetch.
+
+    timeout: the proposing node's `consumer_timeout` in ms (a quorum
+    queue's consumer timeout when neither the consumer nor the queue sets
+    one, S29); -1: none. Set only from machine version 3 on: a trailing
+    field at its default is left out of the record (codec), so builds
+    before it read the record.
     """
 
     chan: ChanId
@@ -164,6 +170,7 @@ class BasicConsume(NamedTuple):
     arguments: Table
     nowait: bool
     credit: int
+    timeout: int = -1
 
 
 class BasicCancel(NamedTuple):
@@ -182,9 +189,13 @@ class BasicCredit(NamedTuple):
 
 
 class BasicGet(NamedTuple):
+    """timeout: as BasicConsume's (an unacked basic.get of a quorum queue
+    times out too, S29)."""
+
     chan: ChanId
     queue: str
     no_ack: bool
+    timeout: int = -1
 
 
 class BasicPublish(NamedTuple):

@@ -27,8 +27,10 @@ class Reply(NamedTuple):
 class Deliver(NamedTuple):
     """props/body None: read from the log through `stored` where the wire
     sends it (message_store.load), then `delivery_count` >= 0 is added as the
-    x-delivery-count header. `stored` is (loc, size) as apply makes it, and
-    (handle, props offset, props length, size) once the node resolved it."""
+    x-delivery-count header and `acquired_count` >= 0 as x-acquired-count.
+    `stored` is (loc, size) as apply makes it, and (handle, props offset,
+    props length, size) once the node resolved it (raft_node._resolve: it
+    is the third last field of Deliver and GetOk)."""
 
     chan: ChanId
     consumer_tag: str
@@ -40,6 +42,7 @@ class Deliver(NamedTuple):
     body: bytes | None
     stored: Any = None
     delivery_count: int = -1
+    acquired_count: int = -1
 
 
 class GetOk(NamedTuple):
@@ -53,6 +56,7 @@ class GetOk(NamedTuple):
     body: bytes | None
     stored: Any = None
     delivery_count: int = -1
+    acquired_count: int = -1
 
 
 class Return(NamedTuple):
@@ -105,7 +109,19 @@ class ConsumerCancelled(NamedTuple):
     consumer_tag: str
 
 
-Effect = (Reply | Deliver | GetOk | Return | Confirm | ChannelError | ConnectionFailure | ConsumerCancelled)
+class ConsumerTimedOut(NamedTuple):
+    """A quorum queue's consumer timeout (S29): the state already cancelled
+    the consumer and returned its timed-out deliveries. The wire sends
+    basic.cancel to a client with consumer_cancel_notify; it closes the
+    channel (406) for one without, and for an unacked basic.get
+    (consumer_tag ""), as RabbitMQ 4.3's rabbit_channel does."""
+
+    chan: ChanId
+    consumer_tag: str
+
+
+Effect = (Reply | Deliver | GetOk | Return | Confirm | ChannelError | ConnectionFailure
+          | ConsumerCancelled | ConsumerTimedOut)
 
 
 def effect_node(effect: Effect) -> str:

@@ -138,11 +138,17 @@ def load(stored: Stored, props: dict[str, Any] | None, body: bytes | None,
     return props, body
 
 
-def with_delivery_count(props: dict[str, Any], count: int) -> dict[str, Any]:
+def with_delivery_count(props: dict[str, Any], count: int, acquired: int = -1
+                        ) -> dict[str, Any]:
     """The props of a redelivery from a quorum queue: x-delivery-count says how
-    often the message came back (a new dict: props are shared between queues)."""
+    often the message came back (failed), x-acquired-count how often it was
+    handed out before; each added when >= 0 (a new dict: props are shared
+    between queues)."""
     props = dict(props)
     headers = dict(props.get("headers") or {})
-    headers["x-delivery-count"] = count
+    if count >= 0:
+        headers["x-delivery-count"] = count
+    if acquired >= 0:
+        headers["x-acquired-count"] = acquired
     props["headers"] = headers
     return props

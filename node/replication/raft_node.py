@@ -190,8 +190,8 @@ class RaftNode:
             if len(handles) >= 32:
                 handles.clear()
             h = handles[idx] = self.shim.entry_handle(idx)
-        # stored is the second last field of both: no _replace (slow, per message)
-        return tuple.__new__(type(e), (*e[:-2], (h, at, n, size), e[-1]))  # type: ignore[no-any-return]
+        # stored is the third last field of both: no _replace (slow, per message)
+        return tuple.__new__(type(e), (*e[:-3], (h, at, n, size), *e[-2:]))  # type: ignore[no-any-return]
 
     def _fetch_props(self, loc: int) -> dict[str, Any]:
         idx, at, n = split_loc(loc)

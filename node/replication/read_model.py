@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from node.broker.policy import effective_definition, matching, queue_type
 from node.broker.vhost import split_key
+from node.replication.machine.version import QUORUM_SEMANTICS
 
 if TYPE_CHECKING:
     from node.replication.machine import BrokerState
@@ -74,6 +75,13 @@ class ReadModel:
     queue_count: int = 0
     config_version: int = 0  # BrokerState.config_version this was built from
     version: int = 0  # counts the models built (one more per build that changed something)
+    machine_version: int = 1  # the cluster's, as applied here (machine/version.py)
+
+    @property
+    def quorum_semantics(self) -> bool:
+        """Does the cluster run RabbitMQ 4.3's quorum-queue semantics (machine
+        version 3 on)? The wire sets BasicConsume/BasicGet.timeout only then."""
+        return self.machine_version >= QUORUM_SEMANTICS
 
     def __post_init__(self) -> None:
         for name in ("users", "vhosts", "permissions", "members", "policies",
@@ -117,12 +125,14 @@ def build(state: BrokerState, prev: ReadModel | None = None, full: bool = False)
     cv = state.config_version
     message_bytes = int(state.message_bytes)
     queue_count = len(state.queues)
+    machine = state.machine_version
     if prev is not None and not full and prev.config_version == cv:
-        if prev.message_bytes == message_bytes and prev.queue_count == queue_count:
+        if (prev.message_bytes == message_bytes and prev.queue_count == queue_count
+                and prev.machine_version == machine):
             return prev
         return ReadModel(prev.users, prev.vhosts, prev.permissions, prev.members, prev.in_sync,
                          prev.draining, prev.policies, prev.operator_policies, message_bytes,
-                         queue_count, cv, prev.version + 1)
+                         queue_count, cv, prev.version + 1, machine)
     users = _keep_or_copy(prev.users if prev else None, state.users)
     vhosts = _keep_or_copy(prev.vhosts if prev else None, state.vhosts)
     permissions = _keep_or_copy(prev.permissions if prev else None, state.permissions)
@@ -132,7 +142,7 @@ def build(state: BrokerState, prev: ReadModel | None = None, full: bool = False)
     policies = _keep_or_copy(prev.policies if prev else None, state.policies)
     ops = _keep_or_copy(prev.operator_policies if prev else None, state.operator_policies)
     return ReadModel(users, vhosts, permissions, members, in_sync, draining, policies, ops,
-                     message_bytes, queue_count, cv, (prev.version + 1) if prev else 1)
+                     message_bytes, queue_count, cv, (prev.version + 1) if prev else 1, machine)
 
 
 def access_changed(old: ReadModel, new: ReadModel) -> bool:

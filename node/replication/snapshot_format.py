@@ -39,6 +39,9 @@ cannot, are read as before. Version 3 (issue 27): the log-entries section,
 messages by their place in the log, the priority in the message struct.
 After the policies section, from machine version 2 on, the machine section
 (node/replication/machine/version.py): absent, the machine version is 1.
+Version 4 (issue 28, written from machine version 3 on, when every member
+reads it): the message struct ends with the acquired count (x-acquired-count);
+older files load with 0 there.
 """
 from __future__ import annotations
 
@@ -56,16 +59,16 @@ from node.broker.channel import Channel, Consumer
 from node.broker.exchange import Binding, Exchange, split_topic
 from node.broker.ids import ChanId
 from node.broker.policy import Policy
-from node.broker.queue import Message, Queue, raw_priority
+from node.broker.queue import Message, Queue, raw_priority, uses_levels
 from node.replication.codec import CodecError, decode_from, encode_into
 from node.replication.machine.policy import rebuild_policy_ae
-from node.replication.machine.state import BrokerState
-from node.replication.machine.version import COUNTED_RECORDS
+from node.replication.machine.state import BrokerState, rebuild_deadlines
+from node.replication.machine.version import COUNTED_RECORDS, QUORUM_SEMANTICS
 from node.replication.message_store import BUCKET_SHIFT, make_loc
 
 MAGIC = b"\x89MQSNAP\n"  # not a pickle (0x80), not text
-FORMAT_VERSION = 3
-READ_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 4  # written from machine version 3 on; version 3 below it
+READ_VERSIONS = (1, 2, 3, 4)
 _HEADER = struct.Struct("<8sHHQI")
 HEADER_SIZE = _HEADER.size
 _U32 = struct.Struct("<I")
@@ -74,6 +77,8 @@ _U32 = struct.Struct("<I")
 _MSG = struct.Struct("<qdIBIII")  # versions 1 and 2
 # version 3: flags u16, and the priority; body length is the size where the body is logged
 _MSG3 = struct.Struct("<qdIHIIIB")
+# version 4: and the acquired count and the deadline (0: none)
+_MSG4 = struct.Struct("<qdIHIIIBId")
 _LOC = struct.Struct("<QII")  # Raft index, properties' offset and length in the entry
 _U64 = struct.Struct("<Q")
 _PERSISTENT, _REDELIVERED, _EXPIRES, _PROPS_EMPTY, _PROPS_REF, _BODY_REF = 1, 2, 4, 8, 16, 32
@@ -111,16 +116,20 @@ CHANNEL_FIELDS = ("id", "vhost", "next_tag", "prefetch", "global_prefetch", "lim
                   "flow")
 CONSUMER_FIELDS = ("chan", "tag", "no_ack", "exclusive", "prefetch", "unacked", "credit",
                    "priority")
+# written from version 4 on, after the fields above (S29)
+CHANNEL_FIELDS_4 = ("released",)
+CONSUMER_FIELDS_4 = ("timeout",)
 # BrokerState's slots written in the policies section (after everything else)
 POLICY_FIELDS = ("policies", "operator_policies")
 # slots not in the field lists: written another way (references, messages) or derived
 DERIVED = {
     "BrokerState": ("exchanges", "queues", "channels", "live", "fetch_props", "policy_ae",
+                    "deadline_chans",
                     "machine_version", "runs_version", *POLICY_FIELDS),
     "Exchange": ("bindings", "_topic_cache"),
-    "Queue": ("returned", "ready", "consumers", "exclusive_consumer"),
-    "Channel": ("unacked", "consumers"),
-    "Consumer": ("channel", "queue"),
+    "Queue": ("returned", "ready", "consumers", "exclusive_consumer", "levels"),
+    "Channel": ("unacked", "consumers", "next_deadline", *CHANNEL_FIELDS_4),
+    "Consumer": ("channel", "queue", *CONSUMER_FIELDS_4),
     "Message": ("size", "loc", "priority"),
 }
 
@@ -191,7 +200,10 @@ def write_snapshot(sink: IO[bytes], state: BrokerState, raft: RaftMeta) -> int:
     w.value(tuple(getattr(state, f) for f in STATE_FIELDS))
     _write_exchanges(w, state)
     queues, channels, consumers = _graph(state)
-    msgs = _MessageWriter(w)  # one for the whole file: back references span queues
+    msgs = _MessageWriter(w, state.machine_version)  # one for the whole file: back references span queues
+    v4 = msgs.version >= 4
+    channel_fields = CHANNEL_FIELDS + CHANNEL_FIELDS_4 if v4 else CHANNEL_FIELDS
+    consumer_fields = CONSUMER_FIELDS + CONSUMER_FIELDS_4 if v4 else CONSUMER_FIELDS
     _write_queues(w, state, queues, msgs)
     q_index = {id(q): i for i, q in enumerate(queues)}
     c_index = {id(c): i for i, c in enumerate(channels)}
@@ -199,10 +211,10 @@ def write_snapshot(sink: IO[bytes], state: BrokerState, raft: RaftMeta) -> int:
     w.value([(key, c_index[id(ch)]) for key, ch in state.channels.items()])
     w.u32(len(channels))
     for ch in channels:
-        w.value(tuple(getattr(ch, f) for f in CHANNEL_FIELDS))
+        w.value(tuple(getattr(ch, f) for f in channel_fields))
     w.u32(len(consumers))
     for k in consumers:
-        w.value((c_index[id(k.channel)], q_index[id(k.queue)], *(getattr(k, f) for f in CONSUMER_FIELDS)))
+        w.value((c_index[id(k.channel)], q_index[id(k.queue)], *(getattr(k, f) for f in consumer_fields)))
     for ch in channels:
         w.u32(len(ch.unacked))
         for tag, (q, m, by) in ch.unacked.items():
@@ -219,7 +231,7 @@ def write_snapshot(sink: IO[bytes], state: BrokerState, raft: RaftMeta) -> int:
     w.flush()
     end = sink.tell()
     sink.seek(start)
-    sink.write(_HEADER.pack(MAGIC, FORMAT_VERSION, 0, w.length, w.crc))
+    sink.write(_HEADER.pack(MAGIC, msgs.version, 0, w.length, w.crc))
     sink.seek(end)
     return end - start
 
@@ -307,12 +319,14 @@ class _MessageWriter:
     """Messages, with property tables and inline bodies shared between queues
     written once; bytes in the log as their place there."""
 
-    def __init__(self, w: _Writer) -> None:
+    def __init__(self, w: _Writer, machine_version: int) -> None:
         self.w = w
         self.bodies: dict[int, int] = {}  # back references, by id()
         self.props: dict[int, int] = {}
         self.n_bodies = 0
         self.n_props = 0
+        # a member of a build before machine version 3 reads up to version 3
+        self.version = FORMAT_VERSION if machine_version >= QUORUM_SEMANTICS else 3
 
     def write(self, m: Message) -> None:
         out = self.w.out
@@ -351,8 +365,13 @@ class _MessageWriter:
         ex = m.exchange.encode()
         rk = m.routing_key.encode()
         n = m.size if body is None else (bref if bref >= 0 else len(body))
-        out.append(_MSG3.pack(m.seq, 0.0 if expires is None else expires, m.delivery_count, flags,
-                              len(ex), len(rk), n, min(m.priority, 255)))
+        if self.version >= 4:
+            out.append(_MSG4.pack(m.seq, 0.0 if expires is None else expires, m.delivery_count,
+                                  flags, len(ex), len(rk), n, min(m.priority, 255),
+                                  m.acquired_count, m.deadline or 0.0))
+        else:
+            out.append(_MSG3.pack(m.seq, 0.0 if expires is None else expires, m.delivery_count,
+                                  flags, len(ex), len(rk), n, min(m.priority, 255)))
         out.append(ex)
         out.append(rk)
         if loc is not None:
@@ -441,6 +460,10 @@ def read_snapshot(data: bytes) -> tuple[BrokerState, RaftMeta]:
         rebuild_policy_ae(state)
         if r.pos < len(data):  # from machine version 2 on
             _read_machine(r.value(), state)
+        quorum43 = state.machine_version >= QUORUM_SEMANTICS
+        for q in state.queues.values():
+            q.levels = uses_levels(q.arguments, quorum43)
+        rebuild_deadlines(state)
     except (CodecError, struct.error, UnicodeDecodeError, IndexError, TypeError, ValueError) as e:
         if isinstance(e, SnapshotFormatError):
             raise
@@ -615,31 +638,44 @@ class _Reader:
         q.ready = ready
         q.consumers = {}
         q.exclusive_consumer = None
+        q.levels = False  # derived once the machine version is known (read_snapshot)
         return q
 
     def channel(self) -> Channel:
-        v = _tuple(self.value(), len(CHANNEL_FIELDS), "channel")
+        fields = CHANNEL_FIELDS + CHANNEL_FIELDS_4 if self.version >= 4 else CHANNEL_FIELDS
+        v = _tuple(self.value(), len(fields), "channel")
         ch = Channel.__new__(Channel)
-        for name, field in zip(CHANNEL_FIELDS, v, strict=True):
+        ch.released = {}
+        for name, field in zip(fields, v, strict=True):
             setattr(ch, name, field)
+        _dict(ch.released, "released tags")
+        ch.next_deadline = None  # derived: read_snapshot
         _expect(type(ch.id) is ChanId, "channel id")
         ch.unacked = {}
         ch.consumers = {}
         return ch
 
     def consumer(self, channels: list[Channel], queues: list[Queue]) -> Consumer:
-        v = _tuple(self.value(), len(CONSUMER_FIELDS) + 2, "consumer")
+        fields = CONSUMER_FIELDS + CONSUMER_FIELDS_4 if self.version >= 4 else CONSUMER_FIELDS
+        v = _tuple(self.value(), len(fields) + 2, "consumer")
         k = Consumer.__new__(Consumer)
         k.channel = _at(channels, v[0], "channel")
         k.queue = _at(queues, v[1], "queue")
-        for name, field in zip(CONSUMER_FIELDS, v[2:], strict=True):
+        k.timeout = None
+        for name, field in zip(fields, v[2:], strict=True):
             setattr(k, name, field)
+        _expect(k.timeout is None or type(k.timeout) is int, "consumer timeout")
         return k
 
     def message(self) -> Message:
         data = self.data
         pos = self.pos
-        if self.version >= 3:
+        acquired, deadline = 0, 0.0
+        if self.version >= 4:
+            (seq, expires, count, flags, n_ex, n_rk, n, priority, acquired,
+             deadline) = _MSG4.unpack_from(data, pos)
+            pos += _MSG4.size
+        elif self.version >= 3:
             seq, expires, count, flags, n_ex, n_rk, n, priority = _MSG3.unpack_from(data, pos)
             pos += _MSG3.size
         else:
@@ -704,6 +740,8 @@ class _Reader:
         m.redelivered = bool(flags & _REDELIVERED)
         m.expires_at = expires if flags & _EXPIRES else None
         m.delivery_count = count
+        m.acquired_count = acquired
+        m.deadline = deadline or None
         return m
 
 
@@ -751,5 +789,6 @@ def iter_fields() -> Iterable[tuple[type, tuple[str, ...]]]:
     yield Queue, QUEUE_FIELDS + DERIVED["Queue"]
     yield Channel, CHANNEL_FIELDS + DERIVED["Channel"]
     yield Consumer, CONSUMER_FIELDS + DERIVED["Consumer"]
-    yield Message, ("seq", "exchange", "routing_key", "props", "body", "persistent",
-                    "expires_at", "redelivered", "delivery_count") + DERIVED["Message"]
+    yield Message, (("seq", "exchange", "routing_key", "props", "body", "persistent",
+                     "expires_at", "redelivered", "delivery_count", "acquired_count", "deadline")
+                    + DERIVED["Message"])

@@ -425,3 +425,33 @@ def test_https_with_http_tls_config(tmp_path: Path) -> None:
             requests.get(f"http://127.0.0.1:{port}/api/whoami", auth=GUEST, timeout=5)
     finally:
         n.stop()
+
+
+def test_get_from_a_quorum_queue_counts_reject_requeue_not_ack_requeue(
+        http: Api, node: NodeProcess) -> None:
+    """RabbitMQ 4.3's rabbit_mgmt_wm_queue_get: ack_requeue_true returns by
+    basic.nack (an acquisition), reject_requeue_true by basic.reject (a
+    failed delivery of a quorum queue, S27), after every get."""
+    wait_for(lambda: http.get("/api/overview")["mirrorq"]["machine_version"] == MACHINE_VERSION,
+             10, what="the overview's machine_version")
+    q = uniq("mgmt-qq")
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.amqp_port))
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare(q, durable=True, arguments={"x-queue-type": "quorum"})
+        for i in range(2):
+            ch.basic_publish("", q, f"m{i}".encode())
+        seen = []
+        for mode in ("ack_requeue_true", "reject_requeue_true", "reject_requeue_true",
+                     "ack_requeue_true"):
+            got = http("POST", f"/api/queues/%2F/{q}/get",
+                       json={"count": 2, "ackmode": mode, "encoding": "auto"}).json()
+            assert [m["payload"] for m in got] == ["m0", "m1"]
+            props = got[0]["properties"]  # [] without any, as RabbitMQ's
+            h = (props.get("headers") if isinstance(props, dict) else None) or {}
+            seen.append((h.get("x-delivery-count"), h.get("x-acquired-count")))
+        assert seen == [(None, None), (None, 1), (1, 2), (2, 3)]
+        ch.queue_delete(q)
+    finally:
+        conn.close()

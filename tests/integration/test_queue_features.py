@@ -223,7 +223,9 @@ def test_delivery_limit_dead_letters_after_limit_with_delivery_count_header(
         assert m is not None and b == payload
         counts.append((props.headers or {}).get("x-delivery-count"))
         ch.basic_reject(m.delivery_tag, requeue=True)
-    assert counts == [0, 1, 2]  # basic.get from a quorum queue: 0 the first time
+    # basic.get from a quorum queue the first time: 0 in RabbitMQ 3.10 (and on
+    # mirrorq before machine version 3), absent in 4.3 (S27)
+    assert counts[0] in (0, None) and counts[1:] == [1, 2]
     amqp.wait_count(dead, 1)
     assert amqp.count(work) == 0
     m, props, b = ch.basic_get(dead, auto_ack=True)
@@ -246,7 +248,9 @@ def test_aio_pika_delivery_limit_poison_message_leaves_after_limit(broker: Broke
                 async with q.iterator(no_ack=False) as it:
                     async for msg in it:
                         seen.append(int((msg.headers or {}).get("x-delivery-count", 0)))
-                        await msg.nack(requeue=True)
+                        # reject: a failed delivery in 3.10 and 4.3 alike; a
+                        # basic.nack requeue no longer counts in 4.3 (S27)
+                        await msg.reject(requeue=True)
                         if len(seen) == 4:
                             break
                 left = await ch.declare_queue(name, passive=True)

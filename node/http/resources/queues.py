@@ -125,6 +125,7 @@ async def queue_get(ctx: Context, req: Request, params: dict[str, str], p: Princ
 
     async def get(s: Any) -> list[dict[str, Any]]:
         out = []
+        tags = []
         no_ack = ackmode == "ack_requeue_false"
         for _ in range(min(count, 10_000)):
             msg = await s.get(name, no_ack)
@@ -134,10 +135,15 @@ async def queue_get(ctx: Context, req: Request, params: dict[str, str], p: Princ
             tag = msg.method.delivery_tag
             if ackmode == "reject_requeue_false":
                 s.send(encode("Basic.Reject", {"delivery_tag": tag, "requeue": False}))
-        if ackmode in ("ack_requeue_true", "reject_requeue_true") and out:
-            # requeued at their places (redelivered) before the session closes
+            tags.append(tag)
+        if ackmode == "ack_requeue_true" and out:
+            # requeued at their places (redelivered) before the session closes;
+            # not a failed delivery (RabbitMQ sends basic.nack requeue=true, S27)
             await s.call("Basic.Recover", {"requeue": True}, ("Basic.RecoverOk",))
-        elif ackmode == "reject_requeue_false" and out:
+        elif ackmode.startswith("reject_") and out:
+            if ackmode == "reject_requeue_true":  # after every get, as RabbitMQ: a
+                for tag in tags:                  # failed delivery of a quorum queue (S27)
+                    s.send(encode("Basic.Reject", {"delivery_tag": tag, "requeue": True}))
             await s.call("Basic.Qos", {"prefetch_count": 0}, ("Basic.QosOk",))  # a barrier
         return out
     return json_response(await ctx.session_do(p, vhost, get))

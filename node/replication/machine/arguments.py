@@ -20,8 +20,13 @@ _EQUIV_ARGS = ("x-dead-letter-exchange", "x-dead-letter-routing-key", "x-expires
 _OVERFLOW = ("drop-head", "reject-publish", "reject-publish-dlx")
 
 
-def _validate_queue_args(key: ResourceKey, args: dict[str, Any]) -> dict[str, Any]:
-    """Check x-arguments like RabbitMQ and return them normalised (bytes -> str)."""
+def _validate_queue_args(key: ResourceKey, args: dict[str, Any],
+                         quorum_semantics: bool = False) -> dict[str, Any]:
+    """Check x-arguments like RabbitMQ and return them normalised (bytes -> str).
+    With `quorum_semantics` (machine version 3 on) a quorum queue's
+    x-delivery-limit may be negative: no limit (RabbitMQ 4.x; its declare
+    does not check the argument, rabbit_fifo takes a negative one as none),
+    and its x-consumer-timeout must be a non-negative integer (S29)."""
     def bad(arg: str, why: str) -> _ChanErr:
         return _ChanErr(406, f"PRECONDITION_FAILED - invalid arg '{arg}' for queue "
                              f"{_where(key)}: {why}", QUEUE_DECLARE)
@@ -30,15 +35,17 @@ def _validate_queue_args(key: ResourceKey, args: dict[str, Any]) -> dict[str, An
     # decode raised out of apply_batch on every node (found by tests/fuzz)
     out = {k: (v.decode("utf-8", "replace") if isinstance(v, bytes) else v)
            for k, v in args.items()}
+    quorum43 = quorum_semantics and out.get("x-queue-type") == "quorum"
     for arg, zero_ok in (("x-message-ttl", True), ("x-expires", False),
                          ("x-max-length", True), ("x-max-length-bytes", True),
-                         ("x-max-priority", True), ("x-delivery-limit", True)):
-        if arg not in out:
+                         ("x-max-priority", True), ("x-delivery-limit", True),
+                         ("x-consumer-timeout", True)):
+        if arg not in out or (arg == "x-consumer-timeout" and not quorum43):
             continue
         v = out[arg]
         if isinstance(v, bool) or not isinstance(v, int):
             raise bad(arg, f'"expected integer, got {_type_name(v)}"')
-        if v < 0:
+        if v < 0 and not (arg == "x-delivery-limit" and quorum43):
             raise bad(arg, f"{{value_negative,{v}}}")
         if v == 0 and not zero_ok:
             raise bad(arg, "{value_zero,0}")
@@ -73,7 +80,7 @@ QUEUE_TYPES = ("classic", "quorum")
 
 
 def _check_queue_type(key: ResourceKey, args: dict[str, Any], durable: bool, exclusive: bool,
-                      auto_delete: bool) -> None:
+                      auto_delete: bool, quorum_semantics: bool = False) -> None:
     if "x-queue-type" not in args:
         return
     qtype = args["x-queue-type"]
@@ -96,3 +103,8 @@ def _check_queue_type(key: ResourceKey, args: dict[str, Any], durable: bool, exc
             if bad:
                 raise _ChanErr(406, f"PRECONDITION_FAILED - invalid property '{prop}' for "
                                     f"queue {where}", QUEUE_DECLARE)
+        if quorum_semantics and "x-max-priority" in args:
+            # rabbit_amqqueue:check_arguments_key (3.x and 4.x alike): not
+            # a quorum queue's argument; its 32 levels need none (S28)
+            raise _ChanErr(406, f"PRECONDITION_FAILED - invalid arg 'x-max-priority' for "
+                                f"queue {where} of queue type rabbit_quorum_queue", QUEUE_DECLARE)

@@ -19,6 +19,7 @@ from node.broker.vhost import split_key
 from node.replication.command import PolicyClear, PolicySet
 from node.replication.machine.handler import ApplierBase, handles
 from node.replication.machine.state import BrokerState, _config_changed
+from node.replication.machine.version import QUORUM_SEMANTICS
 
 Matched = tuple[Policy | None, Policy | None]
 
@@ -99,12 +100,20 @@ class PolicyHandlers(ApplierBase):
 
     def apply_policies(self, q: Queue) -> None:
         """A queue just declared takes the policies that match it (none:
-        its x-arguments alone, as set by Queue())."""
+        its x-arguments alone, as set by Queue(), but for a quorum queue's
+        defaults from machine version 3 on)."""
         s = self.s
         if s.policies or s.operator_policies:
             matched = queue_policies(s, q)
             if matched != (None, None):
                 self.settle_queue(q, matched)
+                return
+        if s.machine_version >= QUORUM_SEMANTICS and queue_type(q.arguments) == "quorum":
+            self.settle_queue(q, (None, None))
+
+    def refresh_queue(self, q: Queue) -> None:
+        """Settle `q` again from its arguments and current policies."""
+        self.settle_queue(q, queue_policies(self.s, q))
 
     def settle_queue(self, q: Queue, matched: Matched) -> None:
         """Give `q` its effective settings and enforce them now: a lower
@@ -115,7 +124,8 @@ class PolicyHandlers(ApplierBase):
         s = self.s
         p, op = matched
         definition = effective_definition(p, op) if p is not None or op is not None else None
-        q.settle(queue_settings(q.arguments, definition))
+        q.settle(queue_settings(q.arguments, definition,
+                                quorum_defaults=s.machine_version >= QUORUM_SEMANTICS))
         if q.expires is not None:
             s.expires_index[q.name] = None
         else:

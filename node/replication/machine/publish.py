@@ -8,7 +8,7 @@ from typing import Any
 from node.broker.channel import Channel
 from node.broker.exchange import route
 from node.broker.fieldtypes import Int64, Timestamp
-from node.broker.queue import Message, Queue, raw_priority
+from node.broker.queue import Message, Queue, quorum_priority, raw_priority
 from node.broker.reply import BASIC_PUBLISH, TX_COMMIT
 from node.broker.vhost import SEP, resource_key, split_key
 from node.replication.command import BasicAck, BasicNack, BasicPublish, TxCommit
@@ -82,10 +82,10 @@ class PublishHandlers(ApplierBase):
         else:  # the bytes stay in the log entry being applied
             kept_props = body = None
             loc = make_loc(self.index, span[0], span[1])
-        size, prio = len(cmd.body), raw_priority(props)
+        size, prio, qprio = len(cmd.body), raw_priority(props), quorum_priority(props)
         for name in names:
             if not self.enqueue(queues[name], cmd.exchange, cmd.routing_key, kept_props, body,
-                                persistent, exp, loc, size, prio):
+                                persistent, exp, loc, size, prio, qprio):
                 accepted = False
         if not names and cmd.mandatory:
             self.fx.append(Return(cmd.chan, 312, "NO_ROUTE", cmd.exchange, cmd.routing_key,
@@ -95,11 +95,14 @@ class PublishHandlers(ApplierBase):
 
     def enqueue(self, q: Queue, exchange: str, rk: str, props: dict[str, Any] | None,
                 body: bytes | None, persistent: bool, exp: int | None, loc: int | None = None,
-                size: int = -1, prio: int = -1) -> bool:
+                size: int = -1, prio: int = -1, qprio: int = -1) -> bool:
         """Put a message on a queue (or hand it straight to a consumer).
         False when x-overflow reject-publish refused it. props/body None: in
-        the log at `loc` (message_store)."""
+        the log at `loc` (message_store). prio: the priority as published,
+        qprio: its quorum level (a quorum queue's 32 levels keep that)."""
         s = self.s
+        if q.levels:
+            prio = qprio
         q.stats[0] += 1
         if q.overflow != "drop-head" and q.full():
             if q.overflow == "reject-publish-dlx":
@@ -186,7 +189,7 @@ class PublishHandlers(ApplierBase):
             t = s.queues[name]
             # new properties here, the body where it was (inline or in the log)
             self.enqueue(t, q.dlx, rk, props, m.body, m.persistent, None, m.loc, m.size,
-                         m.priority)
+                         raw_priority(props), quorum_priority(props))
 
     # -- transactions -------------------------------------------------------
 
@@ -197,7 +200,7 @@ class PublishHandlers(ApplierBase):
         if ch is None:
             return
         # Validate everything first so the commit is all or nothing (S24).
-        outstanding = dict.fromkeys(ch.unacked)
+        outstanding = dict.fromkeys([*ch.unacked, *ch.released])  # timed out: known (S29)
         for sub in cmd.commands:
             if isinstance(sub, BasicPublish):
                 self._route(ch, sub, TX_COMMIT)

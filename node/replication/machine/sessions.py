@@ -59,8 +59,10 @@ class SessionHandlers(ApplierBase):
         if cmd.reply:
             self.reply(cmd.chan, "Channel.CloseOk")
 
-    def close_channel(self, ch: Channel) -> None:
-        """Drop consumers, requeue every unacked delivery (S08)."""
+    def close_channel(self, ch: Channel, failed: bool = True) -> None:
+        """Drop consumers, requeue every unacked delivery (S08): as failed
+        deliveries (a quorum queue's x-delivery-count) unless `failed` is
+        False (the cluster, not the client, ended it)."""
         s = self.s
         del s.channels[ch.id]
         conn = ch.id.conn_id
@@ -75,12 +77,12 @@ class SessionHandlers(ApplierBase):
         ch.unacked = {}
         ch.limited_unacked = 0
         for q, m, _ in unacked.values():
-            self.requeue(q, m)
+            self.requeue(q, m, failed)
 
-    def close_connection(self, conn: ConnId) -> None:
+    def close_connection(self, conn: ConnId, failed: bool = True) -> None:
         s = self.s
         for chan in list(s.conns.get(conn, ())):
-            self.close_channel(s.channels[chan])
+            self.close_channel(s.channels[chan], failed)
         for qname in list(s.exclusive.get(conn, ())):
             q = s.queues.get(qname)
             if q is not None:
@@ -118,6 +120,10 @@ class SessionHandlers(ApplierBase):
             if not q.durable:
                 self.delete_queue(q)
                 continue
+            if q.levels:  # messages stay where they are, among their levels
+                for m in q.keep_only(lambda m: m.persistent):
+                    self.drop(m)
+                continue
             keep = []
             for m in q.take_all():
                 if m.persistent:
@@ -141,13 +147,18 @@ class SessionHandlers(ApplierBase):
                                            "by the cluster")
 
     def drop_connections_of(self, node: str, text: str) -> None:
+        """Close the connections of a node declared down, removed or
+        draining. Their deliveries return uncounted: RabbitMQ 4.3 returns a
+        disconnected node's checked-out messages with delivery_failed false
+        (rabbit_fifo, consumer_disconnected_timeout): the consumer may be
+        well, cut off by the cluster."""
         s = self.s
         conns = dict.fromkeys(c for c in s.conns if c.node == node)
         for c in s.exclusive:
             if c.node == node:
                 conns[c] = None
         for conn in conns:
-            self.close_connection(conn)
+            self.close_connection(conn, failed=False)
             self.fx.append(ConnectionFailure(conn, 320, text, 0, 0))
 
     @handles(Echo, reply=lambda c: _ECHO_IDS.get(c.method, (0, 0)))

@@ -29,7 +29,7 @@ class BrokerState:
                  "ttl_index", "expires_index", "dedup", "counter", "message_bytes",
                  "members", "in_sync", "draining", "users", "vhosts", "permissions",
                  "config_version", "live", "fetch_props", "policies", "operator_policies",
-                 "policy_ae", "machine_version", "runs_version")
+                 "policy_ae", "machine_version", "runs_version", "deadline_chans")
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -86,6 +86,20 @@ class BrokerState:
         # by the node; a state that asks for more is refused, never applied)
         self.machine_version = FIRST_VERSION
         self.runs_version = MACHINE_VERSION
+        # channels holding deliveries with a deadline (consumer timeouts, S29;
+        # derived from the messages' deadlines, never written)
+        self.deadline_chans: dict[ChanId, None] = {}
+
+
+def rebuild_deadlines(s: BrokerState) -> None:
+    """The derived consumer-timeout index (S29), from the unacked deliveries'
+    deadlines (after a snapshot load)."""
+    s.deadline_chans = {}
+    for chan, ch in s.channels.items():
+        ds = [m.deadline for _q, m, _c in ch.unacked.values() if m.deadline is not None]
+        ch.next_deadline = min(ds) if ds else None
+        if ds:
+            s.deadline_chans[chan] = None
 
 
 def _config_changed(s: BrokerState) -> None:

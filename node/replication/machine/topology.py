@@ -7,7 +7,7 @@ from typing import Any
 
 from node.broker.channel import Channel
 from node.broker.exchange import EXCHANGE_TYPES, Binding, BindKey, Exchange, freeze
-from node.broker.queue import Queue
+from node.broker.queue import Queue, uses_levels
 from node.broker.reply import (
     EXCHANGE_BIND,
     EXCHANGE_DECLARE,
@@ -46,7 +46,7 @@ from node.replication.machine.errors import (
 from node.replication.machine.handler import ApplierBase, handles
 from node.replication.machine.policy import refresh_exchange
 from node.replication.machine.state import _gen_name
-from node.replication.machine.version import NO_LEGACY_QUEUE_CAP
+from node.replication.machine.version import NO_LEGACY_QUEUE_CAP, QUORUM_SEMANTICS
 
 
 class TopologyHandlers(ApplierBase):
@@ -224,10 +224,13 @@ class TopologyHandlers(ApplierBase):
             if name.startswith("amq.") and not generated:
                 raise _ChanErr(403, f"ACCESS_REFUSED - queue name '{name}' contains reserved "
                                     f"prefix 'amq.*'", QUEUE_DECLARE)
-            args = _validate_queue_args(key, cmd.arguments)
-            _check_queue_type(key, args, cmd.durable, cmd.exclusive, cmd.auto_delete)
+            args = _validate_queue_args(key, cmd.arguments,
+                                        s.machine_version >= QUORUM_SEMANTICS)
+            quorum43 = s.machine_version >= QUORUM_SEMANTICS
+            _check_queue_type(key, args, cmd.durable, cmd.exclusive, cmd.auto_delete, quorum43)
             owner = cmd.chan.conn_id if cmd.exclusive else None
             q = Queue(key, cmd.durable, owner, cmd.auto_delete, args, cmd.chan.node, s.now)
+            q.levels = uses_levels(args, quorum43)
             if cmd.default_max_length and "x-max-length" not in args \
                     and s.machine_version < NO_LEGACY_QUEUE_CAP:
                 # the proposing node's default bound (builds before issue 27

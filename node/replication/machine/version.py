@@ -18,17 +18,25 @@ Versions:
   2  records and snapshots carry their field counts (codec C/Q records,
      the snapshot's machine section); QueueDeclare.default_max_length,
      the cap of builds before issue 27 item 6, is no longer applied
+  3  RabbitMQ 4.3's quorum-queue semantics (issue 28): a quorum queue's
+     delivery limit defaults to 20 (x-delivery-limit -1: none; existing
+     quorum queues take it at this entry); only failed deliveries count
+     (x-delivery-count), every return counts as an acquisition
+     (x-acquired-count); snapshots of format 4 (the acquired count);
+     32 priority levels (x-max-priority refused on a quorum queue)
 """
 from __future__ import annotations
 
+from node.broker.queue import uses_levels
 from node.replication.command import SetMachineVersion
 from node.replication.machine.handler import ApplierBase, handles
 
-MACHINE_VERSION = 2
+MACHINE_VERSION = 3
 FIRST_VERSION = 1  # a state that never applied SetMachineVersion
 # what switches at which version (apply code compares state.machine_version with these)
 COUNTED_RECORDS = 2  # the log and snapshots are written with field counts
 NO_LEGACY_QUEUE_CAP = 2  # QueueDeclare.default_max_length is ignored
+QUORUM_SEMANTICS = 3  # RabbitMQ 4.3's quorum queues (docs/semantics.md, Quorum queues)
 
 
 class MachineVersionError(RuntimeError):
@@ -52,4 +60,13 @@ class VersionHandlers(ApplierBase):
             return  # never downgrades (a repeated or stale proposal)
         if cmd.version > s.runs_version:
             raise too_old(cmd.version, s.runs_version)
+        before = s.machine_version
         s.machine_version = cmd.version
+        if before < QUORUM_SEMANTICS <= cmd.version:
+            # existing quorum queues take the 4.3 defaults (delivery limit 20)
+            # and their 32 priority levels: the messages queued so far count as
+            # of the default level, returned ones before them (S28)
+            for q in list(s.queues.values()):
+                if q.arguments.get("x-queue-type") == "quorum":
+                    self.refresh_queue(q)
+                    q.levels = uses_levels(q.arguments, True)

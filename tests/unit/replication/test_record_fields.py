@@ -140,3 +140,18 @@ def test_truncated_counted_records_are_codec_errors() -> None:
         except CodecError:
             continue
         raise AssertionError(f"a batch cut at {cut} decoded")
+
+
+def test_trailing_fields_at_their_default_are_left_out_so_older_builds_read_them() -> None:
+    """A field appended since (BasicConsume.timeout) is written only when set: a
+    build that does not know it reads the record as long as it is not."""
+    plain = cmd.BasicConsume(CH, "q", "t", False, False, False, {}, False, 10)
+    data = encode(plain)
+    assert data[:3] == b"C" + _rid(cmd.BasicConsume) + b"\x09"  # the nine fields of before
+    assert decode(data) == plain and decode(data).timeout == -1
+    timed = plain._replace(timeout=60000)
+    assert encode(timed)[:3] == b"C" + _rid(cmd.BasicConsume) + b"\x0a"
+    assert decode(encode(timed)) == timed
+    # a default that compares equal but is of another type is written
+    assert decode(encode(cmd.ChannelOpen(CH, "/"))) == cmd.ChannelOpen(CH)
+    assert encode(cmd.ChannelOpen(CH))[:3] == b"C" + _rid(cmd.ChannelOpen) + b"\x01"

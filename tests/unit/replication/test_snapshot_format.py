@@ -25,6 +25,7 @@ from node.replication.command import (
     ChannelOpen,
     PermissionSet,
     QueueDelete,
+    SetMachineVersion,
     SetMember,
     UserPut,
     VhostPut,
@@ -150,7 +151,23 @@ def test_an_empty_state_and_the_raft_position_round_trip() -> None:
     state, meta = read_snapshot(data)
     assert meta == META and isinstance(meta.last[0], bytes)
     assert_same_state(BrokerState(), state)
-    assert data[:8] == MAGIC and struct.unpack_from("<H", data, 8)[0] == FORMAT_VERSION
+    # below machine version 3 the file is of version 3, which builds before it read
+    assert data[:8] == MAGIC and struct.unpack_from("<H", data, 8)[0] == 3
+
+
+def test_from_machine_version_3_the_format_is_4_and_carries_the_acquired_count() -> None:
+    h = rich_state()
+    h.run(SetMachineVersion(3))
+    msgs = [m for q in h.state.queues.values() for m in q.ready]
+    for i, m in enumerate(msgs):
+        m.acquired_count, m.delivery_count = i + 7, i % 3
+    data = encode_snapshot(h.state, META)
+    assert struct.unpack_from("<H", data, 8)[0] == FORMAT_VERSION == 4
+    restored = read_snapshot(data)[0]
+    assert_same_state(h.state, restored)
+    back = [m for q in restored.queues.values() for m in q.ready]
+    assert [(m.acquired_count, m.delivery_count) for m in back] == [
+        (i + 7, i % 3) for i in range(len(msgs))]
 
 
 def test_the_writer_streams_to_a_file_at_an_offset() -> None:
@@ -168,7 +185,7 @@ class _Boom:
         return (os.system, ("touch /tmp/mirrorq-pwned",))
 
 
-def _reframe(body: bytes, version: int = FORMAT_VERSION) -> bytes:
+def _reframe(body: bytes, version: int = 3) -> bytes:
     """A body under a valid header (right length and CRC): only the decoder stands in the way."""
     return struct.pack("<8sHHQI", MAGIC, version, 0, len(body), zlib.crc32(body)) + body
 
@@ -196,8 +213,8 @@ def test_random_bytes_wrong_version_unknown_records_and_trailing_bytes_are_refus
         _loads_or_raises(_reframe(rnd.randbytes(n)))
     good = encode_snapshot(BrokerState(), META)
     body = good[HEADER_SIZE:]
-    with pytest.raises(SnapshotFormatError, match="version 4"):
-        read_snapshot(_reframe(body, version=4))
+    with pytest.raises(SnapshotFormatError, match="version 5"):
+        read_snapshot(_reframe(body, version=5))
     assert body[:8] == bytes(8)  # version 3: an empty log-entries section, then as before
     read_snapshot(_reframe(body[8:], version=1))  # version 1 (before typed header values) still loads
     read_snapshot(_reframe(body[8:], version=2))  # version 2 (before index-only messages) still loads
