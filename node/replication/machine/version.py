@@ -18,17 +18,22 @@ Versions:
   2  records and snapshots carry their field counts (codec C/Q records,
      the snapshot's machine section); QueueDeclare.default_max_length,
      the cap of builds before issue 27 item 6, is no longer applied
+  3  vhost and user limits, topic permissions and the connection table
+     (ConnectionOpen, LimitSet/Clear, TopicPermissionSet/Clear: records a
+     version-2 build cannot decode, so no node proposes them before; the
+     snapshot's access section)
 """
 from __future__ import annotations
 
 from node.replication.command import SetMachineVersion
 from node.replication.machine.handler import ApplierBase, handles
 
-MACHINE_VERSION = 2
+MACHINE_VERSION = 3
 FIRST_VERSION = 1  # a state that never applied SetMachineVersion
 # what switches at which version (apply code compares state.machine_version with these)
 COUNTED_RECORDS = 2  # the log and snapshots are written with field counts
 NO_LEGACY_QUEUE_CAP = 2  # QueueDeclare.default_max_length is ignored
+LIMITS = 3  # limits, topic permissions, ConnectionOpen may be proposed
 
 
 class MachineVersionError(RuntimeError):
