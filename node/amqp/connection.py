@@ -180,6 +180,7 @@ class Connection:
         self.blocked_sent = False
         self.writing_paused = False
         self.opened_in_log = False  # ChannelOpen proposed: ConnectionClose owed at the end
+        self.in_table = False  # ConnectionOpen proposed
         self.dirty: set[WireChannel] = set()  # channels with confirms/credit to flush
         now = clock()
         self.created = now
@@ -415,10 +416,7 @@ class Connection:
             if full is not None:
                 raise ConnectionException(530, f"NOT_ALLOWED - {full}", 10, 40)
             self.phase = RUNNING
-            if self.proposer.read_model().limits_on:
-                # the replicated connection table (limits count it cluster-wide)
-                self.opened_in_log = True
-                self.proposer.propose(ConnectionOpen(self.id, vhost, self.user))
+            self.record_open()
             self.write(frame.encode_method(0, "Connection.OpenOk"))
         elif phase == RUNNING and name in ("Connection.CloseOk", "Connection.Blocked",
                                            "Connection.Unblocked"):
@@ -432,6 +430,17 @@ class Connection:
                     504, "CHANNEL_ERROR - unexpected method in connection state running", cid, mid)
             raise ConnectionException(503, f"COMMAND_INVALID - unexpected {name} during handshake",
                                       cid, mid)
+
+    def record_open(self) -> None:
+        """Put this open connection in the replicated connection table (that
+        limits count and topic permissions read the user from) once the
+        cluster's machine version has one: at connection.open, or at the
+        switch for a connection opened before it (the server calls this)."""
+        if self.in_table or self.phase != RUNNING or not self.proposer.read_model().limits_on:
+            return
+        self.in_table = True
+        self.opened_in_log = True  # ConnectionClose owed at the end
+        self.proposer.propose(ConnectionOpen(self.id, self.vhost, self.user))
 
     def _count(self, kind: str, name: str, local: int) -> int:
         """How many `kind` ("vhost"/"user" connections, "chan" channels) of

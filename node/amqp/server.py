@@ -402,13 +402,16 @@ class AmqpServer:
 
     def _check_access(self) -> None:
         """Close connections whose user or vhost was deleted: run by the read
-        model listener, i.e. only when users, vhosts or permissions changed."""
+        model listener, i.e. only when users, vhosts or permissions (or the
+        machine version: connections enter the connection table) changed."""
         for proto in list(self.conns.values()):
             conn = proto.conn
             why = conn.revoked() if conn is not None else None
             if conn is not None and why is not None:
                 conn.force_close(320, f"CONNECTION_FORCED - {why}")
                 proto.flush()
+            elif conn is not None:
+                conn.record_open()
 
     def _check_alarms(self) -> None:
         """Alarms that block publishers (consumers keep draining): memory

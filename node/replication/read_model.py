@@ -174,9 +174,11 @@ def _counts(state: BrokerState) -> dict[tuple[str, str, str], int]:
 
 
 def access_changed(old: ReadModel, new: ReadModel) -> bool:
-    """Users, vhosts or permissions differ between the two models."""
+    """Users, vhosts or permissions (or the machine version) differ between
+    the two models."""
     return (old.users is not new.users or old.vhosts is not new.vhosts
-            or old.permissions is not new.permissions)
+            or old.permissions is not new.permissions
+            or old.machine_version != new.machine_version)
 
 
 class QueueRow(NamedTuple):

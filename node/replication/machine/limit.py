@@ -86,6 +86,10 @@ class LimitHandlers(ApplierBase):
         s.connections[cmd.conn] = (cmd.vhost, cmd.user)
         count(s, VHOST_CONNS, cmd.vhost, cmd.conn.node, 1)
         count(s, USER_CONNS, cmd.user, cmd.conn.node, 1)
+        # channels opened before it (a connection older than machine version 3,
+        # recorded at the switch) count from now on, as their closes will
+        for _chan in s.conns.get(cmd.conn, ()):
+            count(s, USER_CHANS, cmd.user, cmd.conn.node, 1)
 
     def forget_connection(self, conn: ConnId) -> None:
         s = self.s

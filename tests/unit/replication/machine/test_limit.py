@@ -242,3 +242,15 @@ def test_channel_errors_are_channel_errors() -> None:  # the applier's own path
     c = topic_setup(h)
     fx = h.run(pub(c, "w.x", exchange="t"))
     assert all(isinstance(e, ChannelError) for e in errors(fx))
+
+
+def test_a_connection_recorded_after_its_channels_counts_them_once() -> None:
+    h = harness()
+    c1, c2 = chan(1, 3), chan(2, 3)
+    h.run(ChannelOpen(c1), ChannelOpen(c2))  # opened before the switch to version 3
+    h.run(ConnectionOpen(ConnId("n1", 3), "/", "u"))  # recorded at the switch
+    assert h.state.counts[("chan", "u", "n1")] == 2
+    h.run(ChannelClose(c1, True))
+    assert h.state.counts[("chan", "u", "n1")] == 1
+    h.run(ConnectionClose(ConnId("n1", 3)))
+    assert h.state.counts == {}
