@@ -360,3 +360,43 @@ def test_definitions_carry_limits_and_topic_permissions_in_rabbitmqs_format(api:
     assert api.get(f"/api/user-limits/{u}") == [{"user": u, "value": {"max-channels": 5}}]
     assert api.get(f"/api/topic-permissions/{q(v)}/{u}") == [
         {"user": u, "vhost": v, "exchange": "amq.topic", "write": "^w", "read": "^r"}]
+
+
+# ------------------------------------------------------------ a restart
+def test_limits_and_topic_permissions_survive_a_snapshot_and_kill9(tmp_path: Any) -> None:
+    """Set, then enough entries for snapshots after them (the access
+    section), kill -9: they are back and enforced."""
+    from tests.broker_proc import node_metric
+    n = start_http_node(tmp_path / "n1", config="[raft]\ncompaction_min_entries = 40\n")
+    try:
+        api = Api(n)
+        v = vhost(api)
+        api.ok("PUT", f"/api/vhost-limits/{q(v)}/max-connections", json={"value": 1})
+        api.ok("PUT", "/api/user-limits/guest/max-channels", json={"value": 50})
+        api.ok("PUT", "/api/topic-permissions/%2F/guest",
+               json={"exchange": "amq.topic", "write": "^ok$", "read": ".*"})
+        before = node_metric(n, "snapshots_total") or 0
+        with pika.BlockingConnection(pika.URLParameters(n.url + "?heartbeat=0")) as conn:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            for i in range(200):  # one publish per batch: many Raft entries
+                ch.basic_publish("amq.topic", "ok", b"m%d" % i)
+        wait_for(lambda: (node_metric(n, "snapshots_total") or 0) >= before + 1, T,
+                 what="a snapshot after the limits were set")
+        n.kill9()
+        n.start()
+        assert api.get(f"/api/vhost-limits/{q(v)}") == [
+            {"vhost": v, "value": {"max-connections": 1}}]
+        assert api.get("/api/user-limits/guest") == [{"user": "guest",
+                                                       "value": {"max-channels": 50}}]
+        c = opened(n, v)
+        assert refused(n, v)[0] == 530
+        c.close()
+        c = opened(n)
+        c.open_channel(1)
+        c.publish("amq.topic", "not-ok", b"x")
+        assert closed(c)[:2] == (403, "ACCESS_REFUSED - write access to topic 'not-ok' in "
+                                      "exchange 'amq.topic' in vhost '/' refused for user 'guest'")
+        c.close()
+    finally:
+        n.kill9()
