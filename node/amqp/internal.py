@@ -112,6 +112,7 @@ class AmqpSession:
         conn.vhost = vhost
         conn.client_properties = client_properties or {"product": "mirrorq management API"}
         conn.phase = RUNNING
+        conn.record_open()  # its user's topic permissions apply, as to RabbitMQ's direct ones
         conn.reader = frame.FrameReader(conn.frame_max + frame.FRAME_OVERHEAD)
         self.conn = conn
         self._reader = frame.FrameReader(1 << 30)

@@ -400,3 +400,23 @@ def test_limits_and_topic_permissions_survive_a_snapshot_and_kill9(tmp_path: Any
         c.close()
     finally:
         n.kill9()
+
+
+def test_topic_permissions_apply_to_the_management_apis_publish(node: NodeProcess,
+                                                                 api: Api) -> None:
+    u = uniq("u")
+    api.ok("PUT", f"/api/users/{u}", json={"password": "pw", "tags": "management"})
+    api.ok("PUT", f"/api/permissions/%2F/{u}", json={"configure": ".*", "write": ".*",
+                                                     "read": ".*"})
+    api.ok("PUT", f"/api/topic-permissions/%2F/{u}",
+           json={"exchange": "amq.topic", "write": "^ok$", "read": ".*"})
+    s = requests.Session()
+    s.auth = (u, "pw")
+    url = f"{api.base}/api/exchanges/%2F/amq.topic/publish"
+    body = {"properties": {}, "payload": "x", "payload_encoding": "string"}
+    r = s.post(url, json={**body, "routing_key": "ok"}, timeout=T)
+    assert r.status_code == 200, r.text
+    r = s.post(url, json={**body, "routing_key": "no"}, timeout=T)
+    assert (r.status_code, r.json()["reason"]) == (
+        403, f"write access to topic 'no' in exchange 'amq.topic' in vhost '/' refused for "
+             f"user '{u}'")
