@@ -14,12 +14,11 @@ import pika
 import pytest
 import requests
 from pamqp import commands as spec
-from pamqp import frame as pframe
-from pamqp import header as pheader
 
-from harness.amqp import Address, RawClient
+from harness.amqp import RawClient
 from harness.process import wait_for
 from tests.broker_proc import NodeProcess, start_http_node, uniq
+from tests.support import amqp_open
 
 pytestmark = pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")),
                                 reason="mirrorq's own node and admin API")
@@ -84,20 +83,7 @@ def user(api: Api, vhosts: tuple[str, ...] = ("/",)) -> str:
 
 def open_conn(node: NodeProcess, vhost: str = "/", name: str = "guest",
               password: str = "guest") -> tuple[RawClient, Any]:
-    """A raw client through connection.open on `vhost`: the client and what
-    the node answered (Connection.OpenOk or Connection.Close)."""
-    c = RawClient(Address("127.0.0.1", node.amqp_port, name, password))
-    c.send(pframe.marshal(pheader.ProtocolHeader(), 0))
-    c.expect(spec.Connection.Start)
-    c.send_frame(spec.Connection.StartOk(client_properties={"product": "limits-test"},
-                                         mechanism="PLAIN", response=f"\0{name}\0{password}",
-                                         locale="en_US"))
-    _, tune = c.expect(spec.Connection.Tune)
-    c.send_frame(spec.Connection.TuneOk(channel_max=tune.channel_max, frame_max=tune.frame_max,
-                                        heartbeat=0))
-    c.send_frame(spec.Connection.Open(virtual_host=vhost))
-    _, answer = c.read_frame()
-    return c, answer
+    return amqp_open.open_conn("127.0.0.1", node.amqp_port, vhost, name, password)
 
 
 def opened(node: NodeProcess, vhost: str = "/", name: str = "guest",
