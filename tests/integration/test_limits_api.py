@@ -6,6 +6,7 @@ rabbit_access_control.erl of rabbitmq-server) and pika. Definitions carry
 limits and topic permissions in RabbitMQ's format."""
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +20,7 @@ from harness.amqp import RawClient
 from harness.process import wait_for
 from tests.broker_proc import NodeProcess, start_http_node, uniq
 from tests.support import amqp_open
+from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")),
                                 reason="mirrorq's own node and admin API")
@@ -406,3 +408,24 @@ def test_topic_permissions_apply_to_the_management_apis_publish(node: NodeProces
     assert (r.status_code, r.json()["reason"]) == (
         403, f"write access to topic 'no' in exchange 'amq.topic' in vhost '/' refused for "
              f"user '{u}'")
+
+
+def test_the_limits_cli_sets_lists_and_clears(node: NodeProcess, api: Api) -> None:
+    v = vhost(api)
+
+    def cli(*args: str) -> str:
+        proc = run_cli("limits", *node.admin_cli, *args)
+        assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
+        return proc.stdout
+    cli("set", "max-queues", "3", "--vhost", v)
+    cli("set", "max-channels", "8", "--user", "guest")
+    listed = json.loads(cli("list", "--json"))["limits"]
+    assert {"scope": "vhost", "owner": v, "name": "max-queues", "value": 3} in listed
+    assert {"scope": "user", "owner": "guest", "name": "max-channels", "value": 8} in listed
+    assert api.get(f"/api/vhost-limits/{q(v)}") == [{"vhost": v, "value": {"max-queues": 3}}]
+    cli("clear", "max-queues", "--vhost", v)
+    cli("clear", "max-channels", "--user", "guest")
+    assert api.get(f"/api/vhost-limits/{q(v)}") == []
+    assert api.get("/api/user-limits/guest") == []
+    proc = run_cli("limits", *node.admin_cli, "set", "max-widgets", "1", "--vhost", v)
+    assert proc.returncode == 2 and "Unrecognised terms" in proc.stderr, proc.stderr
