@@ -55,7 +55,7 @@ async def definitions_vhost_post(ctx: Context, req: Request, params: dict[str, s
     if vhost not in ctx.model().vhosts:
         raise not_found()
     d = _json_body(req)
-    for key in ("users", "vhosts", "permissions"):
+    for key in ("users", "vhosts", "permissions", "topic_permissions"):
         d.pop(key, None)
     for section in ("queues", "exchanges", "bindings", "policies"):
         for item in d.get(section) or []:
