@@ -429,3 +429,33 @@ def test_the_limits_cli_sets_lists_and_clears(node: NodeProcess, api: Api) -> No
     assert api.get("/api/user-limits/guest") == []
     proc = run_cli("limits", *node.admin_cli, "set", "max-widgets", "1", "--vhost", v)
     assert proc.returncode == 2 and "Unrecognised terms" in proc.stderr, proc.stderr
+
+
+def test_before_machine_version_3_changes_are_refused_and_nothing_new_is_logged(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node running as a version-2 build (the rolling upgrade's test hook)
+    holds the cluster at version 2: no record a version-2 member cannot
+    decode is proposed (limit changes answer 503, connections open as
+    before); restarted at this build's version, limits work."""
+    monkeypatch.setenv("MIRRORQ_MACHINE_VERSION", "2")
+    n = start_http_node(tmp_path / "n1")
+    try:
+        api = Api(n)
+        r = api("PUT", "/api/vhost-limits/%2F/max-connections", json={"value": 1})
+        assert r.status_code == 503 and "machine version 3" in r.json()["reason"], r.text
+        r = api("PUT", "/api/topic-permissions/%2F/guest",
+                json={"exchange": "amq.topic", "write": "", "read": ""})
+        assert r.status_code == 503, r.text
+        for _ in range(2):
+            opened(n).close()
+        n.stop()
+        monkeypatch.delenv("MIRRORQ_MACHINE_VERSION")
+        n.start()
+        wait_for(lambda: api("PUT", "/api/vhost-limits/%2F/max-connections",
+                             json={"value": 1}).status_code == 204, T,
+                 what="limits once the node runs machine version 3")
+        c = opened(n)
+        assert refused(n)[0] == 530
+        c.close()
+    finally:
+        n.kill9()
