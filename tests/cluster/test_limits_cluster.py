@@ -121,3 +121,36 @@ def test_a_node_declared_down_frees_its_connections_and_topic_permissions_reach_
         assert (info.value.reply_code, info.value.reply_text) == (
             403, "ACCESS_REFUSED - write access to topic 'denied.x' in exchange 'amq.topic' in "
                  "vhost '/' refused for user 'guest'")
+
+
+def test_connections_opened_before_machine_version_3_count_after_the_switch(
+        cluster_factory: Callable[..., Cluster]) -> None:
+    """A rolling upgrade: while n3 runs as a version-2 build nothing new is
+    logged; a connection opened on n1 then enters the connection table when
+    the version switches, so a user limit set after it counts it on n2."""
+    c = cluster_factory(3, node_env=lambda nid: {"MIRRORQ_MACHINE_VERSION": "2"}
+                        if nid == "n3" else {})
+    for n in c.nodes:
+        n.http_port = free_port()  # type: ignore[attr-defined]
+        n.extra_args += ["--http-port", str(n.http_port)]  # type: ignore[attr-defined]
+    c.start()
+    n1, n2, n3 = c.nodes
+    early, answer = open_conn(n1.host, n1.amqp_port)
+    assert isinstance(answer, spec.Connection.OpenOk), answer
+    r = requests.put(url(n1, "/api/user-limits/guest/max-connections"), auth=AUTH,
+                     json={"value": 1}, timeout=T)
+    assert r.status_code == 503, r.text  # held at version 2 by n3
+    n3.env.pop("MIRRORQ_MACHINE_VERSION")
+    n3.restart()
+
+    def limit_set() -> bool:
+        r = requests.put(url(n1, "/api/user-limits/guest/max-connections"), auth=AUTH,
+                         json={"value": 1}, timeout=T)
+        return r.status_code == 204
+    wait_for(limit_set, 40, what="machine version 3 (the limit accepted)")
+    want = (530, "NOT_ALLOWED - connection refused for user 'guest': user connection limit (1) "
+                 "is reached", 10, 40)
+    wait_for(lambda: refusal(n2.host, n2.amqp_port) == want, T,
+             what="n2 to count the connection n1 held from before the switch")
+    early.close()
+    wait_for(lambda: refusal(n2.host, n2.amqp_port) is None, T, what="room once it left")
