@@ -326,3 +326,49 @@ class PolicyListResponse(_message.Message):
     POLICIES_FIELD_NUMBER: _ClassVar[int]
     policies: _containers.RepeatedCompositeFieldContainer[Policy]
     def __init__(self, policies: _Optional[_Iterable[_Union[Policy, _Mapping]]] = ...) -> None: ...
+
+class LimitSetRequest(_message.Message):
+    __slots__ = ("scope", "owner", "name", "value")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    scope: str
+    owner: str
+    name: str
+    value: int
+    def __init__(self, scope: _Optional[str] = ..., owner: _Optional[str] = ..., name: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+
+class LimitClearRequest(_message.Message):
+    __slots__ = ("scope", "owner", "name")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    scope: str
+    owner: str
+    name: str
+    def __init__(self, scope: _Optional[str] = ..., owner: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class LimitListRequest(_message.Message):
+    __slots__ = ("scope",)
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    scope: str
+    def __init__(self, scope: _Optional[str] = ...) -> None: ...
+
+class Limit(_message.Message):
+    __slots__ = ("scope", "owner", "name", "value")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    scope: str
+    owner: str
+    name: str
+    value: int
+    def __init__(self, scope: _Optional[str] = ..., owner: _Optional[str] = ..., name: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+
+class LimitListResponse(_message.Message):
+    __slots__ = ("limits",)
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    limits: _containers.RepeatedCompositeFieldContainer[Limit]
+    def __init__(self, limits: _Optional[_Iterable[_Union[Limit, _Mapping]]] = ...) -> None: ...

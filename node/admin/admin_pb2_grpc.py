@@ -129,6 +129,21 @@ class AdminStub:
                 request_serializer=node_dot_admin_dot_admin__pb2.PolicyListRequest.SerializeToString,
                 response_deserializer=node_dot_admin_dot_admin__pb2.PolicyListResponse.FromString,
                 _registered_method=True)
+        self.LimitSet = channel.unary_unary(
+                '/mirrorq.Admin/LimitSet',
+                request_serializer=node_dot_admin_dot_admin__pb2.LimitSetRequest.SerializeToString,
+                response_deserializer=node_dot_admin_dot_admin__pb2.ChangeResponse.FromString,
+                _registered_method=True)
+        self.LimitClear = channel.unary_unary(
+                '/mirrorq.Admin/LimitClear',
+                request_serializer=node_dot_admin_dot_admin__pb2.LimitClearRequest.SerializeToString,
+                response_deserializer=node_dot_admin_dot_admin__pb2.ChangeResponse.FromString,
+                _registered_method=True)
+        self.LimitList = channel.unary_unary(
+                '/mirrorq.Admin/LimitList',
+                request_serializer=node_dot_admin_dot_admin__pb2.LimitListRequest.SerializeToString,
+                response_deserializer=node_dot_admin_dot_admin__pb2.LimitListResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -253,6 +268,27 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LimitSet(self, request, context):
+        """Vhost limits (max-connections, max-queues) and user limits
+        (max-connections, max-channels): RabbitMQ's set/clear_vhost_limits and
+        set/clear_user_limits, one limit at a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LimitClear(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LimitList(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -350,6 +386,21 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.PolicyList,
                     request_deserializer=node_dot_admin_dot_admin__pb2.PolicyListRequest.FromString,
                     response_serializer=node_dot_admin_dot_admin__pb2.PolicyListResponse.SerializeToString,
+            ),
+            'LimitSet': grpc.unary_unary_rpc_method_handler(
+                    servicer.LimitSet,
+                    request_deserializer=node_dot_admin_dot_admin__pb2.LimitSetRequest.FromString,
+                    response_serializer=node_dot_admin_dot_admin__pb2.ChangeResponse.SerializeToString,
+            ),
+            'LimitClear': grpc.unary_unary_rpc_method_handler(
+                    servicer.LimitClear,
+                    request_deserializer=node_dot_admin_dot_admin__pb2.LimitClearRequest.FromString,
+                    response_serializer=node_dot_admin_dot_admin__pb2.ChangeResponse.SerializeToString,
+            ),
+            'LimitList': grpc.unary_unary_rpc_method_handler(
+                    servicer.LimitList,
+                    request_deserializer=node_dot_admin_dot_admin__pb2.LimitListRequest.FromString,
+                    response_serializer=node_dot_admin_dot_admin__pb2.LimitListResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -865,6 +916,87 @@ class Admin:
             '/mirrorq.Admin/PolicyList',
             node_dot_admin_dot_admin__pb2.PolicyListRequest.SerializeToString,
             node_dot_admin_dot_admin__pb2.PolicyListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LimitSet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mirrorq.Admin/LimitSet',
+            node_dot_admin_dot_admin__pb2.LimitSetRequest.SerializeToString,
+            node_dot_admin_dot_admin__pb2.ChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LimitClear(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mirrorq.Admin/LimitClear',
+            node_dot_admin_dot_admin__pb2.LimitClearRequest.SerializeToString,
+            node_dot_admin_dot_admin__pb2.ChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LimitList(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mirrorq.Admin/LimitList',
+            node_dot_admin_dot_admin__pb2.LimitListRequest.SerializeToString,
+            node_dot_admin_dot_admin__pb2.LimitListResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -236,6 +236,34 @@ def call_policy_list(host: str, port: int, vhost: str | None = None, operator: b
                          for p in res.policies]}
 
 
+def call_limit_set(host: str, port: int, scope: str, owner: str, name: str, value: int,
+                   timeout: float = 30.0, *, token: str | None = None,
+                   tls_ca: Pem | None = None, tls_cert: Pem | None = None,
+                   tls_key: Pem | None = None) -> dict[str, Any]:
+    req = pb.LimitSetRequest(scope=scope, owner=owner, name=name, value=value)
+    return _change_to_dict(_call(host, port, "LimitSet", req, timeout,
+                                 token, tls_ca, tls_cert, tls_key))
+
+
+def call_limit_clear(host: str, port: int, scope: str, owner: str, name: str = "",
+                     timeout: float = 30.0, *, token: str | None = None,
+                     tls_ca: Pem | None = None, tls_cert: Pem | None = None,
+                     tls_key: Pem | None = None) -> dict[str, Any]:
+    req = pb.LimitClearRequest(scope=scope, owner=owner, name=name)
+    return _change_to_dict(_call(host, port, "LimitClear", req, timeout,
+                                 token, tls_ca, tls_cert, tls_key))
+
+
+def call_limit_list(host: str, port: int, scope: str = "", timeout: float = 10.0, *,
+                    token: str | None = None, tls_ca: Pem | None = None,
+                    tls_cert: Pem | None = None, tls_key: Pem | None = None) -> dict[str, Any]:
+    """{"limits": [{"scope", "owner", "name", "value"}]}"""
+    res = _call(host, port, "LimitList", pb.LimitListRequest(scope=scope), timeout,
+                token, tls_ca, tls_cert, tls_key)
+    return {"limits": [{"scope": x.scope, "owner": x.owner, "name": x.name, "value": x.value}
+                       for x in res.limits]}
+
+
 def rpc_error_line(exc: grpc.RpcError, what: str, target: str) -> str:
     """`<STATUS CODE>: <details>` on one line, for the CLI."""
     call = exc if isinstance(exc, grpc.Call) else None

@@ -58,6 +58,8 @@ class Membership(Protocol):
                          priority: Any = 0, apply_to: Any = "all",
                          operator: bool = False) -> bool: ...
     async def clear_policy(self, vhost: str, name: str, operator: bool = False) -> None: ...
+    async def set_limit(self, scope: str, owner: str, name: str, value: Any) -> None: ...
+    async def clear_limit(self, scope: str, owner: str, name: str = "") -> None: ...
     def read_model(self) -> AccessModel:
         """UserList, VhostList and PermissionList read users, vhosts and
         permissions from it (the node's replicated state as of its last tick)."""
@@ -233,6 +235,37 @@ class _Servicer(pb_grpc.AdminServicer):
                 for _key, p in sorted(table.items())
                 if not request.HasField("vhost") or p.vhost == request.vhost]
         return pb.PolicyListResponse(policies=rows)
+
+
+    async def LimitSet(self, request: pb.LimitSetRequest,  # noqa: N802
+                       context: grpc.aio.ServicerContext) -> pb.ChangeResponse:
+        r = request
+        return await self._o.change(context, lambda m: m.set_limit(
+            _scope(r.scope), _need(r.owner, "owner"), _need(r.name, "name"), r.value),
+            "set_limit")
+
+    async def LimitClear(self, request: pb.LimitClearRequest,  # noqa: N802
+                         context: grpc.aio.ServicerContext) -> pb.ChangeResponse:
+        r = request
+        return await self._o.change(context, lambda m: m.clear_limit(
+            _scope(r.scope), _need(r.owner, "owner"), r.name), "clear_limit")
+
+    async def LimitList(self, request: pb.LimitListRequest,  # noqa: N802
+                        context: grpc.aio.ServicerContext) -> pb.LimitListResponse:
+        m = await self._o.model(context)
+        rows = [pb.Limit(scope=scope, owner=owner, name=name, value=value)
+                for scope, table in (("vhost", getattr(m, "vhost_limits", {})),
+                                     ("user", getattr(m, "user_limits", {})))
+                if request.scope in ("", scope)
+                for owner, limits in sorted(table.items())
+                for name, value in sorted(limits.items())]
+        return pb.LimitListResponse(limits=rows)
+
+
+def _scope(scope: str) -> str:
+    if scope not in ("vhost", "user"):
+        raise _Invalid(f"scope must be vhost or user, not {scope!r}")
+    return scope
 
 
 class AdminServer:

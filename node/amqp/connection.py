@@ -14,7 +14,7 @@ import logging
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from node.amqp import frame
@@ -30,11 +30,25 @@ from node.amqp.channel import (
 from node.amqp.config import WireConfig
 from node.amqp.throttle import LoginGate
 from node.broker.ids import ChanId, ConnId
+from node.broker.limit import (
+    MAX_CHANNELS,
+    MAX_CONNECTIONS,
+    over,
+    user_channels_refused,
+    user_connections_refused,
+    vhost_connections_refused,
+)
 from node.broker.password import check_password
 from node.broker.permission import FULL, KIND_NAMES, permitted
 from node.broker.vhost import DEFAULT_VHOST
 from node.replication import message_store
-from node.replication.command import BasicCredit, ChannelClose, ChannelOpen, ConnectionClose
+from node.replication.command import (
+    BasicCredit,
+    ChannelClose,
+    ChannelOpen,
+    ConnectionClose,
+    ConnectionOpen,
+)
 from node.replication.effect import (
     ChannelError,
     Confirm,
@@ -115,7 +129,8 @@ class Connection:
                  clock: Callable[[], float] = time.monotonic, peer_host: str | None = None,
                  login_gate: LoginGate | None = None,
                  open_gate: Callable[[], str | None] | None = None,
-                 gauge: HeldBytes | None = None) -> None:
+                 gauge: HeldBytes | None = None,
+                 peers: Callable[[], Iterable[Connection]] | None = None) -> None:
         self.proposer = proposer
         self.gauge = gauge if gauge is not None else HeldBytes()
         # bytes of unfinished bodies and tx buffers of this connection's channels;
@@ -129,6 +144,9 @@ class Connection:
         # its sockets first is judged when it logs in
         self.login_gate = login_gate
         self.open_gate = open_gate
+        # this node's connections (this one included): what vhost and user limits
+        # count here, exactly; the read model counts the other nodes'
+        self.peers = peers
         # output is withheld until then (a throttled login's answer); the shell
         # writes it out when the clock gets there
         self.hold_until = 0.0
@@ -163,6 +181,7 @@ class Connection:
         self.blocked_sent = False
         self.writing_paused = False
         self.opened_in_log = False  # ChannelOpen proposed: ConnectionClose owed at the end
+        self.in_table = False  # ConnectionOpen proposed
         self.dirty: set[WireChannel] = set()  # channels with confirms/credit to flush
         now = clock()
         self.created = now
@@ -353,6 +372,9 @@ class Connection:
             raise ConnectionException(530, f"NOT_ALLOWED - number of channels opened "
                                       f"({len(self.channels)}) has reached the negotiated "
                                       f"channel_max ({self.channel_max})", 20, 10)
+        refused = self._channel_limit_refusal()
+        if refused is not None:  # a connection error without a method, as RabbitMQ's
+            raise ConnectionException(530, refused, 0, 0)
         ch = WireChannel(self, number, ChanId(self.id.node, self.id.serial, next_serial()))
         self.channels[number] = ch
         self.by_id[ch.id] = ch
@@ -385,6 +407,9 @@ class Connection:
             if vhost not in self.proposer.read_model().vhosts:
                 raise ConnectionException(530, f"NOT_ALLOWED - vhost {vhost} not found", 10, 40)
             self.vhost = vhost
+            refused = self._connection_limit_refusal()
+            if refused is not None:  # RabbitMQ checks limits before access
+                raise ConnectionException(530, refused, 10, 40)
             if self._patterns() is None:
                 raise ConnectionException(530, f"NOT_ALLOWED - access to vhost '{vhost}' refused "
                                           f"for user '{self.user}'", 10, 40)
@@ -392,6 +417,7 @@ class Connection:
             if full is not None:
                 raise ConnectionException(530, f"NOT_ALLOWED - {full}", 10, 40)
             self.phase = RUNNING
+            self.record_open()
             self.write(frame.encode_method(0, "Connection.OpenOk"))
         elif phase == RUNNING and name in ("Connection.CloseOk", "Connection.Blocked",
                                            "Connection.Unblocked"):
@@ -405,6 +431,59 @@ class Connection:
                     504, "CHANNEL_ERROR - unexpected method in connection state running", cid, mid)
             raise ConnectionException(503, f"COMMAND_INVALID - unexpected {name} during handshake",
                                       cid, mid)
+
+    def record_open(self) -> None:
+        """Put this open connection in the replicated connection table (that
+        limits count and topic permissions read the user from) once the
+        cluster's machine version has one: at connection.open, or at the
+        switch for a connection opened before it (the server calls this)."""
+        if self.in_table or self.phase != RUNNING or not self.proposer.read_model().limits_on:
+            return
+        self.in_table = True
+        self.opened_in_log = True  # ConnectionClose owed at the end
+        self.proposer.propose(ConnectionOpen(self.id, self.vhost, self.user))
+
+    def _count(self, kind: str, name: str, local: int) -> int:
+        """How many `kind` ("vhost"/"user" connections, "chan" channels) of
+        `name` the cluster has: this node's counted here (`local`: exact,
+        applied or not), the others' from the read model."""
+        node = self.id.node
+        return local + sum(n for (k, owner, where), n in self.proposer.read_model().counts.items()
+                           if k == kind and owner == name and where != node)
+
+    def _local(self) -> list[Connection]:
+        peers = self.peers() if self.peers is not None else ()
+        return [c for c in peers if c is not self and c.phase == RUNNING]
+
+    def _connection_limit_refusal(self) -> str | None:
+        """Why the vhost's or the user's max-connections refuses this
+        connection (RabbitMQ's is_over_vhost/user_connection_limit), or None."""
+        model = self.proposer.read_model()
+        vlimits, ulimits = model.vhost_limits.get(self.vhost), model.user_limits.get(self.user)
+        if vlimits is None and ulimits is None:
+            return None
+        local = self._local()
+        if vlimits is not None:
+            n = self._count("vhost", self.vhost, sum(1 for c in local if c.vhost == self.vhost))
+            limit = over(vlimits, MAX_CONNECTIONS, n)
+            if limit is not None:
+                return vhost_connections_refused(self.vhost, self.user, limit)
+        if ulimits is not None:
+            n = self._count("user", self.user, sum(1 for c in local if c.user == self.user))
+            limit = over(ulimits, MAX_CONNECTIONS, n)
+            if limit is not None:
+                return user_connections_refused(self.user, limit)
+        return None
+
+    def _channel_limit_refusal(self) -> str | None:
+        """Why the user's max-channels (across the cluster) refuses one more."""
+        ulimits = self.proposer.read_model().user_limits.get(self.user)
+        if ulimits is None or MAX_CHANNELS not in ulimits:
+            return None
+        local = len(self.channels) + sum(len(c.channels) for c in self._local()
+                                         if c.user == self.user)
+        limit = over(ulimits, MAX_CHANNELS, self._count("chan", self.user, local))
+        return None if limit is None else user_channels_refused(self.user, limit)
 
     def _start_ok(self, m: frame.Method) -> None:
         props = m.client_properties or {}

@@ -123,7 +123,14 @@ class AmqpSession:
 
     async def __aenter__(self) -> AmqpSession:
         self.server.conns[self.conn.id.serial] = _Port(self)  # type: ignore[assignment]
-        await self.call("Channel.Open", {}, ("Channel.OpenOk",))
+        # in the connection table: its user's topic permissions apply, as to
+        # RabbitMQ's direct connections
+        self.conn.record_open()
+        try:
+            await self.call("Channel.Open", {}, ("Channel.OpenOk",))
+        except BaseException:
+            self.close()  # what it put in the log is forgotten again
+            raise
         self._opened = True
         return self
 

@@ -10,7 +10,7 @@ import os
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from node.amqp.config import WireConfig
@@ -59,7 +59,8 @@ class _Protocol(asyncio.Protocol):
         # throttle and connection limit are asked when the client logs in and opens
         conn = Connection(srv.proposer, ConnId(srv.node_id, next_serial()), srv.config,
                           peer_host=self.peer_host or None, login_gate=srv.throttle,
-                          open_gate=lambda: srv.admit_open(self), gauge=srv.held)
+                          open_gate=lambda: srv.admit_open(self), gauge=srv.held,
+                          peers=srv.connections)
         self.conn = conn
         srv.conns[conn.id.serial] = self
 
@@ -313,6 +314,10 @@ class AmqpServer:
         self.handshake_done(proto)
         self.opened.discard(id(proto))
 
+    def connections(self) -> Iterator[Connection]:
+        """This node's client connections (what its limits count exactly)."""
+        return (p.conn for p in self.conns.values() if p.conn is not None)
+
     def admit_open(self, proto: _Protocol) -> str | None:
         """At connection.open (RabbitMQ checks connection_max there too): why it
         may not open, or None and it counts against max_connections from now on."""
@@ -397,13 +402,16 @@ class AmqpServer:
 
     def _check_access(self) -> None:
         """Close connections whose user or vhost was deleted: run by the read
-        model listener, i.e. only when users, vhosts or permissions changed."""
+        model listener, i.e. only when users, vhosts or permissions (or the
+        machine version: connections enter the connection table) changed."""
         for proto in list(self.conns.values()):
             conn = proto.conn
             why = conn.revoked() if conn is not None else None
             if conn is not None and why is not None:
                 conn.force_close(320, f"CONNECTION_FORCED - {why}")
                 proto.flush()
+            elif conn is not None:
+                conn.record_open()
 
     def _check_alarms(self) -> None:
         """Alarms that block publishers (consumers keep draining): memory

@@ -1,5 +1,5 @@
 """The admin API's command line: `mirrorq status | queues | members | transfer-leader |
-drain | revive | users | vhosts | permissions | policies`.
+drain | revive | users | vhosts | permissions | policies | limits`.
 
 Every command takes `--admin HOST:PORT` (or `--admin-port P [--host H]`),
 `--json` (machine output; a table otherwise), `--token-file FILE` (default
@@ -20,7 +20,7 @@ from typing import Any
 
 EXIT_USAGE = 2
 COMMANDS = ("status", "queues", "members", "transfer-leader", "drain", "revive", "users",
-            "vhosts", "permissions", "policies")
+            "vhosts", "permissions", "policies", "limits")
 
 
 class UsageError(Exception):
@@ -128,6 +128,23 @@ def add_parsers(sub: Any, parser_class: type[argparse.ArgumentParser],
     p.add_argument("name")
     p.add_argument("--vhost", default="/", help="default /")
     p.add_argument("--operator", action="store_true", help="an operator policy")
+
+    lims = group("limits", "vhost limits (max-connections, max-queues) and user limits "
+                           "(max-connections, max-channels)", "sub")
+    p = cmd(lims, "list", "every limit set")
+    p.add_argument("--scope", choices=("vhost", "user"), help="only vhosts' or users'")
+
+    def owner(p: argparse.ArgumentParser) -> None:
+        who = p.add_mutually_exclusive_group(required=True)
+        who.add_argument("--vhost", help="a vhost's limit")
+        who.add_argument("--user", help="a user's limit")
+    p = cmd(lims, "set", "set one limit (a negative value: no limit)")
+    p.add_argument("name", help="max-connections, max-queues (vhost), max-channels (user)")
+    p.add_argument("value", type=int)
+    owner(p)
+    p = cmd(lims, "clear", "remove one limit")
+    p.add_argument("name")
+    owner(p)
 
 
 # ------------------------------------------------------------------ running
@@ -270,6 +287,8 @@ def _dispatch(args: argparse.Namespace, host: str, port: int,
         return {"ok": ok, "deleted": args.name}, f"vhost {args.name} deleted"
     if c == "policies":
         return _policies(args, host, port, sec)
+    if c == "limits":
+        return _limits(args, host, port, sec)
     # permissions
     if sub == "list":
         doc = admin.call_permission_list(host, port, vhost=args.vhost, user=args.user, **sec)
@@ -328,6 +347,23 @@ def _policies(args: argparse.Namespace, host: str, port: int,
     ok = admin.call_policy_clear(host, port, args.vhost, args.name, args.operator, **sec)["ok"]
     return ({"ok": ok, "vhost": args.vhost, "cleared": args.name},
             f"{kind} {args.name} cleared on vhost {args.vhost}")
+
+
+def _limits(args: argparse.Namespace, host: str, port: int,
+            sec: dict[str, Any]) -> tuple[Any, str]:
+    from node.admin import client as admin
+    if args.sub == "list":
+        doc = admin.call_limit_list(host, port, scope=args.scope or "", **sec)
+        rows = [[x["scope"], x["owner"], x["name"], x["value"]] for x in doc["limits"]]
+        return doc, _table(["SCOPE", "OWNER", "NAME", "VALUE"], rows)
+    scope, owner = ("vhost", args.vhost) if args.vhost is not None else ("user", args.user)
+    if args.sub == "set":
+        ok = admin.call_limit_set(host, port, scope, owner, args.name, args.value, **sec)["ok"]
+        return ({"ok": ok, "scope": scope, "owner": owner, "name": args.name,
+                 "value": args.value}, f"{scope} {owner}: {args.name} = {args.value}")
+    ok = admin.call_limit_clear(host, port, scope, owner, args.name, **sec)["ok"]
+    return ({"ok": ok, "scope": scope, "owner": owner, "cleared": args.name},
+            f"{scope} {owner}: {args.name} cleared")
 
 
 # ------------------------------------------------------------------ text output

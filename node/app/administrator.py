@@ -1,5 +1,5 @@
-"""The admin operations on a cluster: users, vhosts, permissions, policies, drain,
-membership.
+"""The admin operations on a cluster: users, vhosts, permissions, policies,
+limits, topic permissions, drain, membership.
 
 Each is validated against the node's read model (the replicated state as of
 its last Raft tick) and carried out as commands through the log (the raft
@@ -13,6 +13,7 @@ import time
 from typing import Any, Protocol
 
 from node.app.config import is_loopback
+from node.broker.limit import VHOST, limit_error, topic_pattern_error
 from node.broker.password import hash_password, password_hash_ok
 from node.broker.permission import check_patterns
 from node.broker.policy import policy_error
@@ -20,17 +21,22 @@ from node.broker.vhost import vhost_name_error
 from node.replication.command import (
     Command,
     DropMember,
+    LimitClear,
+    LimitSet,
     PermissionClear,
     PermissionSet,
     PolicyClear,
     PolicySet,
     SetDraining,
     SetMember,
+    TopicPermissionClear,
+    TopicPermissionSet,
     UserDelete,
     UserPut,
     VhostDelete,
     VhostPut,
 )
+from node.replication.machine.version import LIMITS
 from node.replication.read_model import ReadModel
 from node.replication.status import NodeStatus
 
@@ -236,3 +242,66 @@ class Administrator:
             if (vhost, name) not in table:
                 raise KeyError(f"no policy {name!r} in vhost {vhost!r}")
             await self.replica.commit([PolicyClear(operator, vhost, name)], timeout)
+
+    # ------------------------------------------------ limits, topic permissions
+    def _limits_on(self) -> None:
+        if not self.read_model().limits_on:
+            raise RuntimeError(f"limits and topic permissions need machine version {LIMITS}: "
+                               "a member of this cluster runs an older build")
+
+    async def set_limit(self, scope: str, owner: str, name: str, value: Any,
+                        timeout: float = 30.0) -> None:
+        """One limit of a vhost (scope "vhost") or user ("user"). KeyError for
+        an unknown owner, ValueError with RabbitMQ's text for a bad limit."""
+        async with self._changing:
+            model = self.read_model()
+            if owner not in (model.vhosts if scope == VHOST else model.users):
+                raise KeyError(f"no {scope} {owner!r}")
+            why = limit_error(scope, name, value)
+            if why is not None:
+                raise ValueError(f"Validation failed\n\n{why}\n" if scope == VHOST else why)
+            self._limits_on()
+            await self.replica.commit([LimitSet(scope, owner, name, int(value))], timeout)
+
+    async def clear_limit(self, scope: str, owner: str, name: str = "",
+                          timeout: float = 30.0) -> None:
+        """Forget one limit (or all: name ""); KeyError for an unknown owner.
+        Clearing a limit that is not set is no error (RabbitMQ's)."""
+        async with self._changing:
+            model = self.read_model()
+            if owner not in (model.vhosts if scope == VHOST else model.users):
+                raise KeyError(f"no {scope} {owner!r}")
+            table = model.vhost_limits if scope == VHOST else model.user_limits
+            limits = table.get(owner)
+            if limits is None or (name and name not in limits):
+                return
+            await self.replica.commit([LimitClear(scope, owner, name)], timeout)
+
+    async def set_topic_permissions(self, user: str, vhost: str, exchange: str, write: Any,
+                                    read: Any, timeout: float = 30.0) -> bool:
+        """True when new. KeyError for an unknown user or vhost."""
+        async with self._changing:
+            why = topic_pattern_error(write, read)
+            if why is not None:
+                raise ValueError(why)
+            model = self.read_model()
+            if user not in model.users:
+                raise KeyError(f"no user {user!r}")
+            if vhost not in model.vhosts:
+                raise KeyError(f"no vhost {vhost!r}")
+            self._limits_on()
+            new = (user, vhost, exchange) not in model.topic_permissions
+            await self.replica.commit([TopicPermissionSet(user, vhost, exchange, write, read)],
+                                      timeout)
+            return new
+
+    async def clear_topic_permissions(self, user: str, vhost: str, exchange: str = "",
+                                      timeout: float = 30.0) -> None:
+        """One exchange's, or (exchange "") all of the user's in the vhost;
+        KeyError when there is none."""
+        async with self._changing:
+            perms = self.read_model().topic_permissions
+            if not any(u == user and v == vhost and (not exchange or x == exchange)
+                       for u, v, x in perms):
+                raise KeyError(f"user {user!r} has no topic permissions on vhost {vhost!r}")
+            await self.replica.commit([TopicPermissionClear(user, vhost, exchange)], timeout)

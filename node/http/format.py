@@ -238,18 +238,27 @@ def vhost_json(name: str, queues: Iterable[MQueue], nodes: Iterable[str]) -> dic
 
 def definitions(users: Mapping[str, tuple[str, tuple[str, ...]]], vhosts: Iterable[str],
                 permissions: Mapping[tuple[str, str], tuple[str, str, str]], m: Management,
-                product_version: str, policies: Iterable[Any] = ()) -> dict[str, Any]:
+                product_version: str, policies: Iterable[Any] = (),
+                vhost_limits: Mapping[str, Mapping[str, int]] | None = None,
+                user_limits: Mapping[str, Mapping[str, int]] | None = None,
+                topic_permissions: Mapping[tuple[str, str, str], tuple[str, str]] | None = None,
+                ) -> dict[str, Any]:
     """RabbitMQ's definitions export: no amq.* or default exchanges, no
     exclusive queues, no implicit default-exchange bindings; `policies` (not
-    operator policies: RabbitMQ exports only these)."""
+    operator policies: RabbitMQ exports only these); limits in the vhosts'
+    and users' `limits`, topic permissions in `topic_permissions`."""
+    vl, ul, tp = vhost_limits or {}, user_limits or {}, topic_permissions or {}
     return {
         "rabbit_version": RABBIT_VERSION, "rabbitmq_version": RABBIT_VERSION,
         "product_name": "mirrorq", "product_version": product_version,
         "users": [{"name": n, "password_hash": e[0], "hashing_algorithm": HASHING,
-                   "tags": list(e[1]), "limits": {}} for n, e in users.items()],
-        "vhosts": [{"name": v} for v in vhosts],
+                   "tags": list(e[1]), "limits": dict(ul.get(n) or {})}
+                  for n, e in users.items()],
+        "vhosts": [{"name": v, "limits": dict(vl.get(v) or {})} for v in vhosts],
         "permissions": [permission_json(u, v, p) for (u, v), p in permissions.items()],
-        "topic_permissions": [], "parameters": [], "global_parameters": [],
+        "topic_permissions": [{"user": u, "vhost": v, "exchange": x, "write": p[0],
+                               "read": p[1]} for (u, v, x), p in tp.items()],
+        "parameters": [], "global_parameters": [],
         "policies": [{"vhost": p.vhost, "name": p.name, "pattern": p.pattern,
                       "apply-to": p.apply_to, "priority": p.priority,
                       "definition": dict(p.definition)} for p in policies],

@@ -66,6 +66,8 @@ RECORDS: tuple[type, ...] = (
     cmd.VhostDelete, cmd.PermissionSet, cmd.PermissionClear, cmd.DropMember,
     cmd.PolicySet, cmd.PolicyClear,
     cmd.SetMachineVersion,
+    cmd.ConnectionOpen, cmd.LimitSet, cmd.LimitClear, cmd.TopicPermissionSet,
+    cmd.TopicPermissionClear,
 )
 _RECORD_ID: dict[type, int] = {t: i for i, t in enumerate(RECORDS)}
 _N_RECORDS = len(RECORDS)

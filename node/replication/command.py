@@ -390,6 +390,57 @@ class SetMachineVersion(NamedTuple):
     version: int
 
 
+class ConnectionOpen(NamedTuple):
+    """A client connection passed connection.open on `vhost` as `user`: the
+    replicated connection table that vhost and user limits count
+    cluster-wide (RabbitMQ's connection tracking). Proposed from machine
+    version 4 on (machine/version.py LIMITS); ConnectionClose forgets it."""
+
+    conn: ConnId
+    vhost: str
+    user: str
+
+
+class LimitSet(NamedTuple):
+    """One limit of a vhost (scope "vhost": max-connections, max-queues) or
+    a user (scope "user": max-connections, max-channels); a negative value
+    is no limit (RabbitMQ's vhost-limits / user limits). Validated before
+    proposing (node/broker/limit.py)."""
+
+    scope: str
+    owner: str
+    name: str
+    value: int
+
+
+class LimitClear(NamedTuple):
+    """Forget one limit (name) or, with name "", every limit of the owner."""
+
+    scope: str
+    owner: str
+    name: str
+
+
+class TopicPermissionSet(NamedTuple):
+    """A user's write / read patterns for the routing and binding keys on one
+    topic exchange of a vhost (RabbitMQ's set_topic_permissions)."""
+
+    user: str
+    vhost: str
+    exchange: str
+    write: str
+    read: str
+
+
+class TopicPermissionClear(NamedTuple):
+    """Forget the user's topic permission on `exchange`, or with exchange ""
+    all of them in the vhost (RabbitMQ's clear_topic_permissions/3 and /4)."""
+
+    user: str
+    vhost: str
+    exchange: str
+
+
 Command = (
     ChannelOpen | ChannelClose | ChannelFlow | ConnectionClose | ExchangeDeclare |
     ExchangeDelete | ExchangeBind | ExchangeUnbind | QueueDeclare | QueueBind | QueueUnbind |
@@ -397,7 +448,8 @@ Command = (
     BasicGet | BasicPublish | BasicAck | BasicNack | BasicRecover | TxCommit | Echo | Tick |
     NodeUp | NodeDown | MarkOutOfSync | MarkInSync | SetMember | DropMember | SetDraining |
     UserPut | UserDelete | VhostPut | VhostDelete | PermissionSet | PermissionClear |
-    PolicySet | PolicyClear | SetMachineVersion
+    PolicySet | PolicyClear | SetMachineVersion | ConnectionOpen | LimitSet | LimitClear |
+    TopicPermissionSet | TopicPermissionClear
 )
 
 

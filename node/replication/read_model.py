@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from node.broker.policy import effective_definition, matching, queue_type
 from node.broker.vhost import split_key
-from node.replication.machine.version import QUORUM_SEMANTICS
+from node.replication.machine.version import LIMITS, QUORUM_SEMANTICS
 
 if TYPE_CHECKING:
     from node.replication.machine import BrokerState
@@ -75,7 +75,21 @@ class ReadModel:
     queue_count: int = 0
     config_version: int = 0  # BrokerState.config_version this was built from
     version: int = 0  # counts the models built (one more per build that changed something)
-    machine_version: int = 1  # the cluster's, as applied here (machine/version.py)
+    # vhost / user -> {limit name: value}; (user, vhost, exchange) -> (write, read)
+    vhost_limits: Mapping[str, Mapping[str, int]] = field(default_factory=_empty)
+    user_limits: Mapping[str, Mapping[str, int]] = field(default_factory=_empty)
+    topic_permissions: Mapping[tuple[str, str, str], tuple[str, str]] = field(
+        default_factory=_empty)
+    # (kind, name, node) -> count, for the vhosts and users that have limits
+    # only (machine/limit.py: "vhost"/"user" connections, "chan" channels)
+    counts: Mapping[tuple[str, str, str], int] = field(default_factory=_empty)
+    machine_version: int = 1  # the cluster's, as applied here
+
+    @property
+    def limits_on(self) -> bool:
+        """The cluster's machine version carries limits, topic permissions
+        and ConnectionOpen: nodes may propose them."""
+        return self.machine_version >= LIMITS
 
     @property
     def quorum_semantics(self) -> bool:
@@ -85,7 +99,8 @@ class ReadModel:
 
     def __post_init__(self) -> None:
         for name in ("users", "vhosts", "permissions", "members", "policies",
-                     "operator_policies"):
+                     "operator_policies", "vhost_limits", "user_limits", "topic_permissions",
+                     "counts"):
             value = getattr(self, name)
             if not isinstance(value, MappingProxyType):
                 object.__setattr__(self, name, _frozen(value))
@@ -125,14 +140,15 @@ def build(state: BrokerState, prev: ReadModel | None = None, full: bool = False)
     cv = state.config_version
     message_bytes = int(state.message_bytes)
     queue_count = len(state.queues)
-    machine = state.machine_version
-    if prev is not None and not full and prev.config_version == cv:
-        if (prev.message_bytes == message_bytes and prev.queue_count == queue_count
-                and prev.machine_version == machine):
+    machine = int(state.machine_version)
+    if prev is not None and not full and prev.config_version == cv \
+            and prev.machine_version == machine:
+        if prev.message_bytes == message_bytes and prev.queue_count == queue_count:
             return prev
         return ReadModel(prev.users, prev.vhosts, prev.permissions, prev.members, prev.in_sync,
                          prev.draining, prev.policies, prev.operator_policies, message_bytes,
-                         queue_count, cv, prev.version + 1, machine)
+                         queue_count, cv, prev.version + 1, prev.vhost_limits, prev.user_limits,
+                         prev.topic_permissions, prev.counts, machine)
     users = _keep_or_copy(prev.users if prev else None, state.users)
     vhosts = _keep_or_copy(prev.vhosts if prev else None, state.vhosts)
     permissions = _keep_or_copy(prev.permissions if prev else None, state.permissions)
@@ -141,14 +157,34 @@ def build(state: BrokerState, prev: ReadModel | None = None, full: bool = False)
     draining = _keep_or_tuple(prev.draining if prev else None, state.draining)
     policies = _keep_or_copy(prev.policies if prev else None, state.policies)
     ops = _keep_or_copy(prev.operator_policies if prev else None, state.operator_policies)
+    vlimits = _keep_or_copy(prev.vhost_limits if prev else None, _limits(state.vhost_limits))
+    ulimits = _keep_or_copy(prev.user_limits if prev else None, _limits(state.user_limits))
+    topic = _keep_or_copy(prev.topic_permissions if prev else None, state.topic_permissions)
+    counts = _keep_or_copy(prev.counts if prev else None, _counts(state))
     return ReadModel(users, vhosts, permissions, members, in_sync, draining, policies, ops,
-                     message_bytes, queue_count, cv, (prev.version + 1) if prev else 1, machine)
+                     message_bytes, queue_count, cv, (prev.version + 1) if prev else 1,
+                     vlimits, ulimits, topic, counts, machine)
+
+
+def _limits(table: Mapping[str, Mapping[str, int]]) -> dict[str, Mapping[str, int]]:
+    return {owner: MappingProxyType(dict(limits)) for owner, limits in table.items()}
+
+
+def _counts(state: BrokerState) -> dict[tuple[str, str, str], int]:
+    """The counts a limit reads (machine/limit.py moves config_version when
+    one of them moves)."""
+    vl, ul = state.vhost_limits, state.user_limits
+    if not vl and not ul:
+        return {}
+    return {k: n for k, n in state.counts.items() if (vl if k[0] == "vhost" else ul).get(k[1])}
 
 
 def access_changed(old: ReadModel, new: ReadModel) -> bool:
-    """Users, vhosts or permissions differ between the two models."""
+    """Users, vhosts or permissions (or the machine version) differ between
+    the two models."""
     return (old.users is not new.users or old.vhosts is not new.vhosts
-            or old.permissions is not new.permissions)
+            or old.permissions is not new.permissions
+            or old.machine_version != new.machine_version)
 
 
 class QueueRow(NamedTuple):

@@ -42,6 +42,8 @@ After the policies section, from machine version 2 on, the machine section
 Version 4 (issue 28, written from machine version 3 on, when every member
 reads it): the message struct ends with the acquired count (x-acquired-count);
 older files load with 0 there.
+After it, from machine version 4 on, the access section (limits, topic
+permissions, the connection table): absent, there are none.
 """
 from __future__ import annotations
 
@@ -57,13 +59,14 @@ from typing import IO, Any, NamedTuple
 
 from node.broker.channel import Channel, Consumer
 from node.broker.exchange import Binding, Exchange, split_topic
-from node.broker.ids import ChanId
+from node.broker.ids import ChanId, ConnId
 from node.broker.policy import Policy
 from node.broker.queue import Message, Queue, raw_priority, uses_levels
 from node.replication.codec import CodecError, decode_from, encode_into
+from node.replication.machine.limit import rebuild_counts
 from node.replication.machine.policy import rebuild_policy_ae
 from node.replication.machine.state import BrokerState, rebuild_deadlines
-from node.replication.machine.version import COUNTED_RECORDS, QUORUM_SEMANTICS
+from node.replication.machine.version import COUNTED_RECORDS, LIMITS, QUORUM_SEMANTICS
 from node.replication.message_store import BUCKET_SHIFT, make_loc
 
 MAGIC = b"\x89MQSNAP\n"  # not a pickle (0x80), not text
@@ -121,11 +124,14 @@ CHANNEL_FIELDS_4 = ("released",)
 CONSUMER_FIELDS_4 = ("timeout",)
 # BrokerState's slots written in the policies section (after everything else)
 POLICY_FIELDS = ("policies", "operator_policies")
+# and in the access section (after the machine section)
+ACCESS_FIELDS = ("vhost_limits", "user_limits", "topic_permissions", "connections")
 # slots not in the field lists: written another way (references, messages) or derived
 DERIVED = {
     "BrokerState": ("exchanges", "queues", "channels", "live", "fetch_props", "policy_ae",
                     "deadline_chans",
-                    "machine_version", "runs_version", *POLICY_FIELDS),
+                    "machine_version", "runs_version", *POLICY_FIELDS, *ACCESS_FIELDS,
+                    "counts"),
     "Exchange": ("bindings", "_topic_cache"),
     "Queue": ("returned", "ready", "consumers", "exclusive_consumer", "levels"),
     "Channel": ("unacked", "consumers", "next_deadline", *CHANNEL_FIELDS_4),
@@ -228,6 +234,7 @@ def write_snapshot(sink: IO[bytes], state: BrokerState, raft: RaftMeta) -> int:
                  -1 if ex is None else k_index[id(ex)]))
     _write_policies(w, state)
     _write_machine(w, state)
+    _write_access(w, state)
     w.flush()
     end = sink.tell()
     sink.seek(start)
@@ -464,6 +471,9 @@ def read_snapshot(data: bytes) -> tuple[BrokerState, RaftMeta]:
         for q in state.queues.values():
             q.levels = uses_levels(q.arguments, quorum43)
         rebuild_deadlines(state)
+        if r.pos < len(data):  # from machine version 4 on
+            _read_access(r.value(), state)
+        rebuild_counts(state)
     except (CodecError, struct.error, UnicodeDecodeError, IndexError, TypeError, ValueError) as e:
         if isinstance(e, SnapshotFormatError):
             raise
@@ -492,6 +502,45 @@ def _read_machine(v: Any, state: BrokerState) -> None:
     _expect(version == _MACHINE_SECTION_VERSION, f"machine section version {version!r}")
     _expect(type(machine) is int and machine >= COUNTED_RECORDS, "machine_version")
     state.machine_version = machine
+
+
+# ----------------------------------------------------------- access section
+# ("access", section version, vhost limits, user limits, topic permissions,
+# the connection table), after the machine section, written from machine
+# version 3 on only (a version-2 build refuses trailing bytes); absent: none.
+_ACCESS_SECTION = "access"
+_ACCESS_SECTION_VERSION = 1
+
+
+def _write_access(w: _Writer, state: BrokerState) -> None:
+    if state.machine_version >= LIMITS:
+        w.value((_ACCESS_SECTION, _ACCESS_SECTION_VERSION, state.vhost_limits,
+                 state.user_limits, state.topic_permissions, state.connections))
+
+
+def _limit_table(v: Any, what: str) -> dict[str, dict[str, int]]:
+    table = _dict(v, what)
+    for owner, limits in table.items():
+        _expect(type(owner) is str and type(limits) is dict
+                and all(type(k) is str and type(n) is int for k, n in limits.items()), what)
+    return table
+
+
+def _read_access(v: Any, state: BrokerState) -> None:
+    tag, version, vhost_limits, user_limits, topic, conns = _tuple(v, 6, "access section")
+    _expect(tag == _ACCESS_SECTION, f"unknown section {tag!r}")
+    _expect(version == _ACCESS_SECTION_VERSION, f"access section version {version!r}")
+    state.vhost_limits = _limit_table(vhost_limits, "vhost limits")
+    state.user_limits = _limit_table(user_limits, "user limits")
+    for key, perm in _dict(topic, "topic permissions").items():
+        _expect(type(key) is tuple and len(key) == 3 and all(type(f) is str for f in key)
+                and type(perm) is tuple and len(perm) == 2
+                and all(type(f) is str for f in perm), "topic permission")
+    state.topic_permissions = topic
+    for conn, entry in _dict(conns, "connections").items():
+        _expect(type(conn) is ConnId and type(entry) is tuple and len(entry) == 2
+                and all(type(f) is str for f in entry), "connection")
+    state.connections = conns
 
 
 def _expect(ok: bool, what: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from node.broker.limit import USER, VHOST
 from node.http.auth import Principal, parse_tags, require_admin
 from node.http.body import arguments, json_object
 from node.http.context import Context
@@ -34,7 +35,8 @@ async def definitions_get(ctx: Context, _r: Request, params: dict[str, str],
                 item.pop("vhost", None)
         return json_response(d)
     return json_response(definitions(m.users, list(m.vhosts), m.permissions, rows,
-                                     ctx.b.product_version, m.policies.values()))
+                                     ctx.b.product_version, m.policies.values(),
+                                     m.vhost_limits, m.user_limits, m.topic_permissions))
 
 
 async def definitions_post(ctx: Context, req: Request, _p: dict[str, str],
@@ -53,7 +55,7 @@ async def definitions_vhost_post(ctx: Context, req: Request, params: dict[str, s
     if vhost not in ctx.model().vhosts:
         raise not_found()
     d = _json_body(req)
-    for key in ("users", "vhosts", "permissions"):
+    for key in ("users", "vhosts", "permissions", "topic_permissions"):
         d.pop(key, None)
     for section in ("queues", "exchanges", "bindings", "policies"):
         for item in d.get(section) or []:
@@ -107,6 +109,9 @@ async def import_definitions(ctx: Context, d: dict[str, Any], p: Principal) -> N
             await admin.put_vhost(name)
         except ValueError as exc:
             raise bad_request(str(exc)) from None
+    for scope, key in ((VHOST, "vhosts"), (USER, "users")):  # RabbitMQ's `limits` of each
+        for owner in items(key):
+            await _import_limits(admin, scope, str(owner["name"]), owner.get("limits"))
     for perm in items("permissions"):
         try:
             await admin.set_permissions(str(perm["user"]), str(perm["vhost"]),
@@ -114,6 +119,13 @@ async def import_definitions(ctx: Context, d: dict[str, Any], p: Principal) -> N
                                         str(perm["read"]))
         except (KeyError, ValueError) as exc:
             raise bad_request(f"permission {perm}: {exc}") from None
+    for perm in items("topic_permissions"):
+        try:
+            await admin.set_topic_permissions(str(perm["user"]), str(perm["vhost"]),
+                                              str(perm["exchange"]), perm["write"],
+                                              perm["read"])
+        except (KeyError, ValueError, RuntimeError) as exc:
+            raise bad_request(f"topic permission {perm}: {exc}") from None
     for pol in items("policies"):  # before the queues, as RabbitMQ imports them
         name, vhost = pol.get("name"), pol.get("vhost", "/")
         if not isinstance(name, str) or not name:
@@ -139,6 +151,19 @@ async def import_definitions(ctx: Context, d: dict[str, Any], p: Principal) -> N
             for kind, item in todo:
                 await declare_item(s, kind, item)
         await ctx.session_do(token_p, vhost, run)
+
+
+async def _import_limits(admin: Any, scope: str, owner: str, limits: Any) -> None:
+    """A vhost's or user's `limits` object of an export (none: nothing)."""
+    if not limits:
+        return
+    if not isinstance(limits, dict):
+        raise bad_request(f"{scope} {owner}: limits must be an object")
+    for name, value in limits.items():
+        try:
+            await admin.set_limit(scope, owner, str(name), value)
+        except (KeyError, ValueError, RuntimeError) as exc:
+            raise bad_request(f"{scope} {owner}: {exc}") from None
 
 
 async def declare_item(s: Any, kind: str, item: Mapping[str, Any]) -> None:

@@ -37,6 +37,7 @@ class AccessHandlers(ApplierBase):
             del s.permissions[k]
         if gone:
             _config_changed(s)
+        self.drop_access_of_user(cmd.name)
 
     # -- vhosts and permissions ------------------------------------------------
 
@@ -57,8 +58,12 @@ class AccessHandlers(ApplierBase):
         for table in (s.policies, s.operator_policies):
             for k in [k for k in table if k[0] == vhost]:
                 del table[k]
+        self.drop_access_of_vhost(vhost)
         _config_changed(s)
         conns = dict.fromkeys(ch.id.conn_id for ch in s.channels.values() if ch.vhost == vhost)
+        for conn, (cv, _user) in s.connections.items():  # channel-less ones too
+            if cv == vhost:
+                conns[conn] = None
         for conn in conns:
             self.close_connection(conn)
             self.fx.append(ConnectionFailure(conn, 320, f"CONNECTION_FORCED - vhost '{vhost}' is "

@@ -1,7 +1,7 @@
 """apply_batch: fold one batch of commands into the state.
 
 The Applier is one object whose handlers live in one mixin per concern
-(sessions, membership, access, topology, delivery, publish, policy); each handler is
+(sessions, membership, access, topology, delivery, publish, policy, limit); each handler is
 registered for its command by `handler.handles`.
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ from node.replication.machine.access import AccessHandlers
 from node.replication.machine.delivery import DeliveryHandlers
 from node.replication.machine.errors import _ChanErr, _ConnErr
 from node.replication.machine.handler import HANDLERS
+from node.replication.machine.limit import LimitHandlers
 from node.replication.machine.membership import MembershipHandlers
 from node.replication.machine.outcomes import batch_verdict
 from node.replication.machine.policy import PolicyHandlers
@@ -24,7 +25,7 @@ from node.replication.machine.version import VersionHandlers
 
 
 class Applier(SessionHandlers, MembershipHandlers, AccessHandlers, TopologyHandlers,
-              DeliveryHandlers, PublishHandlers, PolicyHandlers, VersionHandlers):
+              DeliveryHandlers, PublishHandlers, PolicyHandlers, LimitHandlers, VersionHandlers):
     """Applies the commands of one batch; collects effects and the queues
     whose delivery may have become possible."""
 

@@ -67,6 +67,7 @@ class PublishHandlers(ApplierBase):
         if x.internal:
             raise _ChanErr(403, f"ACCESS_REFUSED - cannot publish to internal exchange "
                                 f"{_where(xkey)}", ids)
+        self.check_topic(ch, x, cmd.routing_key, True, ids)
         return route(s.exchanges, x, cmd.routing_key, cmd.props.get("headers"), s.policy_ae)
 
     def _publish(self, cmd: BasicPublish, names: list[str], exp: int | None) -> None:

@@ -49,6 +49,7 @@ class SessionHandlers(ApplierBase):
             return
         s.channels[cmd.chan] = Channel(cmd.chan, cmd.vhost)
         s.conns.setdefault(cmd.chan.conn_id, {})[cmd.chan] = None
+        self.count_channel(cmd.chan, 1)
 
     @handles(ChannelClose, reply=lambda c: CHANNEL_CLOSE if c.reply else None)
     def channel_close(self, cmd: ChannelClose) -> None:
@@ -64,6 +65,7 @@ class SessionHandlers(ApplierBase):
         deliveries (a quorum queue's x-delivery-count) unless `failed` is
         False (the cluster, not the client, ended it)."""
         s = self.s
+        self.count_channel(ch.id, -1)
         del s.channels[ch.id]
         conn = ch.id.conn_id
         chans = s.conns.get(conn)
@@ -88,6 +90,7 @@ class SessionHandlers(ApplierBase):
             if q is not None:
                 self.delete_queue(q)
         s.exclusive.pop(conn, None)
+        self.forget_connection(conn)
 
     @handles(ConnectionClose)
     def connection_close(self, cmd: ConnectionClose) -> None:
@@ -115,6 +118,8 @@ class SessionHandlers(ApplierBase):
         for conn in conns:
             self.close_connection(conn)
         for conn in [c for c in s.exclusive if c.node == node]:
+            self.close_connection(conn)
+        for conn in [c for c in s.connections if c.node == node]:
             self.close_connection(conn)
         for q in [q for q in s.queues.values() if q.home == node]:
             if not q.durable:
@@ -155,6 +160,9 @@ class SessionHandlers(ApplierBase):
         s = self.s
         conns = dict.fromkeys(c for c in s.conns if c.node == node)
         for c in s.exclusive:
+            if c.node == node:
+                conns[c] = None
+        for c in s.connections:  # channel-less ones too
             if c.node == node:
                 conns[c] = None
         for conn in conns:

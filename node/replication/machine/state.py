@@ -29,7 +29,8 @@ class BrokerState:
                  "ttl_index", "expires_index", "dedup", "counter", "message_bytes",
                  "members", "in_sync", "draining", "users", "vhosts", "permissions",
                  "config_version", "live", "fetch_props", "policies", "operator_policies",
-                 "policy_ae", "machine_version", "runs_version", "deadline_chans")
+                 "policy_ae", "machine_version", "runs_version", "deadline_chans", "vhost_limits",
+                 "user_limits", "topic_permissions", "connections", "counts")
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -86,6 +87,18 @@ class BrokerState:
         # by the node; a state that asks for more is refused, never applied)
         self.machine_version = FIRST_VERSION
         self.runs_version = MACHINE_VERSION
+        # vhost -> {limit name: value} and user -> {limit name: value} (config);
+        # (user, vhost, exchange) -> (write, read) topic patterns (config).
+        # Snapshotted in the access section (after the machine section)
+        self.vhost_limits: dict[str, dict[str, int]] = {}
+        self.user_limits: dict[str, dict[str, int]] = {}
+        self.topic_permissions: dict[tuple[str, str, str], tuple[str, str]] = {}
+        # client connections past connection.open (ConnectionOpen): conn -> (vhost, user)
+        self.connections: dict[ConnId, tuple[str, str]] = {}
+        # (kind, name, node) -> how many: "vhost" connections per vhost, "user"
+        # connections and "chan" channels per user, per node. Derived from
+        # `connections` and `channels` (rebuilt after a snapshot load, never written)
+        self.counts: dict[tuple[str, str, str], int] = {}
         # channels holding deliveries with a deadline (consumer timeouts, S29;
         # derived from the messages' deadlines, never written)
         self.deadline_chans: dict[ChanId, None] = {}

@@ -171,6 +171,7 @@ class TopologyHandlers(ApplierBase):
         src = s.exchanges.get(skey)
         if src is None:
             raise _not_found("exchange", skey, EXCHANGE_BIND)
+        self.check_topic(ch, src, cmd.routing_key, False, EXCHANGE_BIND)
         if dkey not in s.exchanges:
             raise _not_found("exchange", dkey, EXCHANGE_BIND)
         self._bind(src, (True, dkey), cmd.routing_key, cmd.arguments)
@@ -187,6 +188,7 @@ class TopologyHandlers(ApplierBase):
             raise _default_x(EXCHANGE_UNBIND)
         src = s.exchanges.get(self.key(ch, cmd.source, EXCHANGE_UNBIND))
         if src is not None:
+            self.check_topic(ch, src, cmd.routing_key, False, EXCHANGE_UNBIND)
             self._unbind(src, (True, self.key(ch, cmd.destination, EXCHANGE_UNBIND)),
                          cmd.routing_key, cmd.arguments)
         if not cmd.nowait:
@@ -228,6 +230,7 @@ class TopologyHandlers(ApplierBase):
                                         s.machine_version >= QUORUM_SEMANTICS)
             quorum43 = s.machine_version >= QUORUM_SEMANTICS
             _check_queue_type(key, args, cmd.durable, cmd.exclusive, cmd.auto_delete, quorum43)
+            self.check_queue_limit(ch, name, QUEUE_DECLARE)
             owner = cmd.chan.conn_id if cmd.exclusive else None
             q = Queue(key, cmd.durable, owner, cmd.auto_delete, args, cmd.chan.node, s.now)
             q.levels = uses_levels(args, quorum43)
@@ -289,6 +292,7 @@ class TopologyHandlers(ApplierBase):
         x = s.exchanges.get(xkey)
         if x is None:
             raise _not_found("exchange", xkey, QUEUE_BIND)
+        self.check_topic(ch, x, cmd.routing_key, False, QUEUE_BIND)
         q = self._queue_for(ch, cmd.queue, QUEUE_BIND)
         self._bind(x, (False, q.name), cmd.routing_key, cmd.arguments)
         if not cmd.nowait:
@@ -308,6 +312,7 @@ class TopologyHandlers(ApplierBase):
             raise _locked(qkey, QUEUE_UNBIND)
         x = s.exchanges.get(self.key(ch, cmd.exchange, QUEUE_UNBIND))
         if x is not None:
+            self.check_topic(ch, x, cmd.routing_key, False, QUEUE_UNBIND)
             self._unbind(x, (False, qkey), cmd.routing_key, cmd.arguments)
         self.reply(cmd.chan, "Queue.UnbindOk")
 

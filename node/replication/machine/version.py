@@ -24,6 +24,10 @@ Versions:
      (x-delivery-count), every return counts as an acquisition
      (x-acquired-count); snapshots of format 4 (the acquired count);
      32 priority levels (x-max-priority refused on a quorum queue)
+  4  vhost and user limits, topic permissions and the connection table
+     (ConnectionOpen, LimitSet/Clear, TopicPermissionSet/Clear: records a
+     version-3 build cannot decode, so no node proposes them before; the
+     snapshot's access section)
 """
 from __future__ import annotations
 
@@ -31,12 +35,13 @@ from node.broker.queue import uses_levels
 from node.replication.command import SetMachineVersion
 from node.replication.machine.handler import ApplierBase, handles
 
-MACHINE_VERSION = 3
+MACHINE_VERSION = 4
 FIRST_VERSION = 1  # a state that never applied SetMachineVersion
 # what switches at which version (apply code compares state.machine_version with these)
 COUNTED_RECORDS = 2  # the log and snapshots are written with field counts
 NO_LEGACY_QUEUE_CAP = 2  # QueueDeclare.default_max_length is ignored
 QUORUM_SEMANTICS = 3  # RabbitMQ 4.3's quorum queues (docs/semantics.md, Quorum queues)
+LIMITS = 4  # limits, topic permissions, ConnectionOpen may be proposed
 
 
 class MachineVersionError(RuntimeError):

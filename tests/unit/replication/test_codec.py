@@ -55,6 +55,11 @@ def _all_commands() -> list[object]:
         cmd.PolicySet(True, "/", "op", ".*", "all", 2.5, {"message-ttl": 1000}),
         cmd.PolicyClear(True, "/", "op"),
         cmd.SetMachineVersion(2),
+        cmd.ConnectionOpen(ConnId("n1", 7), "v", "u"),
+        cmd.LimitSet("vhost", "/", "max-connections", -1),
+        cmd.LimitClear("user", "u", ""),
+        cmd.TopicPermissionSet("u", "/", "amq.topic", "^a\\.", ""),
+        cmd.TopicPermissionClear("u", "/", ""),
     ]
 
 

@@ -225,8 +225,14 @@ def test_random_bytes_wrong_version_unknown_records_and_trailing_bytes_are_refus
         read_snapshot(_reframe(body + encode(None)))
     with pytest.raises(SnapshotFormatError, match="unknown section 'future'"):
         read_snapshot(_reframe(body + encode(("future", 1, 2))))
+    # after the machine section only the access section (machine version 3), nothing after it
+    machine = encode(("machine", 1, 3))
+    with pytest.raises(SnapshotFormatError, match="access section"):
+        read_snapshot(_reframe(body + machine + encode(None)))
+    access = encode(("access", 1, {}, {}, {}, {}))
+    read_snapshot(_reframe(body + machine + access))
     with pytest.raises(SnapshotFormatError, match="trailing"):
-        read_snapshot(_reframe(body + encode(("machine", 1, 2)) + encode(None)))
+        read_snapshot(_reframe(body + machine + access + encode(None)))
     # an unknown record id / an unknown tag where the raft position should be
     for bad in (b"R\xfe", b"\x07", b"Z"):
         _loads_or_raises(_reframe(body[:8] + bad + body[8:]))
