@@ -199,8 +199,12 @@ def queue_plan(classic: Sequence[str] = ("chaos-a", "chaos-b"), kinds: Sequence[
                               priorities=int(max_priority),
                               consumers=(ConsumerSpec(), ConsumerSpec(crash_every=crash_every))))
     if "sac" in kinds:
+        # x-delivery-limit -1: a quorum queue drops (or dead-letters) a message after
+        # 20 failed deliveries by default (RabbitMQ 4.3, S27); crashing consumers
+        # return messages, and the checker must see every confirmed one delivered
         plan.append(QueueSpec(f"{prefix}sac", "sac", {"x-queue-type": "quorum",
-                                                      "x-single-active-consumer": True}, 1,
+                                                      "x-single-active-consumer": True,
+                                                      "x-delivery-limit": -1}, 1,
                               consumers=(ConsumerSpec(crash_every=crash_every), ConsumerSpec())))
     return plan
 

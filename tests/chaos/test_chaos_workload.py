@@ -65,7 +65,8 @@ def test_queue_plan_arguments_and_consumers() -> None:
     assert by["dlx"].drain_after == ("chaos-ttl",)
     assert by["maxlen"].arguments == {"x-max-length": 40, "x-overflow": "reject-publish"}
     assert by["priority"].arguments == {"x-max-priority": 9} and by["priority"].priorities == 9
-    assert by["sac"].arguments == {"x-queue-type": "quorum", "x-single-active-consumer": True}
+    assert by["sac"].arguments == {"x-queue-type": "quorum", "x-single-active-consumer": True,
+                                  "x-delivery-limit": -1}
     # classic consumers: 3 over 2 queues, the last a crasher
     classic = [c for q in plan if q.kind == "classic" for c in q.consumers]
     assert len(classic) == 3 and [c.crash_every for c in classic].count(150) == 1
