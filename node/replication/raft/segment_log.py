@@ -576,6 +576,21 @@ class SegmentLog:
                 return seg, pos
         raise IndexError(f"raft log: no entry {idx}")
 
+    def missing(self, indices: Iterable[int]) -> list[int]:
+        """Those of `indices` (ascending) that are not readable here: one look
+        per index, trying the segment of the previous hit first (a snapshot
+        names tens of thousands of entries, mostly neighbours)."""
+        out = []
+        seg: _Segment | None = None
+        for idx in indices:
+            if seg is not None and seg.position(idx) >= 0:
+                continue
+            try:
+                seg, _pos = self._locate(idx)
+            except IndexError:
+                out.append(idx)
+        return out
+
     def has(self, idx: int) -> bool:
         """Whether entry `idx` is readable here (Raft's part or retained)."""
         try:

@@ -465,7 +465,7 @@ class SnapshotMixin:
             self._forget(journal, repairable, f"snapshot {path} not loaded ({exc})", aside)
             return
         entries = read_entries(BytesIO(data))
-        missing = [i for i in entries if not journal.has(i)]
+        missing = journal.missing(entries)
         if missing:
             self._forget(journal, repairable, f"the log lacks {len(missing)} of the {len(entries)} entries "
                          f"the messages of snapshot {path} are in (from index {missing[0]}; damaged or "

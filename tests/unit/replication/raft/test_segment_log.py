@@ -286,6 +286,7 @@ def test_mostly_dead_retained_segments_are_compacted_into_their_live_records(tmp
         if e[1] in live:
             assert j.read(e[1], 0, len(e[0])) == e[0]
     assert not j.has(entries[50][1])  # a dead one (not in a live block) is gone
+    assert j.missing([3, 51, 103, 203, 2999]) == [51]  # what a snapshot's check asks
     j._destroy()
     again = _open(tmp_path, retain=retain, granule=granule)
     assert again.recovered  # the damaged segment is cut at its bad record (the snapshot check repairs)
