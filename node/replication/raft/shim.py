@@ -460,6 +460,7 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         self.peer_versions: dict[Any, int] = {}
         self._last_forced_compaction = 0.0
         self._last_pin_check = 0.0
+        self.snapshot_done_at = clock()  # the latest snapshot written or loaded
         self._last_release = 0.0
         self._iteration_began = 0.0
         self._fail_names = {v: k.lower() for k, v in vars(FAIL_REASON).items()
@@ -854,18 +855,20 @@ class RaftShim(ElectionMixin, SnapshotMixin):
             so.forceLogCompaction()
 
     def _snapshot_pins_dead_segments(self) -> bool:
-        """Whether the latest snapshot keeps log entries (for messages it
-        holds) that the state has settled since: most of them, at least 64
-        buckets. A quiet queue after a drain takes no snapshot by entry
-        count, and those segments would stay on disk until the next one."""
-        pinned = self.snapshot_buckets
+        """Whether no snapshot was taken for PIN_QUIET seconds and the latest
+        one alone keeps retained segments on disk (their messages settled
+        since): a quiet queue after a drain takes no snapshot by entry count,
+        and those segments would stay until the next one. Under load
+        snapshots come by entry count and this never fires."""
         now = clock()
-        if len(pinned) < 64 or now - self._last_pin_check < 1.0:  # O(buckets): once a second at most
+        if not self.snapshot_buckets or now - self._last_pin_check < 1.0 \
+                or now - self.snapshot_done_at < self.PIN_QUIET:
             return False
         self._last_pin_check = now
-        live = self.owner.snapshot_state().live
-        dead = sum(1 for b in pinned if b not in live)
-        return dead * 2 >= len(pinned)
+        so = self._so
+        assert so is not None
+        retains = self.owner.retains
+        return any(not retains(seg.first, seg.last) for seg in so._SyncObj__raftLog.hidden)
 
     def _has_quorum(self, so: _BrokerLog) -> bool:
         """Raft's view, not TCP's (a link cut by a firewall stays 'connected'

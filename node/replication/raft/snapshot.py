@@ -290,6 +290,8 @@ class SnapshotMixin:
     _pending_buckets: frozenset[int] = frozenset()
     # a member that forgot a damaged log at start: no votes until applied up to here
     repair_until: int = 0
+    snapshot_done_at: float = 0.0
+    PIN_QUIET = 30.0  # seconds without a snapshot before one is forced to free pinned segments
 
     def _retains(self, first: int, last: int) -> bool:
         """Whether log entries first..last must stay: live messages of the state
@@ -384,6 +386,7 @@ class SnapshotMixin:
         os.replace(self._dump_path + ".part", self._dump_path)
         _fsync_dir(self.data_dir)
         self.snapshot_buckets = self._pending_buckets  # (pysyncobj compacts the log after this)
+        self.snapshot_done_at = clock()
         self.snapshots += 1
         self.last_snapshot_seconds = clock() - self._snap_started
         self.last_snapshot_bytes = os.path.getsize(self._dump_path)
