@@ -73,6 +73,9 @@ class NodeBackend:
         alarm = self.amqp.alarm
         return [alarm] if alarm else []
 
+    def connection_use(self) -> tuple[int, int]:
+        return len(self.amqp.opened), self.amqp.config.max_connections
+
     def local_connections(self) -> dict[tuple[str, int], LocalConnection]:
         out: dict[tuple[str, int], LocalConnection] = {}
         now_wall, now_mono = time.time(), time.monotonic()

@@ -2,7 +2,8 @@
 method and path pattern -> handler, in match order (server.Router takes the
 first pattern that matches). `{name}` segments are path parameters; every
 route authenticates (app.ManagementApi). The handlers live in resources/,
-one module per resource family."""
+one module per resource family. docs/management-api.md compares this table
+with RabbitMQ 4.3's dispatcher."""
 from __future__ import annotations
 
 from node.http.context import Handler
@@ -13,12 +14,14 @@ from node.http.resources import (
     consumers,
     definitions,
     exchanges,
+    feature_flags,
     health,
     limits,
     members,
     nodes,
     operator_policies,
     overview,
+    parameters,
     permissions,
     policies,
     queues,
@@ -36,8 +39,21 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
 
     ("GET", "/api/whoami",     overview.whoami),
     ("GET", "/api/extensions", overview.extensions),
+    ("GET", "/api/version",    overview.version),
+
+    ("GET", "/api/feature-flags",             feature_flags.feature_flags),
+    ("GET", "/api/deprecated-features",       feature_flags.deprecated_features),
+    ("GET", "/api/deprecated-features/used",  feature_flags.deprecated_features),
+
+    ("GET", "/api/parameters",                              parameters.parameters),
+    ("GET", "/api/parameters/{component}",                  parameters.parameters),
+    ("GET", "/api/parameters/{component}/{vhost}",          parameters.parameters),
+    ("GET", "/api/parameters/{component}/{vhost}/{name}",   parameters.parameter),
+    ("GET", "/api/global-parameters",                       parameters.global_parameters),
+    ("GET", "/api/global-parameters/{name}",                parameters.global_parameter),
 
     ("GET", "/api/queues",                            queues.queues),
+    ("GET", "/api/queues/detailed",                   queues.queues),  # before {vhost}
     ("GET", "/api/queues/{vhost}",                    queues.queues),
     ("GET", "/api/queues/{vhost}/{name}",             queues.queue),
     ("PUT", "/api/queues/{vhost}/{name}",             queues.queue_put),
@@ -67,6 +83,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("DELETE", "/api/bindings/{vhost}/e/{source}/e/{dest}/{props}", bindings.binding_delete("e")),
 
     ("GET", "/api/connections",                 connections.connections),
+    ("GET", "/api/connections/username/{username}", connections.user_connections),
     ("GET", "/api/connections/{name}",          connections.connection),
     ("DELETE", "/api/connections/{name}",       connections.connection_delete),
     ("GET", "/api/connections/{name}/channels", connections.connection_channels),
@@ -134,15 +151,27 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("POST", "/api/definitions",        definitions.definitions_post),
     ("GET", "/api/definitions/{vhost}", definitions.definitions_get),
     ("POST", "/api/definitions/{vhost}", definitions.definitions_vhost_post),
+    ("GET", "/api/all-configuration",    definitions.definitions_get),  # RabbitMQ's old name
+    ("POST", "/api/all-configuration",   definitions.definitions_post),
 
     ("GET", "/api/health/checks/alarms",                       health.health_alarms),
     ("GET", "/api/health/checks/local-alarms",                 health.health_alarms),
     ("GET", "/api/health/checks/node-is-quorum-critical",      health.health_quorum),
     ("GET", "/api/health/checks/node-is-mirror-sync-critical", health.health_quorum),
     ("GET", "/api/health/checks/virtual-hosts",                health.health_vhosts),
+    ("GET", "/api/health/checks/port-listener/{port}",         health.health_port_listener),
+    ("GET", "/api/health/checks/protocol-listener/{protocols}", health.health_protocol_listener),
+    ("GET", "/api/health/checks/is-in-service",                health.health_is_in_service),
+    ("GET", "/api/health/checks/ready-to-serve-clients",       health.health_ready),
+    ("GET", "/api/health/checks/below-node-connection-limit",  health.health_connection_limit),
+    ("GET", "/api/health/checks/metadata-store/initialized",   health.health_metadata_store),
+    ("GET", "/api/health/checks/metadata-store/initialized/with-data",
+     health.health_metadata_store_data),
     ("GET", "/api/aliveness-test/{vhost}",                     health.aliveness),
     ("GET", "/api/healthchecks/node",                          health.healthchecks_node),
     ("GET", "/api/healthchecks/node/{node}",                   health.healthchecks_node),
+
+    ("POST", "/api/rebalance/queues", members.rebalance_queues),
 
     ("GET", "/api/mirrorq/cluster",           members.mirrorq_cluster),
     ("PUT", "/api/mirrorq/members/{name}",    members.member_add),

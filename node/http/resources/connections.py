@@ -1,5 +1,5 @@
-"""/api/connections: list (all, a vhost's), show, close, a connection's
-channels. Every node lists every connection; only its own ones have peer,
+"""/api/connections: list (all, a vhost's, a user's), show, close, a
+connection's channels. Every node lists every connection; only its own ones have peer,
 user and client details (LocalConnection), and only it can close them."""
 from __future__ import annotations
 
@@ -47,6 +47,18 @@ async def vhost_connections(ctx: Context, req: Request, params: dict[str, str],
                             p: Principal) -> Response:
     ctx.need_vhost(p, params["vhost"])
     return filter_sort_page(req, conn_rows(ctx, await ctx.rows(), p, params["vhost"]))
+
+
+async def user_connections(ctx: Context, req: Request, params: dict[str, str],
+                           p: Principal) -> Response:
+    """/api/connections/username/{username}: RabbitMQ's is_authorized_user
+    (the user itself or an administrator); this node lists every node's rows,
+    but only its own carry the user, so it lists its own connections."""
+    user = params["username"]
+    if not p.administrator and p.name != user:
+        raise HttpError(403, "not_authorised", "Not administrator user")
+    return filter_sort_page(req, [r for r in conn_rows(ctx, await ctx.rows(), p)
+                                  if r.get("user") == user])
 
 
 async def connection(ctx: Context, _r: Request, params: dict[str, str], p: Principal) -> Response:

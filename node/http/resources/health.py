@@ -1,12 +1,14 @@
-"""/api/health/checks/* and /api/aliveness-test/{vhost}."""
+"""/api/health/checks/* and /api/aliveness-test/{vhost} (the decisions of
+the fine-grained checks: node/http/health_check.py)."""
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from node.http import health_check as hc
 from node.http.auth import Principal
 from node.http.context import Context
-from node.http.errors import not_found
+from node.http.errors import bad_request, not_found
 from node.http.server import HttpError, Request, Response, json_response
 from node.http.stats import quorum_critical
 
@@ -60,3 +62,50 @@ async def aliveness(ctx: Context, _r: Request, params: dict[str, str], p: Princi
             raise HttpError(503, "failed", "aliveness-test: message not received")
     await ctx.session_do(Principal(p.name, p.tags, token=p.monitor), vhost, check)
     return json_response({"status": "ok"})
+
+
+def _answer(check: hc.Check) -> Response:
+    return json_response(check[1], check[0])
+
+
+async def health_port_listener(ctx: Context, _r: Request, params: dict[str, str],
+                               p: Principal) -> Response:
+    try:
+        port = int(params["port"])
+    except ValueError:
+        raise bad_request("Invalid port") from None
+    return _answer(hc.port_listener(port, ctx.b.listeners()))
+
+
+async def health_protocol_listener(ctx: Context, _r: Request, params: dict[str, str],
+                                   p: Principal) -> Response:
+    return _answer(hc.protocol_listener(params["protocols"], ctx.b.listeners()))
+
+
+async def health_is_in_service(ctx: Context, _r: Request, _p: dict[str, str],
+                               p: Principal) -> Response:
+    st = ctx.b.status()
+    return _answer(hc.is_in_service(st.has_quorum, st.leader))
+
+
+async def health_connection_limit(ctx: Context, _r: Request, _p: dict[str, str],
+                                  p: Principal) -> Response:
+    return _answer(hc.below_connection_limit(*ctx.b.connection_use()))
+
+
+async def health_ready(ctx: Context, _r: Request, _p: dict[str, str], p: Principal) -> Response:
+    st = ctx.b.status()
+    opened, limit = ctx.b.connection_use()
+    return _answer(hc.ready_to_serve_clients(st.has_quorum, st.leader, ctx.b.listeners(),
+                                             opened, limit))
+
+
+async def health_metadata_store(ctx: Context, _r: Request, _p: dict[str, str],
+                                p: Principal) -> Response:
+    return _answer(hc.metadata_store_initialized(ctx.b.status().last_applied))
+
+
+async def health_metadata_store_data(ctx: Context, _r: Request, _p: dict[str, str],
+                                     p: Principal) -> Response:
+    return _answer(hc.metadata_store_with_data(ctx.b.status().last_applied,
+                                               len(ctx.model().vhosts)))

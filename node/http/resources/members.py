@@ -1,6 +1,6 @@
 """mirrorq's own: /api/mirrorq/cluster (the Raft members as this node sees
 them) and /api/mirrorq/members/{name} (add, remove; through the
-Administrator)."""
+Administrator); and RabbitMQ's /api/rebalance/queues, a no-op here."""
 from __future__ import annotations
 
 from node.http.auth import Principal, require_admin
@@ -40,4 +40,14 @@ async def member_remove(ctx: Context, _r: Request, params: dict[str, str],
         raise HttpError(409, "conflict", str(exc)) from None
     except TimeoutError as exc:
         raise HttpError(503, "service_unavailable", str(exc) or "timed out") from None
+    return Response(204)
+
+
+async def rebalance_queues(ctx: Context, _r: Request, _p: dict[str, str],
+                           p: Principal) -> Response:
+    """POST /api/rebalance/queues: RabbitMQ moves queue leaders across the
+    nodes (started in the background, 204). Every mirrorq queue lives in the
+    one Raft group, led by its one leader: there is nothing to move, so this
+    is accepted and does nothing (administrators only, as RabbitMQ)."""
+    require_admin(p)
     return Response(204)

@@ -1,4 +1,4 @@
-"""/api/overview, /api/cluster-name, /api/extensions, /api/whoami."""
+"""/api/overview, /api/cluster-name, /api/extensions, /api/whoami, /api/version."""
 from __future__ import annotations
 
 from node.http.auth import Principal
@@ -63,3 +63,10 @@ async def extensions(ctx: Context, _r: Request, _p: dict[str, str], p: Principal
 
 async def whoami(ctx: Context, _r: Request, _p: dict[str, str], p: Principal) -> Response:
     return json_response({"name": p.name, "tags": list(p.tags)})
+
+
+async def version(ctx: Context, _r: Request, _p: dict[str, str], p: Principal) -> Response:
+    """RabbitMQ answers its product version as a JSON string; mirrorq answers
+    the RabbitMQ version it is compatible with (as the overview's
+    rabbitmq_version), which is what clients gate features on."""
+    return json_response(RABBIT_VERSION)
