@@ -93,3 +93,15 @@ def metadata_store_with_data(last_applied: int | None, vhosts: int) -> Check:
         return OK
     return failed("Metadata store has not yet been initialized: it reports to have no "
                   "virtual hosts")
+
+
+def quorum_queues_without_leader(is_serving: bool,
+                                 queues: Sequence[tuple[str, str]]) -> Check:
+    """RabbitMQ asks each matching quorum queue's Raft leader; every mirrorq
+    queue lives in the one Raft group, so they all have this node's view of
+    its leader: none of `queues` (vhost, name) has one unless it is serving."""
+    if is_serving or not queues:
+        return OK
+    return failed("Detected quorum queues without an elected leader", queues=[
+        {"readable_name": f"queue '{name}' in vhost '{vhost}'", "name": name,
+         "virtual_host": vhost, "type": "rabbit_quorum_queue"} for vhost, name in queues])

@@ -13,6 +13,7 @@ import pika
 import pytest
 import requests
 
+from node.broker.password import check_password
 from tests.broker_proc import NodeProcess, start_http_node, uniq, wait_for
 
 GUEST = ("guest", "guest")
@@ -167,3 +168,32 @@ def test_rebalance_queues_is_an_accepted_no_op_for_administrators(node: NodeProc
     assert api(node, "POST", "/api/rebalance/queues",
                auth=user(node, "monitoring")).status_code == 403
     assert api(node, "GET", "/api/rebalance/queues").status_code == 405
+
+
+def test_hash_password_answers_a_rabbitmq_sha256_hash_a_user_can_log_in_with(
+        node: NodeProcess) -> None:
+    r = api(node, "GET", "/api/auth/hash_password/s3cret")
+    assert r.status_code == 200 and set(r.json()) == {"ok"}
+    digest = r.json()["ok"]
+    assert check_password(digest, "s3cret") and not check_password(digest, "other")
+    assert api(node, "GET", "/api/auth/hash_password/s3cret").json()["ok"] != digest  # salted
+    name = uniq("hashed")
+    assert api(node, "PUT", f"/api/users/{name}",
+               json={"password_hash": digest, "tags": "management"}).status_code == 201
+    assert api(node, "GET", "/api/whoami", auth=(name, "s3cret")).json()["name"] == name
+    assert api(node, "GET", "/api/auth/hash_password/x",
+               auth=user(node, "monitoring")).status_code == 403
+
+
+def test_quorum_queues_without_elected_leaders_ok_while_a_leader_serves(
+        node: NodeProcess) -> None:
+    q = uniq("qq")
+    assert api(node, "PUT", f"/api/queues/%2F/{q}",
+               json={"durable": True, "arguments": {"x-queue-type": "quorum"}}).status_code == 201
+    base = "/api/health/checks/quorum-queues-without-elected-leaders"
+    for path in (f"{base}/all-vhosts/", f"{base}/vhost/%2F/", f"{base}/all-vhosts/pattern/^qq",
+                 f"{base}/vhost/%2F/pattern/{q}"):
+        r = api(node, "GET", path)
+        assert (r.status_code, r.json()) == (200, {"status": "ok"}), path
+    assert api(node, "GET", f"{base}/vhost/no-such-vhost/").status_code == 404
+    assert api(node, "GET", f"{base}/all-vhosts/pattern/(").status_code == 400

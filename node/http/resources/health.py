@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from node.broker.pattern import PatternError, compile_pattern
 from node.http import health_check as hc
 from node.http.auth import Principal
 from node.http.context import Context
@@ -109,3 +110,22 @@ async def health_metadata_store_data(ctx: Context, _r: Request, _p: dict[str, st
                                      p: Principal) -> Response:
     return _answer(hc.metadata_store_with_data(ctx.b.status().last_applied,
                                                len(ctx.model().vhosts)))
+
+
+async def health_quorum_leaders(ctx: Context, _r: Request, params: dict[str, str],
+                                p: Principal) -> Response:
+    """quorum-queues-without-elected-leaders/{all-vhosts | vhost/{vhost}}[/pattern/{pattern}]
+    (RabbitMQ's default pattern: .*, matched anywhere in the name)."""
+    vhost = params.get("vhost")
+    if vhost is not None and vhost not in ctx.model().vhosts:
+        raise not_found()
+    try:
+        pattern = compile_pattern(params.get("pattern", ".*"))
+    except PatternError as err:
+        raise bad_request(f"invalid pattern: {err}") from None
+    rows = await ctx.rows()
+    queues = [(q.vhost, q.name) for q in rows.queues
+              if (vhost is None or q.vhost == vhost) and q.arguments.get("x-queue-type") == "quorum"
+              and pattern.search(q.name)]
+    st = ctx.b.status()
+    return _answer(hc.quorum_queues_without_leader(hc.serving(st.has_quorum, st.leader), queues))

@@ -1,7 +1,8 @@
 """/api/users: list, without permissions, show, create or update (password or
-hash), delete (through the Administrator)."""
+hash), delete (through the Administrator); /api/auth/hash_password/{password}."""
 from __future__ import annotations
 
+from node.broker.password import hash_password as sha256_hash
 from node.http.auth import Principal, parse_tags, require_admin
 from node.http.body import json_object
 from node.http.context import Context
@@ -80,3 +81,12 @@ async def users_bulk_delete(ctx: Context, req: Request, _p: dict[str, str], p: P
         except KeyError:
             continue
     return Response(204)
+
+
+async def hash_password(ctx: Context, _r: Request, params: dict[str, str],
+                        p: Principal) -> Response:
+    """The hash a definitions file or PUT /api/users may carry as
+    password_hash (rabbit_password_hashing_sha256, a fresh salt each call);
+    administrators only, as RabbitMQ."""
+    require_admin(p)
+    return json_response({"ok": sha256_hash(params["password"])})

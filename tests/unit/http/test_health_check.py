@@ -62,3 +62,12 @@ def test_machine_versions_listed_as_flags_enabled_up_to_the_clusters() -> None:
     assert [r["name"] for r in rows] == [f"mirrorq_machine_version_{v}" for v in (1, 2, 3, 4)]
     assert [r["state"] for r in rows] == ["enabled", "enabled", "enabled", "disabled"]
     assert set(rows[0]) == {"name", "desc", "doc_url", "stability", "provided_by", "state"}
+
+
+def test_quorum_queues_lack_a_leader_only_while_the_node_is_not_serving() -> None:
+    assert hc.quorum_queues_without_leader(True, [("/", "qq")]) == hc.OK
+    assert hc.quorum_queues_without_leader(False, []) == hc.OK
+    assert hc.quorum_queues_without_leader(False, [("/", "qq")]) == (503, {
+        "status": "failed", "reason": "Detected quorum queues without an elected leader",
+        "queues": [{"readable_name": "queue 'qq' in vhost '/'", "name": "qq",
+                    "virtual_host": "/", "type": "rabbit_quorum_queue"}]})
