@@ -327,15 +327,25 @@ def test_an_on_path_relay_that_alters_or_injects_a_frame_gets_the_link_dropped_a
     declare(c.leader(), queue)
     publish_confirmed(target, queue)
 
-    for i, mode in enumerate(("flip", "inject"), start=1):
-        relay.arm(mode)
-        wait_for(lambda n=i: len(relay.victims) >= n, timeout=20, what=f"the relay's {mode}")
-        victim = _by_address(c, relay.victims[-1])
-        # its own count: the two tamperings may hit different members (CI: the flip
-        # reached n3, the injection n2, which then counted 1, not 2)
-        hits = relay.victims.count(relay.victims[-1])
-        wait_for(lambda v=victim, n=hits: v.status().get("peer_mac_failures", 0) >= n, timeout=15,
-                 what=f"{victim.node_id} counting the bad MAC ({mode})")
+    counted = 0
+    for mode in ("flip", "inject"):
+        # a tampered frame can go into a link that is already closing (the last
+        # tampering's drop; CI under load): then nobody reads it, so arm again
+        for _attempt in range(3):
+            before = {n.node_id: int(n.status().get("peer_mac_failures", 0)) for n in c.nodes}
+            k = len(relay.victims)
+            relay.arm(mode)
+            wait_for(lambda k=k: len(relay.victims) > k, timeout=20, what=f"the relay's {mode}")
+            victim = _by_address(c, relay.victims[-1])
+            try:
+                wait_for(lambda v=victim, b=before[victim.node_id]: v.status().get("peer_mac_failures", 0) > b,
+                         timeout=10, what=f"{victim.node_id} counting the bad MAC ({mode})")
+            except AssertionError:
+                continue
+            counted += 1
+            break
+        else:
+            raise AssertionError(f"{mode}: no member counted a bad MAC in 3 tamperings")
         assert "bad MAC" in victim.tail_log(300)
 
     # nothing forged was applied anywhere; the links came back through the relay
@@ -344,7 +354,7 @@ def test_an_on_path_relay_that_alters_or_injects_a_frame_gets_the_link_dropped_a
         assert INTRUDER not in _users(n), f"{n.node_id} applied a forged UserPut"
     publish_confirmed(target, queue)
     publish_confirmed(c.leader(), queue)
-    assert sum(int(n.status()["peer_mac_failures"]) for n in c.nodes) == 2
+    assert counted <= sum(int(n.status()["peer_mac_failures"]) for n in c.nodes) <= len(relay.victims)
 
 
 def test_a_short_raft_password_without_tls_gets_a_warning_at_start(
