@@ -5,10 +5,13 @@ after every one of them has ended.
 With F = `seconds`, from the action's start (the nodes are chosen at the start
 from `seed`: follower A, follower B; the leader is whoever leads when its turn
 comes):
-    0.0 F .. 1.5 F   packet loss on A (`loss_percent` % of its packets)
+    0.0 F .. 2.5 F   packet loss on A (`loss_percent` % of its packets; past
+                     the partition's end: its start waits for a leader, late
+                     under load, and the loss must overlap it)
     0.3 F .. 0.8 F   B SIGSTOPped
     0.6 F .. 1.0 F   the leader SIGKILLed (down 0.4 F, then restarted)
     1.0 F .. 1.5 F   a one-way partition: A stops hearing the leader of that moment
+                     (from when a leader is known)
 While B is stopped and the leader is down, the only live member is the lossy A:
 no quorum, so confirms stop (nothing may be confirmed then) and resume after.
 Each fault records its own window; every one is lifted in its own `finally`,
@@ -57,7 +60,7 @@ def mixed_faults(seconds: float = 12.0, loss_percent: float = 10.0, seed: int | 
 
     t0 = time.time()
     threads = [
-        _later(0.0, lambda: actions.lose_packets(a, fault.as_float(loss_percent), 1.5 * f), results, "loss"),
+        _later(0.0, lambda: actions.lose_packets(a, fault.as_float(loss_percent), 2.5 * f), results, "loss"),
         _later(0.3 * f, lambda: actions.pause_node(b, 0.5 * f), results, "pause"),
         _later(0.6 * f, lambda: actions.kill_node("leader", down_seconds=0.4 * f), results, "kill"),
         _later(1.0 * f, lambda: one_way(), results, "one-way"),
