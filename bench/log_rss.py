@@ -37,6 +37,15 @@ def rss(pid: int) -> int:
     return 0
 
 
+def rss_parts(pid: int) -> dict[str, float]:
+    """RssAnon (heap) and RssFile (mapped files), MB."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("RssAnon:", "RssFile:")):
+            out[line.split(":")[0]] = round(int(line.split()[1]) / 1e3, 1)
+    return out
+
+
 def disk(data: Path) -> int:
     return sum(p.stat().st_size for p in data.rglob("*") if p.is_file())
 
@@ -78,10 +87,15 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError(f"queue not back after the restart:\n{tail(node.logfile)}")
             time.sleep(0.2)
         restarted = rss(node.proc.pid)
+        time.sleep(25)  # the node hands back what the replay freed (idle malloc trim, 20 s)
+        settled = rss(node.proc.pid)
+        parts = rss_parts(node.proc.pid)
         out = {"count": a.count, "size": a.size, "fill_msg_per_s": fill.get("msg_per_s"),
                "rss_before_mb": round(before / 1e6, 1), "rss_after_fill_mb": round(after / 1e6, 1),
                "rss_bytes_per_message": round((after - before) / a.count),
-               "rss_after_restart_mb": round(restarted / 1e6, 1), "data_dir_mb": round(disk(node.data) / 1e6, 1)}
+               "rss_after_restart_mb": round(restarted / 1e6, 1),
+               "rss_restart_settled_mb": round(settled / 1e6, 1), "rss_restart_settled_parts_mb": parts,
+               "data_dir_mb": round(disk(node.data) / 1e6, 1)}
         print(json.dumps(out))
         return 0
     finally:

@@ -69,7 +69,8 @@ VERSION = "0.1.0"
 
 # Node-unique serials for connections and channels; starting from the start
 # time in ns means a restarted node never reuses an id of its earlier life.
-_serials = itertools.count(time.time_ns())
+FIRST_SERIAL = time.time_ns()
+_serials = itertools.count(FIRST_SERIAL)
 
 
 def next_serial() -> int:

@@ -95,15 +95,21 @@ class ProcessMemory:
     """The figure the memory alarm compares with the watermark: the resident
     set, read at most once per `interval`. While over the watermark, free
     malloc pages are trimmed (at most once per `trim_interval`: on a large heap
-    it takes milliseconds) before the alarm is decided."""
+    it takes milliseconds) before the alarm is decided; otherwise once per
+    `idle_trim_interval`, so that what a drain, a log replay at start or a
+    burst freed goes back to the OS (a drained node ends near a fresh one's
+    size, not at its peak)."""
 
     def __init__(self, watermark: int, interval: float = 0.1, trim_interval: float = 1.0,
-                 read: Callable[[], int | None] = resident_bytes) -> None:
+                 read: Callable[[], int | None] = resident_bytes,
+                 idle_trim_interval: float = 20.0) -> None:
         self.watermark = watermark
         self.interval, self.trim_interval = interval, trim_interval
+        self.idle_trim_interval = idle_trim_interval
         self._read = read
         self._trim = _libc_trim()
         self._read_at = self._trimmed_at = float("-inf")
+        self._born = time.monotonic()
         self.used = 0
         self.trims = 0
 
@@ -113,8 +119,10 @@ class ProcessMemory:
             return self.used
         self._read_at = now
         used = self._read() or 0
-        if (self.watermark > 0 and used > self.watermark and self._trim is not None
-                and now - self._trimmed_at >= self.trim_interval):
+        over = self.watermark > 0 and used > self.watermark
+        since = now - self._trimmed_at
+        if self._trim is not None and (now - max(self._trimmed_at, self._born) >= self.idle_trim_interval
+                                       or (over and since >= self.trim_interval)):
             self._trimmed_at = now
             self._trim()
             self.trims += 1

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from node.admin.metric import MetricsServer
 from node.admin.service import AdminServer
 from node.amqp.config import default_listen
+from node.amqp.connection import FIRST_SERIAL
 from node.amqp.server import MEMORY_ALARM, AmqpServer, throttle_from
 from node.app.administrator import Administrator
 from node.app.config import NodeConfig, raft_authenticated
@@ -58,7 +59,7 @@ class Node:
         self.cfg = cfg
         self.stop = asyncio.Event()  # set: shut down (a signal, or this node was removed)
         self._why = "shutdown"
-        self.raft = RaftNode(cfg.node_id, cfg.data_dir, loop, self._dispatch, cfg.raft)
+        self.raft = RaftNode(cfg.node_id, cfg.data_dir, loop, self._dispatch, cfg.raft, FIRST_SERIAL)
         self.raft.seed_users = {name: hash_password(pw) for name, pw in cfg.wire.users.items()}
         cfg.wire.data_dir = cfg.data_dir
         cfg.wire.memory_high_watermark = resolve_watermark(cfg.memory_high_watermark_relative,

@@ -1,7 +1,8 @@
 """Queue records and message storage (pure model).
 
-Ready messages are a FIFO deque of new messages plus a heap of returned
-(requeued) ones keyed by their enqueue sequence. Only the head is ever taken,
+Ready messages are a FIFO of new messages (packed arrays, not objects:
+node/broker/fifo.py) plus a heap of returned (requeued) ones keyed by their
+enqueue sequence. Only the head is ever taken,
 so every returned message has a lower sequence than anything still in the
 deque: the heap always precedes the deque and a requeued message goes back
 to its original position (S04).
@@ -21,10 +22,11 @@ sequence); the head is the smaller of the two heads.
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from node.broker.fifo import PackedFifo
+from node.broker.message import Message, raw_priority
 from node.broker.policy import QueueSettings, queue_settings
 from node.broker.vhost import ResourceKey
 
@@ -33,54 +35,9 @@ if TYPE_CHECKING:
     from node.broker.ids import ConnId
 
 
-class Message:
-    """One message as held by one queue. Its properties and body are either
-    here (`props`, `body`: shared, never copied, between the queues a publish
-    was routed to) or None, read back from the Raft log at `loc` when
-    delivered (node/replication/message_store.py). A dead-lettered message
-    has new properties here and its body still in the log."""
-
-    __slots__ = ("seq", "exchange", "routing_key", "props", "body", "loc", "size", "priority",
-                 "persistent", "expires_at", "redelivered", "delivery_count", "acquired_count",
-                 "deadline")
-
-    def __init__(self, seq: int, exchange: str, routing_key: str, props: dict[str, Any] | None,
-                 body: bytes | None, persistent: bool, expires_at: float | None,
-                 loc: int | None = None, size: int = -1, priority: int = -1) -> None:
-        self.seq = seq
-        self.exchange = exchange
-        self.routing_key = routing_key
-        self.props = props
-        self.body = body
-        self.loc = loc
-        self.size = len(body) if size < 0 and body is not None else size
-        # the priority property as published (0: absent or invalid)
-        self.priority = priority if priority >= 0 else raw_priority(props or {})
-        self.persistent = persistent
-        self.expires_at = expires_at
-        # True once delivered: any later delivery is a redelivery (S07)
-        self.redelivered = False
-        # times returned to the queue (x-delivery-count, x-delivery-limit); on
-        # a quorum queue from machine version 3 on the failed deliveries only
-        # (reject with requeue, its channel gone), as RabbitMQ 4.3 counts them
-        self.delivery_count = 0
-        # machine version 3 on, quorum queues: every return (x-acquired-count)
-        self.acquired_count = 0
-        # while unacked from a quorum queue with a consumer timeout (S29): when
-        # it times out (the state's clock); None otherwise
-        self.deadline: float | None = None
-
-
 def _level_key(priority: int, seq: int) -> int:
     """Heap key of a message of level `priority` (band 0: returned messages)."""
     return ((QUORUM_LEVELS - priority) << 64) | seq
-
-
-def raw_priority(props: dict[str, Any]) -> int:
-    p = props.get("priority")
-    if not isinstance(p, int) or p <= 0:
-        return 0
-    return p
 
 
 MAX_PRIORITY = 255  # RabbitMQ's limit for x-max-priority
@@ -147,7 +104,7 @@ class Queue:
         # consumers with a non-zero x-priority: pick() compares only when any
         self.prio_consumers = 0
         self.returned: list[tuple[int, Message]] = []
-        self.ready: deque[Message] = deque()
+        self.ready = PackedFifo()
         self.next_seq = 0
         self.ready_bytes = 0
         # (chan, consumer_tag) -> Consumer, in round-robin order (rotated on delivery)
@@ -193,7 +150,7 @@ class Queue:
             return False
         if not self.levels or not self.ready:
             return True
-        return self.returned[0][0] < _level_key(QUORUM_DEFAULT_PRIORITY, self.ready[0].seq)
+        return self.returned[0][0] < _level_key(QUORUM_DEFAULT_PRIORITY, self.ready.head_seq())
 
     def peek(self) -> Message | None:
         if self._heap_first():
@@ -234,13 +191,26 @@ class Queue:
         """Remove the ready messages `keep` refuses, every other one staying
         where it is; returns the removed ones."""
         gone = [m for _k, m in self.returned if not keep(m)]
-        gone.extend(m for m in self.ready if not keep(m))
         if gone:
             self.returned = [(k, m) for k, m in self.returned if keep(m)]
             heapq.heapify(self.returned)
-            self.ready = deque(m for m in self.ready if keep(m))
-            self.ready_bytes -= sum(m.size for m in gone)
+        if self.ready:
+            self.ready, more = self.ready.filtered(keep)
+            gone.extend(more)
+        self.ready_bytes -= sum(m.size for m in gone)
         return gone
+
+    def keep_persistent(self) -> list[Message]:
+        """keep_only(persistent), reading the packed flags: a backlog of
+        persistent messages is neither made into objects nor copied."""
+        if self.ready.all_persistent():
+            gone = [m for _k, m in self.returned if not m.persistent]
+            if gone:
+                self.returned = [(k, m) for k, m in self.returned if m.persistent]
+                heapq.heapify(self.returned)
+                self.ready_bytes -= sum(m.size for m in gone)
+            return gone
+        return self.keep_only(lambda m: m.persistent)
 
     def take_all(self) -> list[Message]:
         """Remove and return every ready message (head first, but with

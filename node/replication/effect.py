@@ -124,6 +124,13 @@ Effect = (Reply | Deliver | GetOk | Return | Confirm | ChannelError | Connection
           | ConsumerCancelled | ConsumerTimedOut)
 
 
+def effect_serial(effect: Effect) -> int:
+    """The serial of the connection the effect is for."""
+    if isinstance(effect, ConnectionFailure):
+        return effect.conn.serial
+    return effect.chan.conn
+
+
 def effect_node(effect: Effect) -> str:
     """The node that must carry the effect out."""
     if isinstance(effect, ConnectionFailure):

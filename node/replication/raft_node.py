@@ -45,7 +45,15 @@ from node.replication.command import (
     UserPut,
 )
 from node.replication.config import RaftConfig
-from node.replication.effect import Confirm, Deliver, Effect, GetOk, Return, effect_node
+from node.replication.effect import (
+    Confirm,
+    Deliver,
+    Effect,
+    GetOk,
+    Return,
+    effect_node,
+    effect_serial,
+)
 from node.replication.machine import (
     BrokerState,
     apply_batch,
@@ -78,8 +86,11 @@ class RaftNode:
     """Implements node.replication.port.Proposer; the shim's Owner."""
 
     def __init__(self, node_id: str, data_dir: str, loop: asyncio.AbstractEventLoop,
-                 sink: EffectSink, config: RaftConfig) -> None:
+                 sink: EffectSink, config: RaftConfig, first_serial: int = 0) -> None:
         self.node_id = NodeId(node_id)
+        # connections of this node's earlier lives have serials below this one
+        # (node/amqp/connection.py): their effects have nobody to reach
+        self.first_serial = first_serial
         self.data_dir = data_dir
         self.loop = loop
         self.sink = sink
@@ -167,8 +178,10 @@ class RaftNode:
         self.applied_batches += 1
         if self.state.machine_version != self.machine_version:
             self._machine_changed(index)
-        me = self.node_id
-        mine = [e for e in effects if effect_node(e) == me]
+        me, first = self.node_id, self.first_serial
+        # not the effects for connections of an earlier life: replaying the log
+        # at start would hold one per publish until the first tick
+        mine = [e for e in effects if effect_node(e) == me and effect_serial(e) >= first]
         if mine:
             if spans is not None:
                 mine = [self._resolve(e) if (type(e) is Deliver or type(e) is GetOk) and e.stored is not None  # type: ignore[union-attr]

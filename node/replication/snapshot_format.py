@@ -52,13 +52,13 @@ import sys
 import zlib
 from array import array
 from bisect import bisect_left
-from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from io import BytesIO
 from typing import IO, Any, NamedTuple
 
 from node.broker.channel import Channel, Consumer
 from node.broker.exchange import Binding, Exchange, split_topic
+from node.broker.fifo import PackedFifo
 from node.broker.ids import ChanId, ConnId
 from node.broker.policy import Policy
 from node.broker.queue import Message, Queue, raw_priority, uses_levels
@@ -174,23 +174,16 @@ def logged_entries(state: BrokerState) -> array[int]:
     of the state's messages: what a snapshot of it needs from the log."""
     seen: set[int] = set()
     add = seen.add
-    for m in iter_messages(state):
-        loc = m.loc
-        if loc is not None:
-            add(loc >> 64)
-    return array("Q", sorted(seen))
-
-
-def iter_messages(state: BrokerState) -> Iterator[Message]:
-    """Every message the state holds (ready, returned, unacked; a message
-    unacked from a deleted queue too)."""
     for q in state.queues.values():
-        yield from q.ready
+        seen.update(q.ready.log_indices())  # packed: no message is made
         for _key, m in q.returned:
-            yield m
+            if m.loc is not None:
+                add(m.loc >> 64)
     for ch in state.channels.values():
         for _q, m, _by in ch.unacked.values():
-            yield m
+            if m.loc is not None:
+                add(m.loc >> 64)
+    return array("Q", sorted(seen))
 
 
 def write_snapshot(sink: IO[bytes], state: BrokerState, raft: RaftMeta) -> int:
@@ -679,7 +672,7 @@ class _Reader:
             _expect(type(key) is int, "heap key")
             returned.append((key, self.message()))
         q.returned = returned
-        ready: deque[Message] = deque()
+        ready = PackedFifo()
         append = ready.append
         message = self.message
         for _ in range(self.count("ready messages")):

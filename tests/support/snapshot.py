@@ -8,6 +8,7 @@ from typing import Any
 
 from node.broker.channel import Channel, Consumer
 from node.broker.exchange import Binding, Exchange
+from node.broker.fifo import PackedFifo
 from node.broker.queue import Message, Queue
 from node.replication.machine import BrokerState
 from node.replication.snapshot_format import RaftMeta, encode_snapshot, read_snapshot
@@ -53,6 +54,9 @@ def _same(a: Any, b: Any, path: str, seen: dict[int, int], shared: bool = False)
             raise AssertionError(f"{path}: keys {list(a)!r} != {list(b)!r}")
         for k in a:
             _same(a[k], b[k], f"{path}[{k!r}]", seen)
+    elif isinstance(a, PackedFifo):
+        # messages are made as they are read: keep them all alive while compared (ids)
+        _same(list(a), list(b), path, seen)
     elif isinstance(a, list | tuple | deque):
         if len(a) != len(b):
             raise AssertionError(f"{path}: length {len(a)} != {len(b)}")

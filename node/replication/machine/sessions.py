@@ -125,18 +125,9 @@ class SessionHandlers(ApplierBase):
             if not q.durable:
                 self.delete_queue(q)
                 continue
-            if q.levels:  # messages stay where they are, among their levels
-                for m in q.keep_only(lambda m: m.persistent):
-                    self.drop(m)
-                continue
-            keep = []
-            for m in q.take_all():
-                if m.persistent:
-                    keep.append(m)
-                else:
-                    self.drop(m)
-            for m in keep:  # heap order == seq order, so plain re-insertion keeps positions
-                q.requeue(m)
+            # transient messages go, the others stay where they are
+            for m in q.keep_persistent():
+                self.drop(m)
         for x in [x for x in s.exchanges.values() if x.home == node and not x.durable]:
             self.delete_exchange(x)
         for key in [k for k in s.dedup if k[0] == node and k[1] != cmd.incarnation]:

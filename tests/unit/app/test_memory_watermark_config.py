@@ -70,7 +70,7 @@ def test_default_queue_max_length_is_accepted_and_ignored(tmp_path: Path) -> Non
 def test_the_gauge_reads_this_process_and_trims_while_over() -> None:
     """ProcessMemory: this process's resident set (as /proc/self/status says),
     read at most once per interval; over the watermark it trims malloc's free
-    pages (at most once per trim_interval), under it never."""
+    pages (at most once per trim_interval), under it once per idle_trim_interval."""
     with open("/proc/self/status") as f:
         vmrss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
     used = resident_bytes()
@@ -85,3 +85,5 @@ def test_the_gauge_reads_this_process_and_trims_while_over() -> None:
     _grow = bytearray(64 * 1024 * 1024)
     assert cached() == first  # not read again within the interval
     del _grow
+    idle = ProcessMemory(watermark=0, interval=0.0, idle_trim_interval=0.0)
+    assert idle() > 0 and idle.trims == 1  # under no watermark: freed pages still go back

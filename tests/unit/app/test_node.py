@@ -28,7 +28,8 @@ class SlowRaft:
     """Stands in for RaftNode: records every change and holds each Raft
     configuration change until the test opens its gate."""
 
-    def __init__(self, node_id: str, _data_dir: str, _loop: Any, _sink: Any, _cfg: Any) -> None:
+    def __init__(self, node_id: str, _data_dir: str, _loop: Any, _sink: Any, _cfg: Any,
+                 _first_serial: int = 0) -> None:
         self.node_id = node_id
         self.seed_users: dict[str, str] = {}
         self.on_removed: Callable[[str], None] | None = None

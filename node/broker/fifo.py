@@ -1,0 +1,182 @@
+"""A queue's ready messages in packed arrays, not one object each.
+
+A backlog is millions of messages that nobody touches until delivery, all
+alike: a place in the Raft log, a size, a priority, a persistence flag and
+perhaps an expiry, published through one or a few (exchange, routing key)
+pairs. A Python Message per message costs ~250 B of heap; here a plain one
+costs 32 B in an array chunk plus an 8 B reference to a shared (exchange,
+routing key) tuple (~40 B), and a Message is made again when it reaches the
+head (`peek`, `pop`). Messages that are not plain (properties or body held
+in memory, already delivered or counted, no place in the log) are kept as
+the object itself in the reference slot: rare (dead-lettered, inline in
+tests), and nothing about them is lost.
+
+Record (int64 x 4): seq | log index | props offset << 32 | props length |
+size << 10 | priority << 2 | persistent << 1 | has expiry. The expiry is a
+float (the state's clock) in a per-chunk array made on the first message
+that has one, so arithmetic on it stays exact.
+"""
+from __future__ import annotations
+
+from array import array
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from node.broker.message import Message
+
+CHUNK = 2048  # records per chunk: a 64 KiB array, freed as the head passes it
+_OFFSET_LIMIT = 1 << 31  # a props offset that does not fit a record: keep the object
+
+
+class _Chunk:
+    __slots__ = ("nums", "refs", "exp", "head")
+
+    def __init__(self) -> None:
+        self.nums = array("q")
+        self.refs: list[Any] = []  # (exchange, routing key), or the Message itself
+        self.exp: array[float] | None = None
+        self.head = 0  # records before it are gone
+
+
+class PackedFifo:
+    """A FIFO of Messages with deque's few operations the queue uses:
+    append, popleft, [0], len, iteration, clear."""
+
+    __slots__ = ("_chunks", "_len", "_head", "_pair", "_transient")
+
+    def __init__(self, items: Iterator[Message] | list[Message] = ()) -> None:  # type: ignore[assignment]
+        self._chunks: deque[_Chunk] = deque()
+        self._len = 0
+        self._head: Message | None = None  # the head, made once for peek and pop
+        self._pair: tuple[str, str] = ("", "")  # the last pair stored: shared
+        self._transient = 0  # messages not persistent (a node's restart drops them)
+        for m in items:
+            self.append(m)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __bool__(self) -> bool:
+        return self._len > 0
+
+    def append(self, m: Message) -> None:
+        chunks = self._chunks
+        if not chunks or len(chunks[-1].refs) >= CHUNK:
+            chunks.append(_Chunk())
+        c = chunks[-1]
+        loc = m.loc
+        if (loc is None or m.props is not None or m.body is not None or m.redelivered
+                or m.delivery_count or m.acquired_count or m.deadline is not None
+                or (loc >> 32) & 0xFFFFFFFF >= _OFFSET_LIMIT or not 0 <= m.priority < 256):
+            c.nums.extend((m.seq, 0, 0, 0))
+            c.refs.append(m)
+            if c.exp is not None:
+                c.exp.append(0.0)
+        else:
+            pair = self._pair
+            if pair[0] != m.exchange or pair[1] != m.routing_key:
+                pair = self._pair = (m.exchange, m.routing_key)
+            exp = m.expires_at
+            c.nums.extend((m.seq, loc >> 64, loc & 0xFFFFFFFFFFFFFFFF,
+                           (m.size << 10) | (m.priority << 2) | (2 if m.persistent else 0)
+                           | (exp is not None)))
+            c.refs.append(pair)
+            if exp is not None:
+                if c.exp is None:
+                    c.exp = array("d", bytes(8 * (len(c.refs) - 1)))
+                c.exp.append(exp)
+            elif c.exp is not None:
+                c.exp.append(0.0)
+        self._len += 1
+        if not m.persistent:
+            self._transient += 1
+
+    def _make(self, c: _Chunk, i: int) -> Message:
+        ref = c.refs[i]
+        if type(ref) is not tuple:
+            return ref  # type: ignore[no-any-return]
+        at = 4 * i
+        nums = c.nums
+        meta = nums[at + 3]
+        exp = c.exp[i] if meta & 1 and c.exp is not None else None
+        m = Message(nums[at], ref[0], ref[1], None, None, bool(meta & 2), exp,
+                    (nums[at + 1] << 64) | nums[at + 2], meta >> 10, (meta >> 2) & 0xFF)
+        return m
+
+    def __getitem__(self, k: int) -> Message:
+        if k != 0 or not self._len:
+            raise IndexError("PackedFifo: only the head is indexed")
+        h = self._head
+        if h is None:
+            c = self._chunks[0]
+            h = self._head = self._make(c, c.head)
+        return h
+
+    def head_seq(self) -> int:
+        """The head's sequence, without making it."""
+        h = self._head
+        if h is not None:
+            return h.seq
+        c = self._chunks[0]
+        return c.nums[4 * c.head]
+
+    def popleft(self) -> Message:
+        if not self._len:
+            raise IndexError("pop from an empty PackedFifo")
+        c = self._chunks[0]
+        m = self._head
+        if m is None:
+            m = self._make(c, c.head)
+        else:
+            self._head = None
+        c.refs[c.head] = None  # the object (if one) goes now, not with the chunk
+        c.head += 1
+        self._len -= 1
+        if not m.persistent:
+            self._transient -= 1
+        if c.head >= len(c.refs):
+            self._chunks.popleft()
+        return m
+
+    def __iter__(self) -> Iterator[Message]:
+        first = True
+        for c in self._chunks:
+            for i in range(c.head, len(c.refs)):
+                if first and self._head is not None:
+                    yield self._head
+                else:
+                    yield self._make(c, i)
+                first = False
+
+    def log_indices(self) -> Iterator[int]:
+        """The Raft index of every message with a place in the log, without
+        making the messages (snapshots: the entries they need)."""
+        for c in self._chunks:
+            nums, refs = c.nums, c.refs
+            for i in range(c.head, len(refs)):
+                ref = refs[i]
+                if type(ref) is tuple:
+                    yield nums[4 * i + 1]
+                elif ref.loc is not None:
+                    yield ref.loc >> 64
+
+    def all_persistent(self) -> bool:
+        return self._transient == 0
+
+    def clear(self) -> None:
+        self._chunks.clear()
+        self._len = 0
+        self._head = None
+        self._transient = 0
+
+    def filtered(self, keep: Callable[[Message], bool]) -> tuple[PackedFifo, list[Message]]:
+        """(the messages `keep` takes, in order, packed again; the others)."""
+        kept = PackedFifo()
+        gone: list[Message] = []
+        for m in self:
+            if keep(m):
+                kept.append(m)
+            else:
+                gone.append(m)
+        return kept, gone
