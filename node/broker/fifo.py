@@ -61,36 +61,49 @@ class PackedFifo:
         return self._len > 0
 
     def append(self, m: Message) -> None:
-        chunks = self._chunks
-        if not chunks or len(chunks[-1].refs) >= CHUNK:
-            chunks.append(_Chunk())
-        c = chunks[-1]
         loc = m.loc
         if (loc is None or m.props is not None or m.body is not None or m.redelivered
                 or m.delivery_count or m.acquired_count or m.deadline is not None
                 or (loc >> 32) & 0xFFFFFFFF >= _OFFSET_LIMIT or not 0 <= m.priority < 256):
+            c = self._tail()
             c.nums.extend((m.seq, 0, 0, 0))
             c.refs.append(m)
             if c.exp is not None:
                 c.exp.append(0.0)
+            self._len += 1
+            if not m.persistent:
+                self._transient += 1
         else:
-            pair = self._pair
-            if pair[0] != m.exchange or pair[1] != m.routing_key:
-                pair = self._pair = (m.exchange, m.routing_key)
-            exp = m.expires_at
-            c.nums.extend((m.seq, loc >> 64, loc & 0xFFFFFFFFFFFFFFFF,
-                           (m.size << 10) | (m.priority << 2) | (2 if m.persistent else 0)
-                           | (exp is not None)))
-            c.refs.append(pair)
-            if exp is not None:
-                if c.exp is None:
-                    c.exp = array("d", bytes(8 * (len(c.refs) - 1)))
-                c.exp.append(exp)
-            elif c.exp is not None:
-                c.exp.append(0.0)
+            self.append_plain(m.seq, m.exchange, m.routing_key, loc >> 64, loc & 0xFFFFFFFFFFFFFFFF,
+                              m.size, m.priority, m.persistent, m.expires_at)
+
+    def append_plain(self, seq: int, exchange: str, routing_key: str, idx: int, props_at_len: int,
+                     size: int, priority: int, persistent: bool, expires_at: float | None) -> None:
+        """A plain message (in the log, never delivered) from its fields, with
+        no Message made (snapshot loading). props_at_len: offset << 32 | length,
+        the offset below 2**31; priority 0-255."""
+        c = self._tail()
+        pair = self._pair
+        if pair[0] != exchange or pair[1] != routing_key:
+            pair = self._pair = (exchange, routing_key)
+        c.nums.extend((seq, idx, props_at_len,
+                       (size << 10) | (priority << 2) | (2 if persistent else 0) | (expires_at is not None)))
+        c.refs.append(pair)
+        if expires_at is not None:
+            if c.exp is None:
+                c.exp = array("d", bytes(8 * (len(c.refs) - 1)))
+            c.exp.append(expires_at)
+        elif c.exp is not None:
+            c.exp.append(0.0)
         self._len += 1
-        if not m.persistent:
+        if not persistent:
             self._transient += 1
+
+    def _tail(self) -> _Chunk:
+        chunks = self._chunks
+        if not chunks or len(chunks[-1].refs) >= CHUNK:
+            chunks.append(_Chunk())
+        return chunks[-1]
 
     def _make(self, c: _Chunk, i: int) -> Message:
         ref = c.refs[i]

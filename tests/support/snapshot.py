@@ -14,6 +14,7 @@ from node.replication.machine import BrokerState
 from node.replication.snapshot_format import RaftMeta, encode_snapshot, read_snapshot
 
 META = RaftMeta((b"\x01", 41, 3), (b"\x01", 40, 3), ("127.0.0.1:1", "127.0.0.1:2"))
+_KEEP: dict[int, list[Any]] = {}  # per comparison: made messages kept alive
 _RECORDS = (BrokerState, Exchange, Binding, Queue, Message, Channel, Consumer)
 
 
@@ -28,13 +29,17 @@ def assert_same_state(a: Any, b: Any) -> None:
     """a and b hold the same values in the same order, and share objects the
     same way (an object reached twice in a is reached twice, as one object,
     in b). Raises AssertionError naming the path of the first difference."""
-    _same(a, b, "state", {})
+    seen: dict[int, int] = {}
+    try:
+        _same(a, b, "state", seen)
+    finally:
+        _KEEP.pop(id(seen), None)
 
 
 def _same(a: Any, b: Any, path: str, seen: dict[int, int], shared: bool = False) -> None:
     if type(a) is not type(b):
         raise AssertionError(f"{path}: {type(a).__name__} != {type(b).__name__}")
-    if isinstance(a, _RECORDS) or (shared and len(a) > 1):
+    if isinstance(a, _RECORDS) or (shared and a is not None and len(a) > 1):
         # identity: the same record, or message body or property table, of a
         # must map to one object of b (empty and one-byte values are
         # singletons or fresh either way: not compared)
@@ -55,8 +60,11 @@ def _same(a: Any, b: Any, path: str, seen: dict[int, int], shared: bool = False)
         for k in a:
             _same(a[k], b[k], f"{path}[{k!r}]", seen)
     elif isinstance(a, PackedFifo):
-        # messages are made as they are read: keep them all alive while compared (ids)
-        _same(list(a), list(b), path, seen)
+        # messages are made as they are read: keep them alive for the whole
+        # comparison, or a later one could reuse an id that `seen` maps
+        la, lb = list(a), list(b)
+        _KEEP.setdefault(id(seen), []).append((la, lb))
+        _same(la, lb, path, seen)
     elif isinstance(a, list | tuple | deque):
         if len(a) != len(b):
             raise AssertionError(f"{path}: length {len(a)} != {len(b)}")
