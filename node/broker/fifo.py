@@ -43,7 +43,7 @@ class PackedFifo:
     """A FIFO of Messages with deque's few operations the queue uses:
     append, popleft, [0], len, iteration, clear."""
 
-    __slots__ = ("_chunks", "_len", "_head", "_pair", "_transient")
+    __slots__ = ("_chunks", "_len", "_head", "_pair", "_transient", "_objects")
 
     def __init__(self, items: Iterator[Message] | list[Message] = ()) -> None:  # type: ignore[assignment]
         self._chunks: deque[_Chunk] = deque()
@@ -51,6 +51,7 @@ class PackedFifo:
         self._head: Message | None = None  # the head, made once for peek and pop
         self._pair: tuple[str, str] = ("", "")  # the last pair stored: shared
         self._transient = 0  # messages not persistent (a node's restart drops them)
+        self._objects = 0  # messages kept as the object
         for m in items:
             self.append(m)
 
@@ -70,6 +71,7 @@ class PackedFifo:
             c.refs.append(m)
             if c.exp is not None:
                 c.exp.append(0.0)
+            self._objects += 1
             self._len += 1
             if not m.persistent:
                 self._transient += 1
@@ -143,6 +145,8 @@ class PackedFifo:
             m = self._make(c, c.head)
         else:
             self._head = None
+        if type(c.refs[c.head]) is not tuple:
+            self._objects -= 1
         c.refs[c.head] = None  # the object (if one) goes now, not with the chunk
         c.head += 1
         self._len -= 1
@@ -162,17 +166,58 @@ class PackedFifo:
                     yield self._make(c, i)
                 first = False
 
-    def log_indices(self) -> Iterator[int]:
-        """The Raft index of every message with a place in the log, without
-        making the messages (snapshots: the entries they need)."""
+    def log_indices(self) -> set[int]:
+        """The Raft index of every message with a place in the log, read from
+        the records' columns (snapshots: the entries they need)."""
+        out: set[int] = set()
         for c in self._chunks:
-            nums, refs = c.nums, c.refs
-            for i in range(c.head, len(refs)):
-                ref = refs[i]
-                if type(ref) is tuple:
-                    yield nums[4 * i + 1]
-                elif ref.loc is not None:
-                    yield ref.loc >> 64
+            out.update(c.nums[4 * c.head + 1::4])
+        out.discard(0)  # the objects' records
+        if self._objects:
+            for c in self._chunks:
+                for ref in c.refs[c.head:]:
+                    if type(ref) is not tuple and ref.loc is not None:
+                        out.add(ref.loc >> 64)
+        return out
+
+    def columns(self) -> tuple[array[int], array[float] | None, list[Any], int]:
+        """The records from the head on, in one piece each: (int64 x 4 per
+        message, the expiries or None when no message has one, the references,
+        how many are not persistent). A snapshot writes them as they are."""
+        nums = array("q")
+        refs: list[Any] = []
+        exp: array[float] | None = array("d") if any(c.exp is not None for c in self._chunks) else None
+        for c in self._chunks:
+            h = c.head
+            nums.extend(c.nums[4 * h:])
+            refs.extend(c.refs[h:])
+            if exp is not None:
+                if c.exp is None:
+                    exp.frombytes(bytes(8 * (len(c.refs) - h)))
+                else:
+                    exp.extend(c.exp[h:])
+        return nums, exp, refs, self._transient
+
+    @classmethod
+    def from_columns(cls, nums: array[int], exp: array[float] | None, refs: list[Any],
+                     transient: int, objects: int) -> PackedFifo:
+        """The inverse of columns(): references are the shared (exchange,
+        routing key) tuples, or the Messages kept as objects (their records
+        are zeros but for seq)."""
+        f = cls()
+        n = len(refs)
+        chunks = f._chunks
+        for a in range(0, n, CHUNK):
+            c = _Chunk()
+            c.nums = nums[4 * a:4 * (a + CHUNK)]
+            c.refs = refs[a:a + CHUNK]
+            if exp is not None:
+                c.exp = exp[a:a + CHUNK]
+            chunks.append(c)
+        f._len = n
+        f._transient = transient
+        f._objects = objects
+        return f
 
     def all_persistent(self) -> bool:
         return self._transient == 0
@@ -182,6 +227,7 @@ class PackedFifo:
         self._len = 0
         self._head = None
         self._transient = 0
+        self._objects = 0
 
     def filtered(self, keep: Callable[[Message], bool]) -> tuple[PackedFifo, list[Message]]:
         """(the messages `keep` takes, in order, packed again; the others)."""

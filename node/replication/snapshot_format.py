@@ -44,6 +44,15 @@ reads it): the message struct ends with the acquired count (x-acquired-count);
 older files load with 0 there.
 After it, from machine version 4 on, the access section (limits, topic
 permissions, the connection table): absent, there are none.
+Version 5 (issue 27, written from machine version 5 on): a queue's ready
+messages are its packed index's columns (node/broker/fifo.py) as they are in
+memory: u64 count, u64 how many are not persistent, the int64 x 4 records,
+a u8 flag and the float64 expiries if any message has one, the (exchange,
+routing key) table (one codec value), u32 per message indexing it
+(0xFFFFFFFF: a message kept as an object, written after, in order, as any
+message). A restart reads a backlog with a few large copies instead of a
+struct per message; the log-entries check and the live counts run per
+distinct entry (the records of a queue are in log order).
 """
 from __future__ import annotations
 
@@ -51,9 +60,11 @@ import struct
 import sys
 import zlib
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from io import BytesIO
+from itertools import islice
+from operator import le
 from typing import IO, Any, NamedTuple
 
 from node.broker.channel import Channel, Consumer
@@ -66,12 +77,17 @@ from node.replication.codec import CodecError, decode_from, encode_into
 from node.replication.machine.limit import rebuild_counts
 from node.replication.machine.policy import rebuild_policy_ae
 from node.replication.machine.state import BrokerState, rebuild_deadlines
-from node.replication.machine.version import COUNTED_RECORDS, LIMITS, QUORUM_SEMANTICS
+from node.replication.machine.version import (
+    COUNTED_RECORDS,
+    LIMITS,
+    PACKED_SNAPSHOTS,
+    QUORUM_SEMANTICS,
+)
 from node.replication.message_store import BUCKET_SHIFT, make_loc
 
 MAGIC = b"\x89MQSNAP\n"  # not a pickle (0x80), not text
-FORMAT_VERSION = 4  # written from machine version 3 on; version 3 below it
-READ_VERSIONS = (1, 2, 3, 4)
+FORMAT_VERSION = 5  # written from machine version 5 on; 4 from 3 on; 3 below it
+READ_VERSIONS = (1, 2, 3, 4, 5)
 _HEADER = struct.Struct("<8sHHQI")
 HEADER_SIZE = _HEADER.size
 _U32 = struct.Struct("<I")
@@ -309,10 +325,55 @@ def _write_queues(w: _Writer, state: BrokerState, queues: list[Queue], msgs: _Me
         for key, m in q.returned:
             w.value(key)
             msgs.write(m)
-        w.u32(len(q.ready))
-        for m in q.ready:
-            msgs.write(m)
-            w.maybe_flush()
+        if msgs.version >= 5:
+            _write_packed(w, q.ready, msgs)
+        else:
+            w.u32(len(q.ready))
+            for m in q.ready:
+                msgs.write(m)
+                w.maybe_flush()
+        w.maybe_flush()
+
+
+_NO_PAIR = 0xFFFFFFFF  # version 5: a ready message written as an object
+
+
+def _little(a: array[Any]) -> bytes:
+    if sys.byteorder == "little":
+        return a.tobytes()
+    copy = array(a.typecode, a)
+    copy.byteswap()
+    return copy.tobytes()
+
+
+def _write_packed(w: _Writer, ready: PackedFifo, msgs: _MessageWriter) -> None:
+    nums, exp, refs, transient = ready.columns()
+    table: list[tuple[str, str]] = []
+    at: dict[int, int] = {}  # id of a shared pair -> its place in the table
+    ids = array("I")
+    objects = []
+    for r in refs:
+        if type(r) is tuple:
+            k = at.get(id(r))
+            if k is None:
+                k = at[id(r)] = len(table)
+                table.append(r)
+            ids.append(k)
+        else:
+            ids.append(_NO_PAIR)
+            objects.append(r)
+    w.out.append(_U64.pack(len(refs)))
+    w.out.append(_U64.pack(transient))
+    w.out.append(_little(nums))
+    if exp is None:
+        w.out.append(b"\x00")
+    else:
+        w.out.append(b"\x01")
+        w.out.append(_little(exp))
+    w.value(table)
+    w.out.append(_little(ids))
+    for m in objects:
+        msgs.write(m)
         w.maybe_flush()
 
 
@@ -327,7 +388,8 @@ class _MessageWriter:
         self.n_bodies = 0
         self.n_props = 0
         # a member of a build before machine version 3 reads up to version 3
-        self.version = FORMAT_VERSION if machine_version >= QUORUM_SEMANTICS else 3
+        self.version = (FORMAT_VERSION if machine_version >= PACKED_SNAPSHOTS
+                        else 4 if machine_version >= QUORUM_SEMANTICS else 3)
 
     def write(self, m: Message) -> None:
         out = self.w.out
@@ -673,6 +735,12 @@ class _Reader:
             _expect(type(key) is int, "heap key")
             returned.append((key, self.message()))
         q.returned = returned
+        if self.version >= 5:
+            q.ready = self.packed()
+            q.consumers = {}
+            q.exclusive_consumer = None
+            q.levels = False
+            return q
         ready = PackedFifo()
         append = ready.append
         message = self.message
@@ -711,6 +779,73 @@ class _Reader:
             setattr(k, name, field)
         _expect(k.timeout is None or type(k.timeout) is int, "consumer timeout")
         return k
+
+    def _column(self, typecode: str, n: int, what: str) -> array[Any]:
+        a = array(typecode)
+        size = a.itemsize * n
+        _expect(size <= len(self.data) - self.pos, f"{what} past the end")
+        a.frombytes(self.data[self.pos:self.pos + size])
+        if sys.byteorder != "little":
+            a.byteswap()
+        self.pos += size
+        return a
+
+    def packed(self) -> PackedFifo:
+        """Version 5: a queue's ready messages as columns."""
+        n, transient = _U64.unpack_from(self.data, self.pos)[0], _U64.unpack_from(self.data, self.pos + 8)[0]
+        self.pos += 16
+        _expect(transient <= n, "ready messages: more transient than there are")
+        nums = self._column("q", 4 * n, "ready records")
+        _expect(not nums or min(nums) >= 0, "ready records: a negative field")
+        flag = self.data[self.pos]
+        self.pos += 1
+        _expect(flag in (0, 1), "ready expiries flag")
+        exp = self._column("d", n, "ready expiries") if flag else None
+        table = _list(self.value(), "ready routing table")
+        pairs: dict[int, tuple[str, str] | None] = {}
+        for i, t in enumerate(table):
+            _expect(type(t) is tuple and len(t) == 2 and type(t[0]) is str and type(t[1]) is str,
+                    "ready routing table entry")
+            pairs[i] = t
+        pairs[_NO_PAIR] = None
+        ids = self._column("I", n, "ready references")
+        try:
+            refs: list[Any] = list(map(pairs.__getitem__, ids))
+        except KeyError:
+            raise SnapshotFormatError("ready message: routing table index out of range") from None
+        objects = ids.count(_NO_PAIR)
+        k = -1
+        for _ in range(objects):
+            k = ids.index(_NO_PAIR, k + 1)
+            refs[k] = self.message()
+        col = nums[1::4]
+        if objects:
+            col = array("q", (v for v, i in zip(col, ids, strict=True) if i != _NO_PAIR))
+        self._count_packed(col)
+        return PackedFifo.from_columns(nums, exp, refs, transient, objects)
+
+    def _count_packed(self, col: array[int]) -> None:
+        """The live counts and the log-entries check for a queue's packed
+        records (their Raft indices, `col`): once per distinct entry when in
+        log order (they are: a queue takes them as they are applied)."""
+        logged, live = self.logged, self.live
+        n = len(col)
+        if n > 1 and not all(map(le, col, islice(col, 1, None))):
+            for v in col:  # never written so; read anyway
+                k = bisect_left(logged, v)
+                _expect(k < len(logged) and logged[k] == v, f"message at log index {v} not in the log-entries section")
+                b = v >> BUCKET_SHIFT
+                live[b] = live.get(b, 0) + 1
+            return
+        p = 0
+        while p < n:
+            v = col[p]
+            k = bisect_left(logged, v)
+            _expect(k < len(logged) and logged[k] == v, f"message at log index {v} not in the log-entries section")
+            e = bisect_right(col, v, p)
+            b = v >> BUCKET_SHIFT
+            live[b] = live.get(b, 0) + e - p
+            p = e
 
     def plain_ready(self, ready: PackedFifo) -> bool:
         """The next message, if plain (in the log, never delivered: most of

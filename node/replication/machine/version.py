@@ -28,6 +28,9 @@ Versions:
      (ConnectionOpen, LimitSet/Clear, TopicPermissionSet/Clear: records a
      version-3 build cannot decode, so no node proposes them before; the
      snapshot's access section)
+  5  snapshots of format 5 (issue 27): a queue's ready messages as the
+     packed index's columns (a version-4 build cannot read them); apply
+     is unchanged
 """
 from __future__ import annotations
 
@@ -35,13 +38,14 @@ from node.broker.queue import uses_levels
 from node.replication.command import SetMachineVersion
 from node.replication.machine.handler import ApplierBase, handles
 
-MACHINE_VERSION = 4
+MACHINE_VERSION = 5
 FIRST_VERSION = 1  # a state that never applied SetMachineVersion
 # what switches at which version (apply code compares state.machine_version with these)
 COUNTED_RECORDS = 2  # the log and snapshots are written with field counts
 NO_LEGACY_QUEUE_CAP = 2  # QueueDeclare.default_max_length is ignored
 QUORUM_SEMANTICS = 3  # RabbitMQ 4.3's quorum queues (docs/semantics.md, Quorum queues)
 LIMITS = 4  # limits, topic permissions, ConnectionOpen may be proposed
+PACKED_SNAPSHOTS = 5  # snapshots may be written in format 5 (ready messages as columns)
 
 
 class MachineVersionError(RuntimeError):

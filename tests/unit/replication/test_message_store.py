@@ -221,7 +221,7 @@ def test_handle_outlives_a_released_segment(h: LogHarness) -> None:
     assert message_store.load((handle, at, n, size), None, None, message_store.PayloadCache()) == ({}, b"kept")
 
 
-@pytest.mark.parametrize("machine_version", [1, MACHINE_VERSION])
+@pytest.mark.parametrize("machine_version", [1, 4, MACHINE_VERSION])
 def test_a_packed_backlog_survives_a_snapshot_as_it_was(h: LogHarness, machine_version: int) -> None:
     """Ready messages are packed (node/broker/fifo.py) and loaded from a
     snapshot without a Message each: plain ones (persistent or not, with a
@@ -230,7 +230,7 @@ def test_a_packed_backlog_survives_a_snapshot_as_it_was(h: LogHarness, machine_v
     and write the same snapshot again."""
     from tests.support.snapshot import assert_same_state, snapshot_copy
 
-    h.state.machine_version = machine_version  # the snapshot format follows it (3, 4)
+    h.state.machine_version = machine_version  # the snapshot format follows it (3, 4, 5)
     _open(h, "p", "dead")
     h.run(qdecl(C, "t", arguments={"x-message-ttl": 60_000, "x-dead-letter-exchange": "",
                                    "x-dead-letter-routing-key": "dead"}))

@@ -31,6 +31,7 @@ from node.replication.command import (
     VhostPut,
 )
 from node.replication.machine import BrokerState
+from node.replication.machine.version import PACKED_SNAPSHOTS
 from node.replication.snapshot_format import (
     FORMAT_VERSION,
     HEADER_SIZE,
@@ -162,12 +163,25 @@ def test_from_machine_version_3_the_format_is_4_and_carries_the_acquired_count()
     for i, m in enumerate(msgs):
         m.acquired_count, m.delivery_count = i + 7, i % 3
     data = encode_snapshot(h.state, META)
-    assert struct.unpack_from("<H", data, 8)[0] == FORMAT_VERSION == 4
+    assert struct.unpack_from("<H", data, 8)[0] == 4
     restored = read_snapshot(data)[0]
     assert_same_state(h.state, restored)
     back = [m for q in restored.queues.values() for m in q.ready]
     assert [(m.acquired_count, m.delivery_count) for m in back] == [
         (i + 7, i % 3) for i in range(len(msgs))]
+
+
+def test_from_machine_version_5_ready_messages_are_written_as_columns() -> None:
+    """Format 5 (issue 27): the packed index's columns; the rich state (inline
+    messages: objects in the index) comes back the same, and so does a
+    backlog of messages in the log (tests/unit/replication/test_message_store.py)."""
+    h = rich_state()
+    h.run(SetMachineVersion(PACKED_SNAPSHOTS))
+    data = encode_snapshot(h.state, META)
+    assert struct.unpack_from("<H", data, 8)[0] == FORMAT_VERSION == 5
+    restored = read_snapshot(data)[0]
+    assert_same_state(h.state, restored)
+    assert encode_snapshot(restored, META) == data
 
 
 def test_the_writer_streams_to_a_file_at_an_offset() -> None:
@@ -213,8 +227,8 @@ def test_random_bytes_wrong_version_unknown_records_and_trailing_bytes_are_refus
         _loads_or_raises(_reframe(rnd.randbytes(n)))
     good = encode_snapshot(BrokerState(), META)
     body = good[HEADER_SIZE:]
-    with pytest.raises(SnapshotFormatError, match="version 5"):
-        read_snapshot(_reframe(body, version=5))
+    with pytest.raises(SnapshotFormatError, match="version 6"):
+        read_snapshot(_reframe(body, version=6))
     assert body[:8] == bytes(8)  # version 3: an empty log-entries section, then as before
     read_snapshot(_reframe(body[8:], version=1))  # version 1 (before typed header values) still loads
     read_snapshot(_reframe(body[8:], version=2))  # version 2 (before index-only messages) still loads
