@@ -19,6 +19,7 @@ from node.amqp.throttle import LoginThrottle
 from node.amqp.tls import peer_common_name
 from node.broker.ids import ConnId
 from node.replication.effect import ConnectionFailure, Effect
+from node.replication.message_store import LOOP_CACHE
 from node.replication.port import Proposer
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 TIMER_INTERVAL = 0.1  # drain, memory, disk and congestion checks
 MEMORY_ALARM = "low on memory"  # the connection.blocked reason (RabbitMQ's words)
 TICKS_PER_HEARTBEAT_CHECK = 5  # heartbeat and timeout checks every 0.5 s
+TICKS_PER_CACHE_CHECK = 100  # the payload cache goes after 10 s without a read
 WRITE_HIGH_WATER = 1024 * 1024
 WRITE_LOW_WATER = 256 * 1024
 _TCP_CLOSE, _TCP_CLOSE_WAIT = 7, 8  # Linux tcp_states.h (CLOSE_WAIT: the peer sent FIN)
@@ -452,6 +454,8 @@ class AmqpServer:
                 self._check_alarms()
                 if not self.publishers_must_wait():
                     self._update_reading()
+                if n % TICKS_PER_CACHE_CHECK == 0:
+                    LOOP_CACHE.clear_if_idle()
                 if n % TICKS_PER_HEARTBEAT_CHECK == 0:
                     for proto in list(self.conns.values()):
                         conn = proto.conn

@@ -90,6 +90,7 @@ class PayloadCache:
         self._bytes = 0
         self._cap = cap
         self.reads = 0  # entries read from the log (tests, figures)
+        self._reads_seen = 0
 
     def get(self, idx: int, fetch: Callable[[], bytes]) -> bytes:
         items = self._items
@@ -109,6 +110,14 @@ class PayloadCache:
     def clear(self) -> None:
         self._items.clear()
         self._bytes = 0
+
+    def clear_if_idle(self) -> None:
+        """Called now and then (the loop's timer): no entry was read since the
+        last call, so nobody is draining: the cached payloads go (a drained
+        node gives back its 16 MiB)."""
+        if self.reads == self._reads_seen and self._items:
+            self.clear()
+        self._reads_seen = self.reads
 
 
 LOOP_CACHE = PayloadCache()  # the event loop's (deliveries, basic.get, management get)

@@ -251,3 +251,17 @@ def test_a_packed_backlog_survives_a_snapshot_as_it_was(h: LogHarness, machine_v
         assert [(m.seq, m.loc, m.size, m.persistent, m.expires_at, m.props, m.redelivered) for m in a.ready] \
             == [(m.seq, m.loc, m.size, m.persistent, m.expires_at, m.props, m.redelivered) for m in b.ready]
     assert len(_queue(h, "dead").ready) == 3 and _queue(h, "dead").ready[0].props is not None
+
+
+def test_the_payload_cache_empties_once_nobody_reads() -> None:
+    """A drained node gives its cached payloads back: clear_if_idle empties the
+    cache only when no entry was read since the previous call."""
+    cache = message_store.PayloadCache()
+    cache.get(1, lambda: b"x" * 1000)
+    cache.clear_if_idle()  # a read since the last call: kept
+    assert cache.get(1, lambda: b"never") == b"x" * 1000
+    cache.clear_if_idle()  # (a hit is not a read from the log)
+    assert cache.get(1, lambda: b"y") == b"y"
+    cache.clear_if_idle()
+    cache.clear_if_idle()
+    assert cache.get(1, lambda: b"z") == b"z"
