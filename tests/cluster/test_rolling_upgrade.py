@@ -40,6 +40,10 @@ BACKLOG = 3000  # per queue, before the roll
 MIN_SIZE, MAX_SIZE = 64, 16384  # log-uniform body sizes (mean ~3 KiB)
 PHASE_CONFIRMS = 150  # confirms each publisher must get in each phase of the roll
 QUORUM = {"x-queue-type": "quorum"}
+# snapshots every 2 s and 8 MiB segments: the old build's snapshots and segments are
+# on disk when each member restarts as the new build (and a member behind may be sent
+# the old leader's snapshot)
+OFTEN = "compaction_min_entries = 500\ncompaction_min_time = 2.0\nsegment_bytes = 8388608\n"
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +130,7 @@ def _check_drained(queue: str, got: Drained, pubs: list[StreamPublisher]) -> tup
 def test_a_cluster_rolls_from_the_previous_release_under_streaming_confirms(
         cluster_factory: Callable[..., Cluster], old_build: Path) -> None:
     t_start = time.monotonic()
-    cluster = cluster_factory(3)
+    cluster = cluster_factory(3, config=OFTEN)
     for n in cluster.nodes:
         _run_as(n, old_build)
     cluster.start(timeout=90)
@@ -161,6 +165,9 @@ def test_a_cluster_rolls_from_the_previous_release_under_streaming_confirms(
         for p in stream:
             p.start()
         _confirms(stream, 0.0, PHASE_CONFIRMS, 60, "confirms before the roll", cluster.nodes)
+        wait_for(lambda: all((n.status().get("snapshots") or 0) >= 1 for n in cluster.nodes), 60,
+                 what="a snapshot by the old build on every member")
+        old_snapshots = {n.node_id: n.status()["snapshots"] for n in cluster.nodes}
         order = cluster.followers() + [leader]  # the leader last, as the operator rolls
         for node in order:
             t0 = time.monotonic()
@@ -207,11 +214,13 @@ def test_a_cluster_rolls_from_the_previous_release_under_streaming_confirms(
         ql, qd = _check_drained(queue, got, pubs)
         lost, dups, drained = lost + ql, dups + qd, drained + got.count
     confirmed = sum(len(p.confirmed) for p in backlog + stream)
+    snapshots = {n.node_id: (old_snapshots[n.node_id], n.status().get("snapshots")) for n in cluster.nodes}
     print(f"\nrolling upgrade {release_name()} -> this checkout (machine version {MACHINE_VERSION}): "
           f"backlog {2 * BACKLOG} in {t_backlog:.1f}s; " + "; ".join(figures)
           + f"; confirmed {confirmed}, drained {drained}, lost {lost}, duplicates {dups} "
           f"(republished {sum(p.republished for p in stream)}, "
-          f"reconnects {sum(len(p.reconnects) for p in stream)}); {time.monotonic() - t_start:.1f}s wall")
+          f"reconnects {sum(len(p.reconnects) for p in stream)}); snapshots (old build, new build since its "
+          f"start) {snapshots}; {time.monotonic() - t_start:.1f}s wall")
 
 
 def _publish(node: ClusterNode, queue: str, bodies: RandomBodies, tag: str, ids: range) -> Counter[str]:
