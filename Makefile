@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 RUN_STAMP := $(VENV)/.run-stamp
 AMQP_PORT ?= 5672
 
-.PHONY: run test lint unit integration bench clean chaos chaos-long soak fuzz proto image spark-up spark-down spark-submit
+.PHONY: run test lint unit integration bench clean release-fixture chaos chaos-long soak fuzz proto image spark-up spark-down spark-submit
 
 $(RUN_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,13 @@ integration: $(STAMP)
 
 test: lint k8s-build
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests
+
+# release-fixture: tests/data/release-<commit>.tar.gz, the node/ package of the previous
+# release that tests/cluster/test_rolling_upgrade.py rolls a cluster from (it replaces the
+# one there); refresh at each release: make release-fixture REL=<released commit>
+REL ?= HEAD
+release-fixture:
+	tests/data/make-release-fixture.sh $(REL)
 
 # chaos: every experiment of chaos/experiments with short durations (root for the
 # netns partitions; without root those are skipped, a failure with --subset ci or

@@ -106,6 +106,14 @@ BASE_CONFIG = f'[raft]\npassword = "{CLUSTER_PASSWORD}"\n'
 
 LIVE: dict[int, subprocess.Popen[bytes]] = {}
 
+# `python -c` of a node whose source_dir is set: that directory goes first on sys.path,
+# before the cwd and before the venv's editable install of this checkout (whose finder
+# comes after sys.path anyway), and the node says which package it imported (first
+# line of its log: harness.release.imported_from).
+RUN_FROM_SOURCE = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); import node; "
+                   "print('mirrorq: node package', node.__file__, flush=True); "
+                   "runpy.run_module('node.app', run_name='__main__', alter_sys=True)")
+
 
 def write_token_file(path: Path, token: str | None = None) -> str:
     """An admin token in `path`, mode 0600 as `local-cluster` writes it (a node
@@ -161,6 +169,9 @@ class ClusterNode:
         self.proc: subprocess.Popen[bytes] | None = None
         self.paused = False
         self.datafs: DataFs | None = None  # own tmpfs / FUSE mount of data_dir (harness.datafs)
+        # a directory holding another build's node/ package (an older release,
+        # harness.release): the process imports node from there, not from this checkout
+        self.source_dir: Path | None = None
 
     # -------------------------------------------------------------- identity
     @property
@@ -183,7 +194,11 @@ class ClusterNode:
 
     # -------------------------------------------------------------- process
     def argv(self, join: bool = False) -> list[str]:
-        args = [sys.executable, "-m", "node.app", "serve", "--node-id", self.node_id,
+        if self.source_dir is None:
+            launch = [sys.executable, "-m", "node.app"]
+        else:
+            launch = [sys.executable, "-c", RUN_FROM_SOURCE, str(self.source_dir)]
+        args = [*launch, "serve", "--node-id", self.node_id,
                 "--host", self.host,
                 "--amqp-port", str(self.amqp_port), "--raft-port", str(self.raft_port),
                 "--admin-port", str(self.admin_port), "--metrics-port", str(self.metrics_port),
@@ -210,7 +225,7 @@ class ClusterNode:
         with open(self.log_path, "ab") as log:
             log.write(f"\n==== start {time.strftime('%H:%M:%S')} join={join}\n".encode())
             log.flush()
-            self.proc = subprocess.Popen(self.argv(join), cwd=str(REPO), stdout=log,
+            self.proc = subprocess.Popen(self.argv(join), cwd=str(self.source_dir or REPO), stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env={**os.environ, **self.env} if self.env else None)
         LIVE[self.proc.pid] = self.proc
