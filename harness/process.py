@@ -141,6 +141,45 @@ def kill_leftovers() -> None:
 atexit.register(kill_leftovers)
 
 
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time) of `pid` from /proc, None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[19])
+
+
+def _children(pid: int) -> list[tuple[int, int]]:
+    """The child processes of `pid` (every thread's) as (pid, start time)."""
+    out: list[tuple[int, int]] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                for k in f.read().split():
+                    st = _stat(int(k))
+                    if st is not None:
+                        out.append((int(k), st[1]))
+    except OSError:  # gone meanwhile, or no /proc
+        pass
+    return out
+
+
+def _wait_gone(kids: list[tuple[int, int]], timeout: float) -> None:
+    """Wait until each child is gone or a zombie (its files, sockets included,
+    are closed); the start time tells a reused pid apart."""
+    deadline = time.monotonic() + timeout
+    for pid, started in kids:
+        while True:
+            st = _stat(pid)
+            if st is None or st[1] != started or st[0] in ("Z", "X"):
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError(f"child {pid} of a killed node still running after {timeout}s")
+            time.sleep(0.01)
+
+
 class ClusterNode:
     """One `mirrorq serve` process of a cluster; ports stay fixed across restarts."""
 
@@ -251,11 +290,17 @@ class ClusterNode:
             os.kill(self.proc.pid, sig)
 
     def kill9(self) -> None:
+        """SIGKILL and reap the node, then wait until its forked children (a
+        snapshot writer: SIGKILLed with it, but tearing down a copy of a large
+        heap at nice 19 takes a while) are gone: they hold the node's listening
+        sockets, and a restart at once would fail with "Address already in use"."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
+            kids = _children(self.proc.pid)
             self._signal(signal.SIGKILL)
             self.proc.wait(timeout=10)
+            _wait_gone(kids, timeout=30)
         LIVE.pop(self.proc.pid, None)
         self.paused = False
 
