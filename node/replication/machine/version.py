@@ -28,6 +28,11 @@ Versions:
      (ConnectionOpen, LimitSet/Clear, TopicPermissionSet/Clear: records a
      version-3 build cannot decode, so no node proposes them before; the
      snapshot's access section)
+  5  at-least-once dead-lettering for quorum queues (issue 28): a queue
+     with x-dead-letter-strategy / dead-letter-strategy at-least-once (and
+     overflow reject-publish) keeps its dead letters until the targets took
+     them (node/broker/dead_letter.py, machine/dead_letter.py); the strategy
+     argument is validated; the snapshot's dead-letter section
 """
 from __future__ import annotations
 
@@ -35,13 +40,14 @@ from node.broker.queue import uses_levels
 from node.replication.command import SetMachineVersion
 from node.replication.machine.handler import ApplierBase, handles
 
-MACHINE_VERSION = 4
+MACHINE_VERSION = 5
 FIRST_VERSION = 1  # a state that never applied SetMachineVersion
 # what switches at which version (apply code compares state.machine_version with these)
 COUNTED_RECORDS = 2  # the log and snapshots are written with field counts
 NO_LEGACY_QUEUE_CAP = 2  # QueueDeclare.default_max_length is ignored
 QUORUM_SEMANTICS = 3  # RabbitMQ 4.3's quorum queues (docs/semantics.md, Quorum queues)
 LIMITS = 4  # limits, topic permissions, ConnectionOpen may be proposed
+DEAD_LETTER_STORE = 5  # at-least-once dead-lettering (machine/dead_letter.py)
 
 
 class MachineVersionError(RuntimeError):
@@ -75,3 +81,9 @@ class VersionHandlers(ApplierBase):
                 if q.arguments.get("x-queue-type") == "quorum":
                     self.refresh_queue(q)
                     q.levels = uses_levels(q.arguments, True)
+        if before < DEAD_LETTER_STORE <= cmd.version:
+            # quorum queues configured at-least-once start keeping their dead
+            # letters at this entry (the ones before went at most once)
+            for q in list(s.queues.values()):
+                if q.arguments.get("x-queue-type") == "quorum":
+                    self.refresh_queue(q)
