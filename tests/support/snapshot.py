@@ -7,13 +7,15 @@ from collections import deque
 from typing import Any
 
 from node.broker.channel import Channel, Consumer
+from node.broker.dead_letter import DeadLetter, DeadLetterStore
 from node.broker.exchange import Binding, Exchange
 from node.broker.queue import Message, Queue
 from node.replication.machine import BrokerState
 from node.replication.snapshot_format import RaftMeta, encode_snapshot, read_snapshot
 
 META = RaftMeta((b"\x01", 41, 3), (b"\x01", 40, 3), ("127.0.0.1:1", "127.0.0.1:2"))
-_RECORDS = (BrokerState, Exchange, Binding, Queue, Message, Channel, Consumer)
+_RECORDS = (BrokerState, Exchange, Binding, Queue, Message, Channel, Consumer, DeadLetter,
+            DeadLetterStore)
 
 
 def snapshot_copy(state: BrokerState) -> BrokerState:

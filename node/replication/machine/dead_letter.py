@@ -72,13 +72,15 @@ class DeadLetterHandlers(ApplierBase):
     def keep_dead_letter(self, q: Queue, store: DeadLetterStore, m: Message,
                          reason: str) -> None:
         """`m` dies in `q`: record its death now (the x-death its targets get,
-        whenever that is) and keep it until its targets took it; the first
-        attempt is at once unless older ones wait (they keep their order)."""
+        whenever that is) and keep it until its targets took it. The first
+        attempt is at once while fewer than RETRY_WINDOW wait (RabbitMQ's
+        worker forwards what it gets while under its prefetch; the rest waits
+        in the discards queue for a retry)."""
         m.props = self.death_props(q, m, reason)
         m.expires_at = None
         m.deadline = None
         d = DeadLetter(m, reason)
-        if not store and self.forward(q, d):
+        if len(store) < RETRY_WINDOW and self.forward(q, d):
             self.drop(m)
             return
         store.add(d)
