@@ -103,6 +103,14 @@ def queue_json(q: MQueue, rates: tuple[float, ...] | None = None) -> dict[str, A
         "type": qtype if qtype in ("classic", "quorum") else "classic",
         "vhost": q.vhost,
     }
+    if qtype == "quorum":
+        # RabbitMQ 4.x: a quorum queue's dead-lettered messages not yet taken
+        # by their targets (at-least-once) count in messages and message_bytes
+        n, b = q.dlx or 0, q.dlx_bytes
+        out["messages_dlx"] = n
+        out["message_bytes_dlx"] = b
+        out["messages"] += n
+        out["message_bytes"] += b
     if q.owner is not None:
         out["owner_pid_details"] = {"name": conn_name(*q.owner)}
     if any(q.stats):

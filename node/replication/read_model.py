@@ -237,6 +237,10 @@ class MQueue(NamedTuple):
     policy: str | None = None  # the names of the policy and operator policy that apply
     operator_policy: str | None = None
     effective_policy_definition: Mapping[str, Any] = MappingProxyType({})
+    # messages kept for at-least-once dead-lettering (RabbitMQ 4.x's
+    # messages_dlx / message_bytes_dlx); None: the queue keeps none (not at-least-once)
+    dlx: int | None = None
+    dlx_bytes: int = 0
 
 
 class MExchange(NamedTuple):
@@ -335,6 +339,7 @@ def management_rows(state: Any) -> Management:
                                        not c.no_ack, bool(c.exclusive), int(c.prefetch),
                                        int(getattr(c, "priority", 0))))
     queues = []
+    dead_letters = getattr(state, "dead_letters", {})
     has_policies = bool(getattr(state, "policies", None) or getattr(state, "operator_policies", None))
     for key, q in state.queues.items():
         vhost, name = split_key(key)
@@ -348,7 +353,8 @@ def management_rows(state: Any) -> Management:
                              q.ready_count(), un[0], int(q.ready_bytes), un[1], len(q.consumers),
                              (stats[0], stats[1], stats[2], stats[3]), float(q.last_used),
                              p.name if p else None, op.name if op else None,
-                             MappingProxyType(_plain(effective_definition(p, op)))))
+                             MappingProxyType(_plain(effective_definition(p, op))),
+                             *_kept(dead_letters.get(key))))
     exchanges = []
     bindings = []
     for key, x in state.exchanges.items():
@@ -373,6 +379,10 @@ def management_rows(state: Any) -> Management:
     exchanges.sort(key=lambda r: (r.vhost, r.name))
     return Management(tuple(queues), tuple(exchanges), tuple(bindings), tuple(channels),
                       tuple(consumers), tuple(conns), int(state.config_version))
+
+
+def _kept(store: Any) -> tuple[int | None, int]:
+    return (None, 0) if store is None else (len(store), int(store.bytes))
 
 
 ModelListener = Callable[[ReadModel], None]

@@ -53,6 +53,10 @@ routing key) table (one codec value), u32 per message indexing it
 message). A restart reads a backlog with a few large copies instead of a
 struct per message; the log-entries check and the live counts run per
 distinct entry (the records of a queue are in log order).
+After that, from machine version 5 on, the dead-letter section: the
+messages queues keep for at-least-once dead-lettering (state.dead_letters),
+one codec value naming the stores and their entries' reasons and settled
+targets, then the messages in the message format: absent, there are none.
 """
 from __future__ import annotations
 
@@ -61,13 +65,14 @@ import sys
 import zlib
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from io import BytesIO
 from itertools import islice
 from operator import le
 from typing import IO, Any, NamedTuple
 
 from node.broker.channel import Channel, Consumer
+from node.broker.dead_letter import DeadLetter, DeadLetterStore
 from node.broker.exchange import Binding, Exchange, split_topic
 from node.broker.fifo import PackedFifo
 from node.broker.ids import ChanId, ConnId
@@ -79,6 +84,7 @@ from node.replication.machine.policy import rebuild_policy_ae
 from node.replication.machine.state import BrokerState, rebuild_deadlines
 from node.replication.machine.version import (
     COUNTED_RECORDS,
+    DEAD_LETTER_STORE,
     LIMITS,
     PACKED_SNAPSHOTS,
     QUORUM_SEMANTICS,
@@ -146,7 +152,7 @@ ACCESS_FIELDS = ("vhost_limits", "user_limits", "topic_permissions", "connection
 # slots not in the field lists: written another way (references, messages) or derived
 DERIVED = {
     "BrokerState": ("exchanges", "queues", "channels", "live", "fetch_props", "policy_ae",
-                    "deadline_chans",
+                    "deadline_chans", "dead_letters",
                     "machine_version", "runs_version", *POLICY_FIELDS, *ACCESS_FIELDS,
                     "counts"),
     "Exchange": ("bindings", "_topic_cache"),
@@ -200,7 +206,27 @@ def logged_entries(state: BrokerState) -> array[int]:
         for _q, m, _by in ch.unacked.values():
             if m.loc is not None:
                 add(m.loc >> 64)
+    for store in state.dead_letters.values():
+        for d in store:
+            if d.message.loc is not None:
+                add(d.message.loc >> 64)
     return array("Q", sorted(seen))
+
+
+def iter_messages(state: BrokerState) -> Iterator[Message]:
+    """Every message the state holds (ready, returned, unacked, a message
+    unacked from a deleted queue too, kept dead letters); the ready ones are
+    made from the packed index as they are read (tests, tools)."""
+    for q in state.queues.values():
+        yield from q.ready
+        for _key, m in q.returned:
+            yield m
+    for ch in state.channels.values():
+        for _q, m, _by in ch.unacked.values():
+            yield m
+    for store in state.dead_letters.values():
+        for d in store:
+            yield d.message
 
 
 def write_snapshot(sink: IO[bytes], state: BrokerState, raft: RaftMeta) -> int:
@@ -245,6 +271,7 @@ def write_snapshot(sink: IO[bytes], state: BrokerState, raft: RaftMeta) -> int:
     _write_policies(w, state)
     _write_machine(w, state)
     _write_access(w, state)
+    _write_dead_letters(w, state, msgs)
     w.flush()
     end = sink.tell()
     sink.seek(start)
@@ -529,6 +556,8 @@ def read_snapshot(data: bytes) -> tuple[BrokerState, RaftMeta]:
         rebuild_deadlines(state)
         if r.pos < len(data):  # from machine version 4 on
             _read_access(r.value(), state)
+        if r.pos < len(data):  # from machine version 5 on
+            _read_dead_letters(r, state)
         rebuild_counts(state)
     except (CodecError, struct.error, UnicodeDecodeError, IndexError, TypeError, ValueError) as e:
         if isinstance(e, SnapshotFormatError):
@@ -597,6 +626,45 @@ def _read_access(v: Any, state: BrokerState) -> None:
         _expect(type(conn) is ConnId and type(entry) is tuple and len(entry) == 2
                 and all(type(f) is str for f in entry), "connection")
     state.connections = conns
+
+
+# ------------------------------------------------------ dead-letter section
+# ("dead-letters", section version, [(queue key, [(reason, [settled target
+# queue keys]), ...]), ...]), then each entry's message in that order (the
+# message format, sharing properties and bodies with those written before).
+# After the access section, written from machine version 5 on only (a
+# version-4 build refuses trailing bytes); absent: no queue keeps any.
+_DEAD_LETTER_SECTION = "dead-letters"
+_DEAD_LETTER_SECTION_VERSION = 1
+
+
+def _write_dead_letters(w: _Writer, state: BrokerState, msgs: _MessageWriter) -> None:
+    if state.machine_version < DEAD_LETTER_STORE:
+        return
+    w.value((_DEAD_LETTER_SECTION, _DEAD_LETTER_SECTION_VERSION,
+             [(key, [(d.reason, list(d.settled)) for d in store])
+              for key, store in state.dead_letters.items()]))
+    for store in state.dead_letters.values():
+        for d in store:
+            msgs.write(d.message)
+            w.maybe_flush()
+
+
+def _read_dead_letters(r: _Reader, state: BrokerState) -> None:
+    tag, version, stores = _tuple(r.value(), 3, "dead-letter section")
+    _expect(tag == _DEAD_LETTER_SECTION, f"unknown section {tag!r}")
+    _expect(version == _DEAD_LETTER_SECTION_VERSION, f"dead-letter section version {version!r}")
+    for key, entries in _pairs(stores, "dead-letter stores"):
+        _expect(type(key) is str and key in state.queues, "dead-letter store's queue")
+        store = DeadLetterStore()
+        for item in _list(entries, "dead letters"):
+            reason, settled = _tuple(item, 2, "dead letter")
+            _expect(type(reason) is str and type(settled) is list
+                    and all(type(t) is str for t in settled), "dead letter")
+            m = r.message()
+            _expect(m.props is not None, "a dead letter without its properties")
+            store.add(DeadLetter(m, reason, dict.fromkeys(settled)))
+        state.dead_letters[key] = store
 
 
 def _expect(ok: bool, what: str) -> None:

@@ -7,6 +7,7 @@ from collections import deque
 from typing import Any
 
 from node.broker.channel import Channel, Consumer
+from node.broker.dead_letter import DeadLetter, DeadLetterStore
 from node.broker.exchange import Binding, Exchange
 from node.broker.fifo import PackedFifo
 from node.broker.queue import Message, Queue
@@ -15,7 +16,8 @@ from node.replication.snapshot_format import RaftMeta, encode_snapshot, read_sna
 
 META = RaftMeta((b"\x01", 41, 3), (b"\x01", 40, 3), ("127.0.0.1:1", "127.0.0.1:2"))
 _KEEP: dict[int, list[Any]] = {}  # per comparison: made messages kept alive
-_RECORDS = (BrokerState, Exchange, Binding, Queue, Message, Channel, Consumer)
+_RECORDS = (BrokerState, Exchange, Binding, Queue, Message, Channel, Consumer, DeadLetter,
+            DeadLetterStore)
 
 
 def snapshot_copy(state: BrokerState) -> BrokerState:

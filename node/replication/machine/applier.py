@@ -7,9 +7,20 @@ registered for its command by `handler.handles`.
 from __future__ import annotations
 
 from node.broker.ids import ChanId
-from node.replication.command import APPLIED, Batch, Command
+from node.replication.command import (
+    APPLIED,
+    Batch,
+    Command,
+    ExchangeBind,
+    ExchangeDeclare,
+    PolicyClear,
+    PolicySet,
+    QueueBind,
+    QueueDeclare,
+)
 from node.replication.effect import ChannelError, ConnectionFailure, Effect
 from node.replication.machine.access import AccessHandlers
+from node.replication.machine.dead_letter import DeadLetterHandlers
 from node.replication.machine.delivery import DeliveryHandlers
 from node.replication.machine.errors import _ChanErr, _ConnErr
 from node.replication.machine.handler import HANDLERS
@@ -25,7 +36,8 @@ from node.replication.machine.version import VersionHandlers
 
 
 class Applier(SessionHandlers, MembershipHandlers, AccessHandlers, TopologyHandlers,
-              DeliveryHandlers, PublishHandlers, PolicyHandlers, LimitHandlers, VersionHandlers):
+              DeliveryHandlers, PublishHandlers, DeadLetterHandlers, PolicyHandlers, LimitHandlers,
+              VersionHandlers):
     """Applies the commands of one batch; collects effects and the queues
     whose delivery may have become possible."""
 
@@ -47,6 +59,8 @@ class Applier(SessionHandlers, MembershipHandlers, AccessHandlers, TopologyHandl
             if ch is not None:
                 self.close_channel(ch)
             self.fx.append(ChannelError(chan, e.code, e.text, *e.ids))
+        if self.s.dead_letters and type(cmd) in _ROUTE_CHANGES:
+            self.retry_all_dead_letters()  # kept dead letters may have a route now
         if self.dirty:
             self.flush()
 
@@ -56,6 +70,11 @@ class Applier(SessionHandlers, MembershipHandlers, AccessHandlers, TopologyHandl
             self.dirty = {}
             for q in dirty.values():
                 self.service(q)
+
+
+# commands after which kept dead letters are retried at once (Tick retries too)
+_ROUTE_CHANGES = frozenset((QueueDeclare, QueueBind, ExchangeDeclare, ExchangeBind, PolicySet,
+                            PolicyClear))
 
 
 def apply_batch(state: BrokerState, batch: Batch, index: int = 0,

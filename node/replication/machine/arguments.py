@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from node.broker.dead_letter import STRATEGIES
 from node.broker.queue import MAX_PRIORITY
 from node.broker.reply import QUEUE_DECLARE
 from node.broker.vhost import ResourceKey
@@ -21,12 +22,15 @@ _OVERFLOW = ("drop-head", "reject-publish", "reject-publish-dlx")
 
 
 def _validate_queue_args(key: ResourceKey, args: dict[str, Any],
-                         quorum_semantics: bool = False) -> dict[str, Any]:
+                         quorum_semantics: bool = False,
+                         check_strategy: bool = False) -> dict[str, Any]:
     """Check x-arguments like RabbitMQ and return them normalised (bytes -> str).
     With `quorum_semantics` (machine version 3 on) a quorum queue's
     x-delivery-limit may be negative: no limit (RabbitMQ 4.x; its declare
     does not check the argument, rabbit_fifo takes a negative one as none),
-    and its x-consumer-timeout must be a non-negative integer (S29)."""
+    and its x-consumer-timeout must be a non-negative integer (S29). With
+    `check_strategy` (machine version 5 on) x-dead-letter-strategy must be
+    one RabbitMQ knows (rabbit_amqqueue check_dlxstrategy_arg)."""
     def bad(arg: str, why: str) -> _ChanErr:
         return _ChanErr(406, f"PRECONDITION_FAILED - invalid arg '{arg}' for queue "
                              f"{_where(key)}: {why}", QUEUE_DECLARE)
@@ -69,6 +73,12 @@ def _validate_queue_args(key: ResourceKey, args: dict[str, Any],
             raise bad(arg, "longer than 255 bytes")
     if "x-overflow" in out and out["x-overflow"] not in _OVERFLOW:
         raise bad("x-overflow", "invalid_overflow")
+    if check_strategy and "x-dead-letter-strategy" in out:
+        v = out["x-dead-letter-strategy"]
+        if not isinstance(v, str):
+            raise bad("x-dead-letter-strategy", f"{{unacceptable_type,{_type_name(v)}}}")
+        if v not in STRATEGIES:
+            raise bad("x-dead-letter-strategy", "invalid_dlx_strategy")
     if "x-dead-letter-routing-key" in out and "x-dead-letter-exchange" not in out:
         raise bad("x-dead-letter-routing-key", "routing_key_but_no_dlx_defined")
     return out

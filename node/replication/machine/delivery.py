@@ -453,6 +453,8 @@ class DeliveryHandlers(ApplierBase):
                 s.deadline_chans.pop(chan, None)
             elif ch.next_deadline <= now:
                 self.time_out(ch)
+        if s.dead_letters:  # at-least-once: retry what no queue took yet
+            self.retry_all_dead_letters()
 
     def time_out(self, ch: Channel) -> None:
         """Consumer timeouts of a channel (S29, rabbit_fifo's

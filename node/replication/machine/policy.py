@@ -126,6 +126,7 @@ class PolicyHandlers(ApplierBase):
         definition = effective_definition(p, op) if p is not None or op is not None else None
         q.settle(queue_settings(q.arguments, definition,
                                 quorum_defaults=s.machine_version >= QUORUM_SEMANTICS))
+        self.configure_dead_letters(q, definition)
         if q.expires is not None:
             s.expires_index[q.name] = None
         else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from node.broker.channel import Channel
+from node.broker.dead_letter import full_with
 from node.broker.exchange import route
 from node.broker.fieldtypes import Int64, Timestamp
 from node.broker.queue import Message, Queue, quorum_priority, raw_priority
@@ -105,7 +106,9 @@ class PublishHandlers(ApplierBase):
         if q.levels:
             prio = qprio
         q.stats[0] += 1
-        if q.overflow != "drop-head" and q.full():
+        if q.overflow != "drop-head" and (
+                q.full() if not s.dead_letters or q.name not in s.dead_letters
+                else full_with(q, s.dead_letters[q.name])):
             if q.overflow == "reject-publish-dlx":
                 m = Message(0, exchange, rk, props, body, persistent, None, loc, size, prio)
                 self.hold(m)
@@ -137,15 +140,33 @@ class PublishHandlers(ApplierBase):
         return True
 
     def dead_letter(self, q: Queue, m: Message, reason: str) -> None:
-        """Remove `m` from `q` for good, republishing it through the queue's DLX."""
+        """Remove `m` from `q` for good, republishing it through the queue's
+        DLX (at most once); a queue dead-lettering at least once keeps it
+        until its targets took it (machine/dead_letter.py)."""
         s = self.s
+        if s.dead_letters and reason != "maxlen":  # rabbit_fifo_dlx: never maxlen
+            store = s.dead_letters.get(q.name)
+            if store is not None:
+                self.keep_dead_letter(q, store, m, reason)
+                return
         self.drop(m)
         if q.dlx is None:
             return
-        vhost, qname = split_key(q.name)
-        x = s.exchanges.get(resource_key(vhost, q.dlx))
-        if x is None:
+        if s.exchanges.get(resource_key(split_key(q.name)[0], q.dlx)) is None:
             return
+        props = self.death_props(q, m, reason)
+        rk, targets = self.dead_letter_targets(q, props, m.routing_key, reason)
+        for name in targets:
+            t = s.queues[name]
+            # new properties here, the body where it was (inline or in the log)
+            self.enqueue(t, q.dlx, rk, props, m.body, m.persistent, None, m.loc, m.size,
+                         raw_priority(props), quorum_priority(props))
+
+    def death_props(self, q: Queue, m: Message, reason: str) -> dict[str, Any]:
+        """`m`'s properties as dead-lettered from `q`: its death recorded in
+        x-death (and the x-first-death-* headers), its expiration gone."""
+        s = self.s
+        qname = split_key(q.name)[1]
         if m.props is not None:
             props = dict(m.props)
         else:  # in the log: read on this (the raft) thread; only queues with a DLX
@@ -178,19 +199,28 @@ class PublishHandlers(ApplierBase):
         headers.setdefault("x-first-death-queue", qname)
         headers.setdefault("x-first-death-exchange", m.exchange)
         props["headers"] = headers
-        rk = q.dlrk if q.dlrk is not None else m.routing_key
+        return props
+
+    def dead_letter_targets(self, q: Queue, props: dict[str, Any], routing_key: str,
+                            reason: str) -> tuple[str, list[str]]:
+        """The routing key a message dead-lettered from `q` goes with and the
+        queues `q`'s DLX (which exists) routes it to now, cycles left out.
+        `props`: as death_props made them; `routing_key`: as published."""
+        s = self.s
+        vhost = split_key(q.name)[0]
+        assert q.dlx is not None
+        rk = q.dlrk if q.dlrk is not None else routing_key
+        headers = props["headers"]
         if q.dlx == "":  # the default exchange routes by queue name
             tkey = resource_key(vhost, rk)
             targets: list[str] = [tkey] if tkey in s.queues and SEP not in rk else []
         else:
-            targets = route(s.exchanges, x, rk, headers, s.policy_ae)
-        for name in targets:
-            if reason != "rejected" and _is_cycle(split_key(name)[1], deaths):
-                continue
-            t = s.queues[name]
-            # new properties here, the body where it was (inline or in the log)
-            self.enqueue(t, q.dlx, rk, props, m.body, m.persistent, None, m.loc, m.size,
-                         raw_priority(props), quorum_priority(props))
+            targets = route(s.exchanges, s.exchanges[resource_key(vhost, q.dlx)], rk, headers,
+                            s.policy_ae)
+        if reason != "rejected":
+            deaths = headers["x-death"]
+            targets = [t for t in targets if not _is_cycle(split_key(t)[1], deaths)]
+        return rk, targets
 
     # -- transactions -------------------------------------------------------
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from node.broker.channel import Channel
+from node.broker.dead_letter import DeadLetterStore
 from node.broker.exchange import Exchange
 from node.broker.ids import ChanId, ConnId
 from node.broker.policy import Policy
@@ -30,7 +31,8 @@ class BrokerState:
                  "members", "in_sync", "draining", "users", "vhosts", "permissions",
                  "config_version", "live", "fetch_props", "policies", "operator_policies",
                  "policy_ae", "machine_version", "runs_version", "deadline_chans", "vhost_limits",
-                 "user_limits", "topic_permissions", "connections", "counts")
+                 "user_limits", "topic_permissions", "connections", "counts",
+                 "dead_letters")
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -102,6 +104,10 @@ class BrokerState:
         # channels holding deliveries with a deadline (consumer timeouts, S29;
         # derived from the messages' deadlines, never written)
         self.deadline_chans: dict[ChanId, None] = {}
+        # queue key -> its kept dead letters, for each queue whose strategy is
+        # at-least-once (machine version 5 on; node/broker/dead_letter.py).
+        # Snapshotted in the dead-letter section
+        self.dead_letters: dict[str, DeadLetterStore] = {}
 
 
 def rebuild_deadlines(s: BrokerState) -> None:

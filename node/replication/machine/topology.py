@@ -46,7 +46,11 @@ from node.replication.machine.errors import (
 from node.replication.machine.handler import ApplierBase, handles
 from node.replication.machine.policy import refresh_exchange
 from node.replication.machine.state import _gen_name
-from node.replication.machine.version import NO_LEGACY_QUEUE_CAP, QUORUM_SEMANTICS
+from node.replication.machine.version import (
+    DEAD_LETTER_STORE,
+    NO_LEGACY_QUEUE_CAP,
+    QUORUM_SEMANTICS,
+)
 
 
 class TopologyHandlers(ApplierBase):
@@ -227,7 +231,8 @@ class TopologyHandlers(ApplierBase):
                 raise _ChanErr(403, f"ACCESS_REFUSED - queue name '{name}' contains reserved "
                                     f"prefix 'amq.*'", QUEUE_DECLARE)
             args = _validate_queue_args(key, cmd.arguments,
-                                        s.machine_version >= QUORUM_SEMANTICS)
+                                        s.machine_version >= QUORUM_SEMANTICS,
+                                        s.machine_version >= DEAD_LETTER_STORE)
             quorum43 = s.machine_version >= QUORUM_SEMANTICS
             _check_queue_type(key, args, cmd.durable, cmd.exclusive, cmd.auto_delete, quorum43)
             self.check_queue_limit(ch, name, QUEUE_DECLARE)
@@ -326,8 +331,12 @@ class TopologyHandlers(ApplierBase):
         msgs = q.take_all()
         for m in msgs:
             self.drop(m)
+        n = len(msgs)
+        store = s.dead_letters.get(q.name)
+        if store is not None:  # rabbit_fifo's purge takes the dead letters too
+            n += self.drop_kept(store)
         if not cmd.nowait:
-            self.reply(cmd.chan, "Queue.PurgeOk", {"message_count": len(msgs)})
+            self.reply(cmd.chan, "Queue.PurgeOk", {"message_count": n})
 
     @handles(QueueDelete, reply=lambda c: None if c.nowait else QUEUE_DELETE)
     def queue_delete(self, cmd: QueueDelete) -> None:
@@ -382,6 +391,9 @@ class TopologyHandlers(ApplierBase):
         q.incoming.clear()
         for m in q.take_all():
             self.drop(m)
+        store = s.dead_letters.pop(q.name, None)
+        if store is not None:
+            self.drop_kept(store)
         if q.owner is not None:
             owned = s.exclusive.get(q.owner)
             if owned is not None:

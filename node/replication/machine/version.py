@@ -29,8 +29,12 @@ Versions:
      version-3 build cannot decode, so no node proposes them before; the
      snapshot's access section)
   5  snapshots of format 5 (issue 27): a queue's ready messages as the
-     packed index's columns (a version-4 build cannot read them); apply
-     is unchanged
+     packed index's columns (a version-4 build cannot read them); and
+     at-least-once dead-lettering for quorum queues (issue 28): a queue
+     with x-dead-letter-strategy / dead-letter-strategy at-least-once (and
+     overflow reject-publish) keeps its dead letters until the targets took
+     them (node/broker/dead_letter.py, machine/dead_letter.py); the strategy
+     argument is validated; the snapshot's dead-letter section
 """
 from __future__ import annotations
 
@@ -46,6 +50,7 @@ NO_LEGACY_QUEUE_CAP = 2  # QueueDeclare.default_max_length is ignored
 QUORUM_SEMANTICS = 3  # RabbitMQ 4.3's quorum queues (docs/semantics.md, Quorum queues)
 LIMITS = 4  # limits, topic permissions, ConnectionOpen may be proposed
 PACKED_SNAPSHOTS = 5  # snapshots may be written in format 5 (ready messages as columns)
+DEAD_LETTER_STORE = 5  # at-least-once dead-lettering (machine/dead_letter.py)
 
 
 class MachineVersionError(RuntimeError):
@@ -79,3 +84,9 @@ class VersionHandlers(ApplierBase):
                 if q.arguments.get("x-queue-type") == "quorum":
                     self.refresh_queue(q)
                     q.levels = uses_levels(q.arguments, True)
+        if before < DEAD_LETTER_STORE <= cmd.version:
+            # quorum queues configured at-least-once start keeping their dead
+            # letters at this entry (the ones before went at most once)
+            for q in list(s.queues.values()):
+                if q.arguments.get("x-queue-type") == "quorum":
+                    self.refresh_queue(q)

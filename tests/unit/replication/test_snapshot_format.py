@@ -245,8 +245,16 @@ def test_random_bytes_wrong_version_unknown_records_and_trailing_bytes_are_refus
         read_snapshot(_reframe(body + machine + encode(None)))
     access = encode(("access", 1, {}, {}, {}, {}))
     read_snapshot(_reframe(body + machine + access))
-    with pytest.raises(SnapshotFormatError, match="trailing"):
+    # after the access section only the dead-letter section (machine version 5), nothing after it
+    with pytest.raises(SnapshotFormatError, match="dead-letter section"):
         read_snapshot(_reframe(body + machine + access + encode(None)))
+    with pytest.raises(SnapshotFormatError, match="dead-letter store's queue"):
+        read_snapshot(_reframe(body + machine + access
+                               + encode(("dead-letters", 1, [("/\x00gone", [])]))))
+    dead = encode(("dead-letters", 1, []))
+    read_snapshot(_reframe(body + machine + access + dead))
+    with pytest.raises(SnapshotFormatError, match="trailing"):
+        read_snapshot(_reframe(body + machine + access + dead + encode(None)))
     # an unknown record id / an unknown tag where the raft position should be
     for bad in (b"R\xfe", b"\x07", b"Z"):
         _loads_or_raises(_reframe(body[:8] + bad + body[8:]))
