@@ -97,6 +97,7 @@ class MirrorqNode:
     """One `python -m node.app serve` on free ports with a throwaway data dir."""
 
     name = "mirrorq"
+    ready_timeout = 30.0  # s until AMQP answers (bench/backlog.py restarts with a backlog: longer)
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
@@ -119,7 +120,7 @@ class MirrorqNode:
         with open(self.logfile, "ab") as out:
             self.proc = subprocess.Popen(argv, cwd=str(REPO), stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
-        wait_ready(self.port, 30, self.proc, "mirrorq", self.logfile)
+        wait_ready(self.port, self.ready_timeout, self.proc, "mirrorq", self.logfile)
 
     def stop(self) -> None:
         p = self.proc
@@ -152,6 +153,7 @@ class RabbitNode:
     """A throwaway RabbitMQ node: own ports, mnesia/log dirs in a temp dir owned by rabbitmq."""
 
     name = "rabbitmq"
+    ready_timeout = 90.0  # s until AMQP answers (bench/backlog.py restarts with a backlog: longer)
 
     def __init__(self, workdir: Path) -> None:
         self.dir = workdir / "rabbitmq"
@@ -210,7 +212,7 @@ class RabbitNode:
             self.proc = subprocess.Popen([RABBITMQ_SERVER], cwd=str(self.dir), env=env, stdout=out,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True, **kw)
-        wait_ready(self.port, 90, self.proc, "RabbitMQ", self.logfile)
+        wait_ready(self.port, self.ready_timeout, self.proc, "RabbitMQ", self.logfile)
 
     def stop(self) -> None:
         p = self.proc
