@@ -187,9 +187,12 @@ class RssSampler(threading.Thread):
             self._stop_ev.wait(self.every)
 
     def finish(self) -> list[int]:
+        """The peaks, the state at the end included."""
         self._stop_ev.set()
         self.join(10)
-        return self.peak
+        end = [r or 0 for r in self.target.rss()]
+        return [max(a, b) for a, b in zip(self.peak + [0] * (len(end) - len(self.peak)),
+                                          end + [0] * (len(self.peak) - len(end)), strict=True)]
 
 
 # --------------------------------------------------------------------------- targets
