@@ -704,9 +704,13 @@ def run_case(cp: str, t: Target, case: str, count: int, size: int, a: argparse.N
     th.start()
     served = False
     probe = t.probe_at()
+    gave_up = None
     while time.monotonic() - t0 < a.restart_timeout:
         if probe_served(probe, q, count, size, state):
             served = True
+            break
+        if not th.is_alive() and errors and not any(t.broker_pids()):
+            gave_up = "the broker exited while starting"  # nothing will serve it: stop waiting
             break
         time.sleep(0.1)
     restart_s = time.monotonic() - t0
@@ -719,7 +723,9 @@ def run_case(cp: str, t: Target, case: str, count: int, size: int, a: argparse.N
     log(f"  {t.key} {case} restart: served after {res['restart']['served_s']} s "
         f"(AMQP after {state.get('amqp_s')} s), RSS {res['restart']['rss_mb']} MB")
     if not served or "probe_error" in state:
-        res["error"] = f"restart: not served within {a.restart_timeout}s" if not served else state["probe_error"]
+        res["error"] = (f"restart: {gave_up or f'not served within {a.restart_timeout}s'} "
+                        f"({'; '.join(errors)[:600]})" if not served else state["probe_error"])
+        res["restart"]["log_tail"] = t.log_tail()
         return res
     # drain: one consumer, every body checked
     sampler = RssSampler(t)
