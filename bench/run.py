@@ -102,6 +102,10 @@ class MirrorqNode:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.port = free_port()
+        # fixed for the node's life: a restart on the same data must find itself at the
+        # Raft address it recorded (bench/backlog.py restarts it)
+        self.raft_port = free_port()
+        self.metrics_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.logfile = workdir / "mirrorq-b1.log"
 
@@ -113,8 +117,8 @@ class MirrorqNode:
         data = self.workdir / "mirrorq-data"
         data.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "node.app", "serve", "--node-id", "b1",
-                "--amqp-port", str(self.port), "--raft-port", str(free_port()),
-                "--metrics-port", str(free_port()),
+                "--amqp-port", str(self.port), "--raft-port", str(self.raft_port),
+                "--metrics-port", str(self.metrics_port),
                 "--data-dir", str(data), "--log-level", "WARNING"]
         log(f"starting mirrorq: {' '.join(argv[1:])}")
         with open(self.logfile, "ab") as out:
