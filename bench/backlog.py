@@ -884,6 +884,26 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def combine(paths: list[Path], out: Path) -> int:
+    """Merge the runs of several result files (e.g. a target measured again later)."""
+    reports = [json.loads(x.read_text()) for x in paths]
+    merged = dict(reports[0])
+    runs: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in reports:
+        for run in r["runs"]:
+            runs[(run["case"], run["target"])] = run
+    order = {k: i for i, k in enumerate(TARGETS)}
+    merged["runs"] = sorted(runs.values(), key=lambda x: (x["case"] != "backlog", order[x["target"]]))
+    merged["combined_from"] = [{"file": str(x), "generated_at": r["generated_at"],
+                                "mirrorq_commit": r.get("mirrorq_commit")} for x, r in zip(paths, reports, strict=True)]
+    merged["summary"] = {f"{r['case']}/{r['target']}": metrics(r) for r in merged["runs"]}
+    out.write_text(json.dumps(merged, indent=2) + "\n")
+    md = markdown(merged)
+    out.with_suffix(".md").write_text(md + "\n")
+    print(md)
+    return 1 if any("error" in r for r in merged["runs"]) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--targets", default="all",
@@ -903,7 +923,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", help="where the data dirs go (default a temp dir in /tmp)")
     p.add_argument("--keep-workdir", action="store_true")
     p.add_argument("--out", default=str(BENCH / "results" / "backlog.json"))
+    p.add_argument("--combine", nargs="+", metavar="JSON",
+                   help="run nothing: merge these results (a later file's run of a case and target "
+                   "replaces an earlier one's) into --out and its .md")
     a = p.parse_args(argv)
+    if a.combine:
+        return combine([Path(x) for x in a.combine], Path(a.out))
 
     keys: list[str] = []
     for item in filter(None, (x.strip() for x in a.targets.split(","))):
