@@ -97,10 +97,15 @@ class MirrorqNode:
     """One `python -m node.app serve` on free ports with a throwaway data dir."""
 
     name = "mirrorq"
+    ready_timeout = 30.0  # s until AMQP answers (bench/backlog.py restarts with a backlog: longer)
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.port = free_port()
+        # fixed for the node's life: a restart on the same data must find itself at the
+        # Raft address it recorded (bench/backlog.py restarts it)
+        self.raft_port = free_port()
+        self.metrics_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.logfile = workdir / "mirrorq-b1.log"
 
@@ -112,14 +117,14 @@ class MirrorqNode:
         data = self.workdir / "mirrorq-data"
         data.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "node.app", "serve", "--node-id", "b1",
-                "--amqp-port", str(self.port), "--raft-port", str(free_port()),
-                "--metrics-port", str(free_port()),
+                "--amqp-port", str(self.port), "--raft-port", str(self.raft_port),
+                "--metrics-port", str(self.metrics_port),
                 "--data-dir", str(data), "--log-level", "WARNING"]
         log(f"starting mirrorq: {' '.join(argv[1:])}")
         with open(self.logfile, "ab") as out:
             self.proc = subprocess.Popen(argv, cwd=str(REPO), stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
-        wait_ready(self.port, 30, self.proc, "mirrorq", self.logfile)
+        wait_ready(self.port, self.ready_timeout, self.proc, "mirrorq", self.logfile)
 
     def stop(self) -> None:
         p = self.proc
@@ -152,6 +157,7 @@ class RabbitNode:
     """A throwaway RabbitMQ node: own ports, mnesia/log dirs in a temp dir owned by rabbitmq."""
 
     name = "rabbitmq"
+    ready_timeout = 90.0  # s until AMQP answers (bench/backlog.py restarts with a backlog: longer)
 
     def __init__(self, workdir: Path) -> None:
         self.dir = workdir / "rabbitmq"
@@ -210,7 +216,7 @@ class RabbitNode:
             self.proc = subprocess.Popen([RABBITMQ_SERVER], cwd=str(self.dir), env=env, stdout=out,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True, **kw)
-        wait_ready(self.port, 90, self.proc, "RabbitMQ", self.logfile)
+        wait_ready(self.port, self.ready_timeout, self.proc, "RabbitMQ", self.logfile)
 
     def stop(self) -> None:
         p = self.proc

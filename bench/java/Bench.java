@@ -10,8 +10,8 @@ import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.BitSet;
 import java.util.HashMap;
-import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.NavigableSet;
@@ -35,6 +35,8 @@ import java.util.concurrent.locks.LockSupport;
  *   Bench --uri URI --mode publish  --count 200000 --threads 2        (no confirms, N connections)
  *   Bench --uri URI --mode tx       --count 2000  --size 1024
  *   Bench --uri URI --mode consume  --queue Q [--count N] --prefetch 1000 --ack-every 100 [--auto-ack]
+ *         [--verify] [--allow-redelivered K]   (compare every body with what was published;
+ *         accept up to K redeliveries, e.g. a probe's basic.get returned unacked)
  *   Bench --uri URI --mode latency  --rate 2000 --duration 10 --warmup-seconds 2 --prefetch 100
  *
  * Common: --queue NAME (default: a fresh durable queue), --keep (do not delete the
@@ -44,8 +46,10 @@ import java.util.concurrent.locks.LockSupport;
  * --queue-type T (declare with x-queue-type=T, e.g. quorum; default: no arguments),
  * --warmup N (confirms/publish/tx/latency: first publish N untimed confirmed messages to a
  * throwaway queue so the JVM is warm), --timeout SECONDS (stall timeout, default 120),
- * --transient (non-persistent), --check-depth (confirms: the queue must hold exactly
- * --count messages afterwards; only for a queue nobody else publishes to).
+ * --transient (non-persistent), --publisher-offset P (confirms: number the publishers from P,
+ * for ids and payload seeds, so several runs into one queue never repeat an id),
+ * --check-depth (confirms: the queue must hold exactly --count messages afterwards; only
+ * for a queue nobody else publishes to).
  *
  * Payload (confirms/publish/tx/latency): --payload random (default) sends, per publisher, a
  * pool of --payload-pool (default 256) DISTINCT bodies of --size bytes filled from a
@@ -402,6 +406,10 @@ public final class Bench {
         String queue = queueName("confirms");
         out.put("queue", queue).put("count", count).put("size", size).put("window", window).put("publishers", pubs);
         out.put("persistent", !flag("transient"));
+        // --publisher-offset P: publishers are numbered from P (ids and payload seeds), so
+        // several runs into one queue (bench/backlog.py's slices) never repeat an id
+        int pubBase = optInt("publisher-offset", 0);
+        out.put("publisher_offset", pubBase);
         describePayload(out, size);
 
         Connection admin = adminConnection();
@@ -414,7 +422,7 @@ public final class Bench {
             List<Thread> ts = new ArrayList<>();
             for (int i = 0; i < pubs; i++) {
                 int share = count / pubs + (i < count % pubs ? 1 : 0);
-                ConfirmPublisher p = new ConfirmPublisher(i, share, queue, size, window, stallNs, start);
+                ConfirmPublisher p = new ConfirmPublisher(pubBase + i, share, queue, size, window, stallNs, start);
                 p.open();
                 ps.add(p);
                 Thread t = new Thread(p, "publisher-" + i);
@@ -602,7 +610,11 @@ public final class Bench {
             final AtomicLong bytes = new AtomicLong();
             final AtomicInteger redelivered = new AtomicInteger();
             final AtomicInteger duplicates = new AtomicInteger();
-            final Set<Long> seen = new HashSet<>(Math.max(16, count * 2));
+            // a bit per (publisher, sequence number): 10M ids cost 1.25 MB, not a HashSet<Long>'s ~600 MB
+            final Map<Integer, BitSet> seen = new HashMap<>();
+            final Verifier verifier = flag("verify") ? new Verifier() : null;
+            final AtomicInteger damaged = new AtomicInteger();
+            final int allowRedelivered = optInt("allow-redelivered", 0);
             final AtomicLong lastAt = new AtomicLong(System.nanoTime());
             final CountDownLatch done = new CountDownLatch(count == 0 ? 0 : 1);
             final int every = ackEvery;
@@ -615,7 +627,15 @@ public final class Bench {
                     int c = got.incrementAndGet();
                     bytes.addAndGet(b.length);
                     if (env.isRedeliver()) redelivered.incrementAndGet();
-                    if (b.length >= 8 && !seen.add(ByteBuffer.wrap(b).getLong(0))) duplicates.incrementAndGet();
+                    if (b.length >= 8) {
+                        long id = ByteBuffer.wrap(b).getLong(0);
+                        int pub = (int) (id >>> 32), seq = (int) id;
+                        BitSet bits = seen.computeIfAbsent(pub, k -> new BitSet());
+                        if (seq < 0 || bits.get(seq)) duplicates.incrementAndGet(); else bits.set(seq);
+                        if (verifier != null && !verifier.ok(pub, seq, b)) damaged.incrementAndGet();
+                    } else if (verifier != null) {
+                        damaged.incrementAndGet();
+                    }
                     if (!autoAck && (c % every == 0 || c >= count)) {
                         getChannel().basicAck(env.getDeliveryTag(), multiple);
                     }
@@ -631,12 +651,14 @@ public final class Bench {
             if (ch.isOpen()) ch.basicCancel(tag);
             int consumed = got.get();
             out.put("consumed", consumed).put("redelivered", redelivered.get()).put("duplicates", duplicates.get());
+            if (verifier != null) out.put("verified", true).put("damaged", damaged.get());
             out.put("elapsed_ms", ms(elapsed)).put("msg_per_s", rate(consumed, elapsed));
             List<String> problems = new ArrayList<>();
             if (consumed < count) problems.add("consumed " + consumed + " of " + count);
             if (consumed > count) problems.add("consumed " + consumed + ", more than " + count);
             if (duplicates.get() > 0) problems.add(duplicates.get() + " duplicate deliveries");
-            if (redelivered.get() > 0) problems.add(redelivered.get() + " redeliveries");
+            if (redelivered.get() > allowRedelivered) problems.add(redelivered.get() + " redeliveries");
+            if (damaged.get() > 0) problems.add(damaged.get() + " bodies differ from what was published");
             if (problems.isEmpty() && ch.isOpen()) {
                 // the depth a (follower) node reports may trail the acks by a moment
                 int left = ch.queueDeclarePassive(queue).getMessageCount();
@@ -652,6 +674,32 @@ public final class Bench {
             if (!problems.isEmpty()) out.put("error", String.join("; ", problems));
         } finally {
             try { conn.close(5000); } catch (Exception ignored) { }
+        }
+    }
+
+    /**
+     * --verify: every body must equal, byte for byte after its 8-byte id, the pool body its
+     * publisher sent for that sequence number (confirms mode: body i of publisher p is
+     * pool_p[(i - 1) % pool size], the pool rebuilt here from the same seed and options).
+     * Pools are rebuilt per (publisher, size); the last few are kept (a backlog drains in
+     * publish order, so one publisher at a time).
+     */
+    static final class Verifier {
+        final Map<Long, ByteBuffer[]> pools = new java.util.LinkedHashMap<Long, ByteBuffer[]>(8, 0.75f, true) {
+            @Override
+            protected boolean removeEldestEntry(Map.Entry<Long, ByteBuffer[]> e) { return size() > 4; }
+        };
+
+        boolean ok(int publisher, int seq, byte[] b) {
+            if (b.length < MIN_BODY || seq < 1) return false;
+            long key = ((long) publisher << 32) | b.length;
+            ByteBuffer[] pool = pools.get(key);
+            if (pool == null) {
+                pool = bodies(b.length, publisher).pool;
+                pools.put(key, pool);
+            }
+            byte[] want = pool[(seq - 1) % pool.length].array();
+            return Arrays.equals(b, 8, b.length, want, 8, want.length);
         }
     }
 
