@@ -892,27 +892,37 @@ class _Reader:
         self._count_packed(col)
         return PackedFifo.from_columns(nums, exp, refs, transient, objects)
 
+    def _name(self, raw: bytes) -> str:
+        """One str per distinct exchange or routing key, not one per message
+        (the same few recur)."""
+        name = self.names.get(raw)
+        if name is None:
+            name = self.names[raw] = raw.decode()
+        return name
+
+    def _logged(self, idx: int, n: int) -> None:
+        """`n` messages in the entry at `idx`: it must be in the log-entries
+        section; they count in its bucket's live count."""
+        logged = self.logged
+        k = bisect_left(logged, idx)
+        _expect(k < len(logged) and logged[k] == idx, f"message at log index {idx} not in the log-entries section")
+        b = idx >> BUCKET_SHIFT
+        self.live[b] = self.live.get(b, 0) + n
+
     def _count_packed(self, col: array[int]) -> None:
-        """The live counts and the log-entries check for a queue's packed
-        records (their Raft indices, `col`): once per distinct entry when in
-        log order (they are: a queue takes them as they are applied)."""
-        logged, live = self.logged, self.live
+        """_logged for a queue's packed records (their Raft indices, `col`):
+        once per distinct entry when in log order (they are: a queue takes
+        them as they are applied)."""
         n = len(col)
         if n > 1 and not all(map(le, col, islice(col, 1, None))):
             for v in col:  # never written so; read anyway
-                k = bisect_left(logged, v)
-                _expect(k < len(logged) and logged[k] == v, f"message at log index {v} not in the log-entries section")
-                b = v >> BUCKET_SHIFT
-                live[b] = live.get(b, 0) + 1
+                self._logged(v, 1)
             return
         p = 0
         while p < n:
             v = col[p]
-            k = bisect_left(logged, v)
-            _expect(k < len(logged) and logged[k] == v, f"message at log index {v} not in the log-entries section")
             e = bisect_right(col, v, p)
-            b = v >> BUCKET_SHIFT
-            live[b] = live.get(b, 0) + e - p
+            self._logged(v, e - p)
             p = e
 
     def plain_ready(self, ready: PackedFifo) -> bool:
@@ -927,25 +937,11 @@ class _Reader:
         pos += _MSG4.size
         end = pos + n_ex + n_rk
         _expect(end + _LOC.size <= len(data), "message truncated")
-        names = self.names
-        raw = data[pos:pos + n_ex]
-        exchange = names.get(raw)
-        if exchange is None:
-            exchange = names[raw] = raw.decode()
-        raw = data[pos + n_ex:end]
-        rk = names.get(raw)
-        if rk is None:
-            rk = names[raw] = raw.decode()
         idx, at, n_props = _LOC.unpack_from(data, end)
         if at >= 1 << 31:
             return False
-        logged = self.logged
-        k = bisect_left(logged, idx)
-        _expect(k < len(logged) and logged[k] == idx,
-                f"message at log index {idx} not in the log-entries section")
-        b = idx >> BUCKET_SHIFT
-        live = self.live
-        live[b] = live.get(b, 0) + 1
+        exchange, rk = self._name(data[pos:pos + n_ex]), self._name(data[pos + n_ex:end])
+        self._logged(idx, 1)
         ready.append_plain(seq, exchange, rk, idx, (at << 32) | n_props, n, priority,
                            bool(flags & _PERSISTENT), expires if flags & _EXPIRES else None)
         self.pos = end + _LOC.size
@@ -968,27 +964,14 @@ class _Reader:
             priority = -1
         end = pos + n_ex + n_rk
         _expect(end <= len(data), "message truncated")
-        # one str per distinct name, not one per message (the same few recur)
-        names = self.names
-        raw = data[pos:pos + n_ex]
-        exchange = names.get(raw)
-        if exchange is None:
-            exchange = names[raw] = raw.decode()
-        raw = data[pos + n_ex:end]
-        rk = names.get(raw)
-        if rk is None:
-            rk = names[raw] = raw.decode()
+        exchange, rk = self._name(data[pos:pos + n_ex]), self._name(data[pos + n_ex:end])
         pos = end
         loc: int | None = None
         if flags & _HAS_LOC:
             idx, at, n_props = _LOC.unpack_from(data, pos)
             pos += _LOC.size
-            k = bisect_left(self.logged, idx)
-            _expect(k < len(self.logged) and self.logged[k] == idx,
-                    f"message at log index {idx} not in the log-entries section")
+            self._logged(idx, 1)
             loc = make_loc(idx, at, n_props)
-            b = idx >> BUCKET_SHIFT
-            self.live[b] = self.live.get(b, 0) + 1
         props: dict[str, Any] | None
         if flags & _PROPS_LOGGED:
             _expect(loc is not None, "properties in the log without a place there")
