@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from node.broker.message import Message
@@ -45,7 +45,7 @@ class PackedFifo:
 
     __slots__ = ("_chunks", "_len", "_head", "_pair", "_transient", "_objects")
 
-    def __init__(self, items: Iterator[Message] | list[Message] = ()) -> None:  # type: ignore[assignment]
+    def __init__(self, items: Iterable[Message] = ()) -> None:
         self._chunks: deque[_Chunk] = deque()
         self._len = 0
         self._head: Message | None = None  # the head, made once for peek and pop
