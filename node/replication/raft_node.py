@@ -119,6 +119,7 @@ class RaftNode:
         self._timers: dict[str, asyncio.TimerHandle] = {}  # each recurring timer's pending handle
         self._no_quorum_since: float | None = None
         self._blocked: str | None = None
+        self._stuck = False
         self._last_leader: str | None = None
         # ---- raft thread, handed over once per tick
         self._held: deque[tuple[int, BatchKey, list[Effect]]] = deque()
@@ -443,6 +444,7 @@ class RaftNode:
             self._no_quorum_since = None
         leaderless = self._no_quorum_since is not None and now - self._no_quorum_since > self.config.block_after
         self._blocked = "cluster unavailable: no quorum" if (w.stuck or leaderless) else None
+        self._stuck = w.stuck
 
     def _propose_tick(self) -> None:
         self.propose(Tick())
@@ -514,6 +516,11 @@ class RaftNode:
         self._drain_listeners.append(cb)
 
     def blocked_reason(self) -> str | None:
+        # live for the quorum half: a node that has just found its leader
+        # (start, election) must not block connections for up to one more
+        # watch period (they would open to connection.blocked, then unblocked)
+        if self._blocked is not None and not self._stuck and self.shim.has_quorum():
+            return None
         return self._blocked
 
     def member_id(self, address: str | None) -> str | None:
@@ -542,7 +549,7 @@ class RaftNode:
             draining=list(model.draining),
             has_quorum=shim.has_quorum(),
             mirrored_index=self._gate.released,
-            blocked=self._blocked is not None,
+            blocked=self.blocked_reason() is not None,
             pending_batches=self.pipeline.in_flight(),
             resends=self.pipeline.resends,
             nacked_publishes=self.pipeline.nacked_publishes,
