@@ -223,6 +223,9 @@ class RaftNode:
             return any(lo <= b <= hi for b in live)
         return any(b in live for b in range(lo, hi + 1))
 
+    def live_buckets(self) -> int:
+        return len(self.state.live)
+
     def membership(self) -> tuple[tuple[tuple[NodeId, str], ...], tuple[NodeId, ...], tuple[NodeId, ...]]:
         st = self.state
         return (tuple((NodeId(n), a) for n, a in st.members.items()),

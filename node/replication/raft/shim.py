@@ -419,6 +419,7 @@ class Owner(Protocol):
 
     def apply(self, batch: Batch, index: int, spans: dict[int, tuple[int, int]] | None = None) -> str: ...
     def retains(self, first: int, last: int) -> bool: ...  # log entries that live messages need
+    def live_buckets(self) -> int: ...  # how many log buckets hold live messages (a snapshot's size)
     def on_tick(self, view: RaftView) -> int | None: ...  # returns a mirrored index to announce
     def on_result(self, seq: int, ok: bool, why: str) -> None: ...
     def membership(self) -> tuple[tuple[tuple[NodeId, str], ...], tuple[NodeId, ...], tuple[NodeId, ...]]: ...
@@ -861,8 +862,11 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         and those segments would stay until the next one. Under load
         snapshots come by entry count and this never fires."""
         now = clock()
+        # a small state (the queues drained) snapshots in milliseconds: free
+        # the disk within seconds, as RabbitMQ does; a large one waits longer
+        quiet = self.PIN_QUIET if self.owner.live_buckets() > self.SMALL_STATE_BUCKETS else self.PIN_QUIET_SMALL
         if not self.snapshot_buckets or now - self._last_pin_check < 1.0 \
-                or now - self.snapshot_done_at < self.PIN_QUIET:
+                or now - self.snapshot_done_at < quiet:
             return False
         self._last_pin_check = now
         so = self._so

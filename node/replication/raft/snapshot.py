@@ -292,6 +292,8 @@ class SnapshotMixin:
     repair_until: int = 0
     snapshot_done_at: float = 0.0
     PIN_QUIET = 30.0  # seconds without a snapshot before one is forced to free pinned segments
+    PIN_QUIET_SMALL = 3.0  # the same while few log buckets hold live messages
+    SMALL_STATE_BUCKETS = 4096
 
     def _retains(self, first: int, last: int) -> bool:
         """Whether log entries first..last must stay: live messages of the state
