@@ -234,7 +234,8 @@ class TopologyHandlers(ApplierBase):
                                         s.machine_version >= QUORUM_SEMANTICS,
                                         s.machine_version >= DEAD_LETTER_STORE)
             quorum43 = s.machine_version >= QUORUM_SEMANTICS
-            _check_queue_type(key, args, cmd.durable, cmd.exclusive, cmd.auto_delete, quorum43)
+            _check_queue_type(key, args, cmd.durable, cmd.exclusive, cmd.auto_delete, quorum43,
+                              s.machine_version >= DEAD_LETTER_STORE)
             self.check_queue_limit(ch, name, QUEUE_DECLARE)
             owner = cmd.chan.conn_id if cmd.exclusive else None
             q = Queue(key, cmd.durable, owner, cmd.auto_delete, args, cmd.chan.node, s.now)

@@ -175,7 +175,15 @@ def test_without_reject_publish_or_on_a_classic_queue_it_falls_back_to_at_most_o
     c = h.open(chan())
     h.run(xdecl(c, "dlx", "fanout"))
     drop_head = {k: v for k, v in ALO.items() if k != "x-overflow"}
-    classic = {k: v for k, v in ALO.items() if k != "x-queue-type"}
+    classic = {k: v for k, v in ALO.items() if k not in ("x-queue-type", "x-dead-letter-strategy")}
+    # the argument is a quorum queue's: a classic queue refuses it (as 4.3.6
+    # does), a policy's dead-letter-strategy does not apply to it
+    [e] = errors(h.run(qdecl(c, "cl", arguments=ALO | {"x-queue-type": "classic"})))
+    assert e.reply_code == 406 and e.reply_text == (
+        "PRECONDITION_FAILED - invalid arg 'x-dead-letter-strategy' for queue 'cl' in vhost '/' "
+        "of queue type rabbit_classic_queue")
+    c = h.open(chan())
+    h.run(PolicySet(False, "/", "alo", "^cl$", "queues", 0, {"dead-letter-strategy": "at-least-once"}))
     h.run(qdecl(c, "dh", durable=True, arguments=drop_head), qdecl(c, "cl", arguments=classic))
     assert h.state.dead_letters == {}
     die(h, c, b"x", "dh")
@@ -266,12 +274,13 @@ def test_the_strategy_argument_is_checked_from_version_5() -> None:
     c = h.open(chan())
     assert errors(h.run(qdecl(c, "old", arguments={"x-dead-letter-strategy": "maybe"}))) == []
     h.run(SetMachineVersion(5))
-    [e] = errors(h.run(qdecl(c, "new", arguments={"x-dead-letter-strategy": "maybe"})))
+    qq = {"x-queue-type": "quorum"}
+    [e] = errors(h.run(qdecl(c, "new", durable=True, arguments=qq | {"x-dead-letter-strategy": "maybe"})))
     assert e.reply_code == 406
     assert e.reply_text == ("PRECONDITION_FAILED - invalid arg 'x-dead-letter-strategy' for "
                             "queue 'new' in vhost '/': invalid_dlx_strategy")
     c2 = h.open(chan(2))
-    [e] = errors(h.run(qdecl(c2, "new", arguments={"x-dead-letter-strategy": 1})))
+    [e] = errors(h.run(qdecl(c2, "new", durable=True, arguments=qq | {"x-dead-letter-strategy": 1})))
     assert "unacceptable_type" in e.reply_text
 
 
