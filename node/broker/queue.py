@@ -74,7 +74,7 @@ class Queue:
                  "dlx", "dlrk", "returned", "ready", "next_seq", "ready_bytes",
                  "consumers", "exclusive_consumer", "last_used", "deleted", "incoming",
                  "max_priority", "single_active", "delivery_limit", "counts_deliveries",
-                 "prio_consumers", "stats", "levels")
+                 "prio_consumers", "stats", "levels", "rejecting")
 
     def __init__(self, name: str, durable: bool, owner: ConnId | None, auto_delete: bool,
                  arguments: dict[str, Any], home: str, now: float) -> None:
@@ -118,6 +118,8 @@ class Queue:
         # same totals; the HTTP API derives rates by sampling them):
         # [published, delivered + got, redelivered, acked]
         self.stats: list[int] = [0, 0, 0, 0]
+        # a quorum queue's reject-publish latch (machine/overflow.py)
+        self.rejecting = False
 
     def settle(self, st: QueueSettings) -> None:
         """Take the effective settings (x-arguments and policies:

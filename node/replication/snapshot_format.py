@@ -145,6 +145,8 @@ CONSUMER_FIELDS = ("chan", "tag", "no_ack", "exclusive", "prefetch", "unacked", 
 # written from version 4 on, after the fields above (S29)
 CHANNEL_FIELDS_4 = ("released",)
 CONSUMER_FIELDS_4 = ("timeout",)
+# written from version 5 on, after the fields above (S32)
+QUEUE_FIELDS_5 = ("rejecting",)
 # BrokerState's slots written in the policies section (after everything else)
 POLICY_FIELDS = ("policies", "operator_policies")
 # and in the access section (after the machine section)
@@ -156,7 +158,7 @@ DERIVED = {
                     "machine_version", "runs_version", *POLICY_FIELDS, *ACCESS_FIELDS,
                     "counts"),
     "Exchange": ("bindings", "_topic_cache"),
-    "Queue": ("returned", "ready", "consumers", "exclusive_consumer", "levels"),
+    "Queue": ("returned", "ready", "consumers", "exclusive_consumer", "levels", *QUEUE_FIELDS_5),
     "Channel": ("unacked", "consumers", "next_deadline", *CHANNEL_FIELDS_4),
     "Consumer": ("channel", "queue", *CONSUMER_FIELDS_4),
     "Message": ("size", "loc", "priority"),
@@ -346,8 +348,9 @@ def _write_queues(w: _Writer, state: BrokerState, queues: list[Queue], msgs: _Me
     q_index = {id(q): i for i, q in enumerate(queues)}
     w.value([(key, q_index[id(q)]) for key, q in state.queues.items()])
     w.u32(len(queues))
+    fields = QUEUE_FIELDS + QUEUE_FIELDS_5 if msgs.version >= 5 else QUEUE_FIELDS
     for q in queues:
-        w.value(tuple(getattr(q, f) for f in QUEUE_FIELDS))
+        w.value(tuple(getattr(q, f) for f in fields))
         w.u32(len(q.returned))
         for key, m in q.returned:
             w.value(key)
@@ -789,14 +792,17 @@ class _Reader:
         return v[0], x
 
     def queue(self) -> Queue:
-        v = _tuple(self.value(), len(QUEUE_FIELDS), "queue")
+        fields = QUEUE_FIELDS + QUEUE_FIELDS_5 if self.version >= 5 else QUEUE_FIELDS
+        v = _tuple(self.value(), len(fields), "queue")
         q = Queue.__new__(Queue)
-        for name, field in zip(QUEUE_FIELDS, v, strict=True):
+        q.rejecting = False
+        for name, field in zip(fields, v, strict=True):
             setattr(q, name, field)
         _expect(type(q.name) is str, "queue name")
         _dict(q.arguments, "queue arguments")
         _dict(q.incoming, "queue bindings")
         _expect(type(q.stats) is list, "queue stats")
+        _expect(type(q.rejecting) is bool, "queue latch")
         returned = []
         for _ in range(self.count("returned messages")):
             key = self.value()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from node.broker.channel import Channel
+from node.broker import overflow
 from node.broker.dead_letter import full_with
 from node.broker.exchange import route
 from node.broker.fieldtypes import Int64, Timestamp
@@ -16,6 +17,7 @@ from node.replication.command import BasicAck, BasicNack, BasicPublish, TxCommit
 from node.replication.effect import Confirm, Return
 from node.replication.machine.errors import _ChanErr, _not_found, _where
 from node.replication.machine.handler import ApplierBase, handles
+from node.replication.machine.version import QUORUM_OVERFLOW
 from node.replication.message_store import make_loc
 
 
@@ -106,8 +108,16 @@ class PublishHandlers(ApplierBase):
         if q.levels:
             prio = qprio
         q.stats[0] += 1
-        if q.overflow != "drop-head" and (
-                q.full() if not s.dead_letters or q.name not in s.dead_letters
+        latched = False
+        if q.overflow == "drop-head":
+            pass
+        elif s.machine_version >= QUORUM_OVERFLOW and q.arguments.get("x-queue-type") == "quorum":
+            if q.overflow == "reject-publish":  # a latch (S32); -dlx: drop-head, as RabbitMQ
+                kept = s.dead_letters.get(q.name) if s.dead_letters else None
+                if not overflow.admits(q, kept):
+                    return False
+                latched = True
+        elif (q.full() if not s.dead_letters or q.name not in s.dead_letters
                 else full_with(q, s.dead_letters[q.name])):
             if q.overflow == "reject-publish-dlx":
                 m = Message(0, exchange, rk, props, body, persistent, None, loc, size, prio)
@@ -128,13 +138,15 @@ class PublishHandlers(ApplierBase):
                 m.seq = q.next_seq
                 q.next_seq += 1
                 self.deliver(c, q, m)
-                return True
+                return True  # not ready: no change to the latch
         q.push(m)
         if m.expires_at is not None:
             s.ttl_index[q.name] = None
         if q.name in s.ttl_index:
             self.service(q)  # drop expired heads on enqueue
-        if (q.max_length is not None or q.max_length_bytes is not None) and q.over_limit():
+        if latched:
+            overflow.latch(q, s.dead_letters.get(q.name) if s.dead_letters else None)
+        elif (q.max_length is not None or q.max_length_bytes is not None) and q.over_limit():
             while q.over_limit():
                 self.dead_letter(q, q.pop(), "maxlen")
         return True

@@ -50,6 +50,7 @@ from node.replication.machine.version import (
     DEAD_LETTER_STORE,
     NO_LEGACY_QUEUE_CAP,
     QUORUM_SEMANTICS,
+    TYPE_ARGUMENTS,
 )
 
 
@@ -235,7 +236,7 @@ class TopologyHandlers(ApplierBase):
                                         s.machine_version >= DEAD_LETTER_STORE)
             quorum43 = s.machine_version >= QUORUM_SEMANTICS
             _check_queue_type(key, args, cmd.durable, cmd.exclusive, cmd.auto_delete, quorum43,
-                              s.machine_version >= DEAD_LETTER_STORE)
+                              s.machine_version >= TYPE_ARGUMENTS)
             self.check_queue_limit(ch, name, QUEUE_DECLARE)
             owner = cmd.chan.conn_id if cmd.exclusive else None
             q = Queue(key, cmd.durable, owner, cmd.auto_delete, args, cmd.chan.node, s.now)

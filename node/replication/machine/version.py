@@ -34,7 +34,10 @@ Versions:
      with x-dead-letter-strategy / dead-letter-strategy at-least-once (and
      overflow reject-publish) keeps its dead letters until the targets took
      them (node/broker/dead_letter.py, machine/dead_letter.py); the strategy
-     argument is validated; the snapshot's dead-letter section
+     argument is validated; the snapshot's dead-letter section; a quorum
+     queue's reject-publish is rabbit_fifo's latch (over the limit: refuse
+     until back at 80%, node/broker/overflow.py) and its reject-publish-dlx
+     is drop-head; declare arguments of another queue type are refused
 """
 from __future__ import annotations
 
@@ -51,6 +54,8 @@ QUORUM_SEMANTICS = 3  # RabbitMQ 4.3's quorum queues (docs/semantics.md, Quorum 
 LIMITS = 4  # limits, topic permissions, ConnectionOpen may be proposed
 PACKED_SNAPSHOTS = 5  # snapshots may be written in format 5 (ready messages as columns)
 DEAD_LETTER_STORE = 5  # at-least-once dead-lettering (machine/dead_letter.py)
+QUORUM_OVERFLOW = 5  # a quorum queue's reject-publish latch (node/broker/overflow.py, S32)
+TYPE_ARGUMENTS = 5  # another queue type's declare arguments are refused
 
 
 class MachineVersionError(RuntimeError):
