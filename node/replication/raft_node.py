@@ -153,8 +153,10 @@ class RaftNode:
         log or a snapshot of gigabytes, and exiting half way (as it did, chaos
         experiment kill-during-snapshot) left the cluster a member short for
         as long as the load lasted, however often it was restarted."""
-        deadline = clock() + timeout
+        began = clock()
+        deadline = began + timeout
         progress = self.shim.catch_up_progress()
+        first = self.applied_batches
         while not self.shim.ready():
             now_progress = self.shim.catch_up_progress()
             if now_progress != progress:
@@ -162,7 +164,10 @@ class RaftNode:
             if clock() > deadline:
                 raise TimeoutError(f"raft did not become ready (no leader / quorum; no progress in {timeout:.0f} s)")
             await asyncio.sleep(0.02)
+        log.info("raft ready in %.2f s: %d batches applied from the log", clock() - began,
+                 self.applied_batches - first)
         await self.commit([NodeUp(self.node_id, self.incarnation)], max(timeout, 0.1))
+        log.info("NodeUp applied")
         self._timers["tick"] = self.loop.call_later(self.config.tick_interval, self._propose_tick)
 
     def stop(self) -> None:

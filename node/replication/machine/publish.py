@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from node.broker.channel import Channel
 from node.broker import overflow
+from node.broker.channel import Channel
 from node.broker.dead_letter import full_with
 from node.broker.exchange import route
 from node.broker.fieldtypes import Int64, Timestamp

@@ -31,6 +31,7 @@ import ctypes
 import logging
 import os
 import struct
+import time
 from collections.abc import Callable, Iterator
 from io import BytesIO
 from typing import IO, TYPE_CHECKING, Any
@@ -451,6 +452,7 @@ class SnapshotMixin:
         forgets its log and state and is repaired by the leader (no votes
         until then); a node without peers refuses to start, saying what to do."""
         path = self._dump_path
+        began = time.monotonic()
         try:
             with open(path, "rb") as f:
                 data = f.read()
@@ -478,6 +480,8 @@ class SnapshotMixin:
             return
         self.snapshot_buckets = frozenset(state.live)
         self._loaded = (path, state, meta)
+        log.info("snapshot at index %d read in %.2f s: %d MB, %d log entries hold its messages",
+                 meta.last[1], time.monotonic() - began, len(data) >> 20, len(entries))
 
     def _forget(self, journal: SegmentLog, repairable: bool, why: str, aside: str) -> None:
         """Our state cannot be rebuilt here. A member of a cluster starts over
