@@ -151,6 +151,41 @@ def test_x_max_priority_is_refused_on_a_quorum_queue(qq: Amqp) -> None:
              "vhost '/' of queue type rabbit_quorum_queue")
 
 
+def test_reject_publish_keeps_the_one_over_then_refuses_until_80_percent_s32(qq: Amqp) -> None:
+    ch = qq.channel()
+    ch.confirm_delivery()
+    q = qq.queue(ch, prefix="qq-full", durable=True, arguments={
+        "x-queue-type": "quorum", "x-overflow": "reject-publish", "x-max-length": 10})
+
+    def publish() -> bool:
+        try:
+            ch.basic_publish("", q, b"m", pika.BasicProperties(delivery_mode=2))
+            return True
+        except pika.exceptions.NackError:
+            return False
+
+    assert [publish() for _ in range(12)] == [True] * 11 + [False]
+    for _ in range(2):  # 9 ready: under the limit, above 80%
+        m, _p, _b = get(ch, q)
+        ch.basic_ack(m.delivery_tag)
+    assert publish() is False
+    m, _p, _b = get(ch, q)
+    ch.basic_ack(m.delivery_tag)  # 8 ready: at 80%
+    # RabbitMQ tells the publisher's queue client `go` asynchronously
+    wait_for(publish, 10, what="a publish taken again")
+    assert ch.queue_declare(q, passive=True).method.message_count == 9
+
+
+def test_another_queue_types_argument_is_refused(qq: Amqp) -> None:
+    ch = qq.channel()
+    name = uniq("classic-dls")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.queue_declare(name, arguments={"x-queue-type": "classic", "x-delivery-limit": 5})
+    assert (err.value.reply_code, err.value.reply_text) == (
+        406, f"PRECONDITION_FAILED - invalid arg 'x-delivery-limit' for queue '{name}' in "
+             "vhost '/' of queue type rabbit_classic_queue")
+
+
 # -- consumer timeout (S29) ------------------------------------------------------------
 # a short x-consumer-timeout; mirrorq checks deadlines on its Tick (every
 # second), RabbitMQ at the deadline: both well within the waits below

@@ -9,7 +9,19 @@ from typing import Any
 
 from node.replication.command import PolicySet, SetMachineVersion
 from node.replication.machine.version import QUORUM_OVERFLOW
-from tests.support.machine import Harness, ack, chan, confirms, consume, get, gets, pub, qbind, qdecl, xdecl
+from tests.support.machine import (
+    Harness,
+    ack,
+    chan,
+    confirms,
+    consume,
+    get,
+    gets,
+    pub,
+    qbind,
+    qdecl,
+    xdecl,
+)
 from tests.support.snapshot import snapshot_copy
 
 QQ = {"x-queue-type": "quorum", "x-overflow": "reject-publish"}
