@@ -1,9 +1,9 @@
 """RabbitMQ 4.3 management routes mirrorq lacked (docs/management-api.md, "not
 yet" before): GET /api/channels/{channel}, GET
 /api/queues/quorum/{vhost}/{queue}/status and the certificate-expiration
-health check, against one real node over HTTP. The node serves amqps with a
-certificate valid for 30 days (its CA: 10 years), so the check passes for a
-week and fails for two months. Before: each answered 404."""
+health check, against one real node over HTTP. The node serves amqps and
+HTTPS with a certificate valid for 30 days (its CA: 10 years), so the check
+passes for a week and fails for two months. Before: each answered 404."""
 from __future__ import annotations
 
 import datetime
@@ -32,10 +32,12 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
     tmp = tmp_path_factory.mktemp("http-details")
     make_ca(tmp / "tls")
     cert, key = make_member(tmp / "tls", "server", ["127.0.0.1"], days=CERT_DAYS)
-    http_port = free_port()
-    n = NodeProcess(tmp / "n1", amqps=True, extra_args=("--http-port", str(http_port)),
+    http_port, https_port = free_port(), free_port()
+    n = NodeProcess(tmp / "n1", amqps=True,
+                    extra_args=("--http-port", str(http_port), "--https-port", str(https_port)),
                     config=f'[tls]\ncert = "{cert}"\nkey = "{key}"\n')
     n.http_port = http_port  # type: ignore[attr-defined]
+    n.https_port = https_port  # type: ignore[attr-defined]
     n.cert_path = cert  # type: ignore[attr-defined]
     n.start()
     try:
@@ -197,9 +199,11 @@ def test_certificate_expiration_fails_for_a_longer_period(node: NodeProcess) -> 
         assert r.status_code == 503, (within, unit, r.text)
         body = r.json()
         assert body["status"] == "failed" and body["reason"] == "Certificates expiring"
-        assert body["expired"], body
+        # the amqps listeners (one per address) and the HTTPS port, which serves
+        # [tls]'s certificate
+        assert {(x["protocol"], x["port"]) for x in body["expired"]} == {
+            ("amqp/ssl", node.amqps_port), ("https", node.https_port)}  # type: ignore[attr-defined]
         for x in body["expired"]:
-            assert x["protocol"] == "amqp/ssl" and x["port"] == node.amqps_port
             assert x["node"] == "n1" and isinstance(x["interface"], str)
             assert x["certfile"] == str(node.cert_path)  # type: ignore[attr-defined]
             assert x["certfile_expires_on"] == [expires]
