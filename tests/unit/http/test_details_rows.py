@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,14 +77,14 @@ def test_pem_validity_reads_each_entry(tmp_path: Path) -> None:
     assert isinstance(missing, str) and missing.startswith("cannot read")
 
 
-def _status(**kw: object) -> NodeStatus:
-    base = {f.name: 0 for f in dataclasses.fields(NodeStatus)}
+def _status(**kw: Any) -> NodeStatus:
+    base: dict[str, Any] = {f.name: 0 for f in dataclasses.fields(NodeStatus)}
     base.update(node_id="n1", role="leader", leader="n1", term=3, commit_index=40,
                 last_applied=39, log_len=10, members=["n1", "n2", "n3"], in_sync=[],
                 draining=[], has_quorum=True, blocked=False, failed_batches={},
                 confirm_latency={}, machine_version=5, peers=())
     base.update(kw)
-    return NodeStatus(**base)  # type: ignore[arg-type]
+    return NodeStatus(**base)
 
 
 def test_member_rows_on_the_leader() -> None:
