@@ -25,7 +25,8 @@ class NodeBackend:
                  administrator: Administrator, status: Callable[[], NodeStatus],
                  configured_users: Mapping[str, str], loopback_users: list[str],
                  token: str | None, listeners: list[dict[str, Any]],
-                 member_urls: Mapping[str, str] | None = None) -> None:
+                 member_urls: Mapping[str, str] | None = None,
+                 tls_files: list[dict[str, Any]] | None = None) -> None:
         self.node_id = node_id
         self.raft = raft
         self.amqp = amqp
@@ -36,6 +37,7 @@ class NodeBackend:
         self._token = token
         self._listeners = listeners
         self._member_urls = dict(member_urls or {})
+        self._tls_files = list(tls_files or [])
 
     @property
     def administrator(self) -> Administrator:
@@ -68,6 +70,12 @@ class NodeBackend:
 
     def listeners(self) -> list[dict[str, Any]]:
         return [dict(x, node=self.node_id) for x in self._listeners]
+
+    def tls_files(self) -> list[dict[str, Any]]:
+        return [dict(x, node=self.node_id) for x in self._tls_files]
+
+    def log_bounds(self) -> tuple[int, int]:
+        return self.raft.shim.log_bounds()
 
     def alarms(self) -> list[str]:
         alarm = self.amqp.alarm

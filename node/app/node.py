@@ -96,11 +96,21 @@ class Node:
                               "port": cfg.raft.port})
             listeners += [{"protocol": "https" if tls else "http", "ip_address": cfg.amqp_host,
                            "port": p} for p, tls in http_ports]
+            # the certificates each TLS listener serves (certificate-expiration check)
+            tls_files = [dict(x, certfile=cfg.tls.cert, cacertfile=cfg.tls.ca or None)
+                         for x in listeners if x["protocol"] == "amqp/ssl"]
+            if cfg.raft.tls_cert:
+                tls_files += [dict(x, certfile=cfg.raft.tls_cert, cacertfile=cfg.raft.tls_ca)
+                              for x in listeners if x["protocol"] == "clustering"]
+            tls_files += [dict(x, certfile=cfg.http.tls_cert,
+                               cacertfile=cfg.http.tls_client_ca or None)
+                          for x in listeners if x["protocol"] == "https"]
             api = ManagementApi(NodeBackend(cfg.node_id, self.raft, self.amqp,
                                             self.administrator, self.status,
                                             cfg.wire.users, cfg.wire.loopback_users,
                                             cfg.admin.token, listeners,
-                                            member_urls=_member_urls(cfg)),
+                                            member_urls=_member_urls(cfg),
+                                            tls_files=tls_files),
                                 throttle=self.throttle)
             self.http = ([(p, HttpServer(api, tls, admit=api.admit,
                                          idle_timeout=cfg.http.idle_timeout,

@@ -1,6 +1,7 @@
 """A cluster CA and member certificates for mutual TLS on the Raft port
 (local-cluster, tests; the operator and chart take theirs from a Secret).
-The only module of node/ that imports cryptography (the operator's per-cluster
+With node/http/certificates.py (which only reads certificates' dates), the
+only module of node/ that imports cryptography (the operator's per-cluster
 admin CA is operator/mirrorq_operator/pki.py's)."""
 from __future__ import annotations
 

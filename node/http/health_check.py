@@ -4,6 +4,8 @@ and returns the HTTP status and body RabbitMQ answers (200 {"status": "ok"}
 or 503 {"status": "failed", "reason": ...}); resources/health.py serves them."""
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -105,3 +107,58 @@ def quorum_queues_without_leader(is_serving: bool,
     return failed("Detected quorum queues without an elected leader", queues=[
         {"readable_name": f"queue '{name}' in vhost '{vhost}'", "name": name,
          "virtual_host": vhost, "type": "rabbit_quorum_queue"} for vhost, name in queues])
+
+
+# rabbit_mgmt_wm_health_check_certificate_expiration: a month is 365/12 days
+DAY = 86400
+PERIOD_UNITS = {"days": DAY, "weeks": 7 * DAY, "months": DAY * 365 / 12, "years": 365 * DAY}
+BAD_WITHIN = "Invalid expiration value."
+BAD_UNIT = "Time unit not recognised. Supported units: days, weeks, months, years."
+
+
+def period_seconds(within: str, unit: str) -> float:
+    """`{within}/{unit}` as seconds, or ValueError with RabbitMQ's 400 reason
+    (Erlang's binary_to_integer first: a bad value wins over a bad unit)."""
+    if re.fullmatch(r"[+-]?[0-9]+", within) is None:
+        raise ValueError(BAD_WITHIN)
+    seconds = PERIOD_UNITS.get(unit.lower())
+    if seconds is None:
+        raise ValueError(BAD_UNIT)
+    return int(within) * seconds
+
+
+def expiry_text(when: float) -> str:
+    """Seconds since the epoch as RabbitMQ writes a date (UTC; its hour is not
+    zero-padded: "~w-~2.2.0w-~2.2.0w ~w:~2.2.0w:~2.2.0w")."""
+    t = time.gmtime(when)
+    return f"{t.tm_year}-{t.tm_mon:02}-{t.tm_mday:02} {t.tm_hour}:{t.tm_min:02}:{t.tm_sec:02}"
+
+
+def expiring(validity: Sequence[float | str] | None, deadline: float) -> list[str]:
+    """A file's entries that fail the check: expiring before `deadline`
+    (each as its date) or unusable (the reason); None: no such file."""
+    if validity is None:
+        return []
+    return [v if isinstance(v, str) else expiry_text(v)
+            for v in validity if isinstance(v, str) or v < deadline]
+
+
+def certificate_expiration(listeners: Sequence[Mapping[str, Any]], now: float,
+                           within: float) -> Check:
+    """Every TLS listener's certificate file and CA file (each listener with
+    `certfile_validity` / `cacertfile_validity`: per PEM entry its notAfter in
+    seconds since the epoch or why it is unusable; None: no such file). A
+    listener fails if an entry expires within `within` seconds from `now`."""
+    deadline = now + within
+    out = []
+    for x in listeners:
+        cert = expiring(x.get("certfile_validity"), deadline)
+        ca = expiring(x.get("cacertfile_validity"), deadline)
+        if cert or ca:
+            out.append({"node": x.get("node"), "protocol": x["protocol"],
+                        "interface": x["ip_address"], "port": x["port"],
+                        "certfile": x.get("certfile"), "cacertfile": x.get("cacertfile"),
+                        "certfile_expires_on": cert, "cacertfile_expires_on": ca})
+    if out:
+        return failed("Certificates expiring", expired=out)
+    return OK

@@ -25,6 +25,7 @@ from node.http.resources import (
     permissions,
     policies,
     queues,
+    quorum_status,
     topic_permissions,
     users,
     vhosts,
@@ -54,6 +55,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
 
     ("GET", "/api/queues",                            queues.queues),
     ("GET", "/api/queues/detailed",                   queues.queues),  # before {vhost}
+    ("GET", "/api/queues/quorum/{vhost}/{name}/status", quorum_status.quorum_status),
     ("GET", "/api/queues/{vhost}",                    queues.queues),
     ("GET", "/api/queues/{vhost}/{name}",             queues.queue),
     ("PUT", "/api/queues/{vhost}/{name}",             queues.queue_put),
@@ -90,6 +92,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", "/api/vhosts/{vhost}/connections",  connections.vhost_connections),
 
     ("GET", "/api/channels",                channels.channels),
+    ("GET", "/api/channels/{name}",         channels.channel),
     ("GET", "/api/vhosts/{vhost}/channels", channels.vhost_channels),
 
     ("GET", "/api/consumers",         consumers.consumers),
@@ -176,6 +179,8 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
      health.health_quorum_leaders),
     ("GET", "/api/health/checks/quorum-queues-without-elected-leaders/vhost/{vhost}/pattern/{pattern}",
      health.health_quorum_leaders),
+    ("GET", "/api/health/checks/certificate-expiration/{within}/{unit}",
+     health.health_certificate_expiration),
     ("GET", "/api/aliveness-test/{vhost}",                     health.aliveness),
     ("GET", "/api/healthchecks/node",                          health.healthchecks_node),
     ("GET", "/api/healthchecks/node/{node}",                   health.healthchecks_node),

@@ -3,11 +3,13 @@ the fine-grained checks: node/http/health_check.py)."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from node.broker.pattern import PatternError, compile_pattern
 from node.http import health_check as hc
 from node.http.auth import Principal
+from node.http.certificates import file_validity
 from node.http.context import Context
 from node.http.errors import bad_request, not_found
 from node.http.server import HttpError, Request, Response, json_response
@@ -129,3 +131,19 @@ async def health_quorum_leaders(ctx: Context, _r: Request, params: dict[str, str
               and pattern.search(q.name)]
     st = ctx.b.status()
     return _answer(hc.quorum_queues_without_leader(hc.serving(st.has_quorum, st.leader), queues))
+
+
+async def health_certificate_expiration(ctx: Context, _r: Request, params: dict[str, str],
+                                        p: Principal) -> Response:
+    """certificate-expiration/{within}/{unit}: 503 listing the TLS listeners
+    (amqps, HTTPS, Raft TLS) whose certificate or CA file has an entry that
+    expires within the period (or is not yet valid or no certificate)."""
+    try:
+        within = hc.period_seconds(params["within"], params["unit"])
+    except ValueError as err:
+        raise bad_request(str(err)) from None
+    now = time.time()
+    listeners = [dict(x, certfile_validity=file_validity(x.get("certfile"), now),
+                      cacertfile_validity=file_validity(x.get("cacertfile"), now))
+                 for x in ctx.b.tls_files()]
+    return _answer(hc.certificate_expiration(listeners, now, within))

@@ -648,6 +648,15 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         so = self._so  # (any thread: counts a list, reads no entry)
         return 0 if so is None else len(so._SyncObj__raftLog.segment_files())
 
+    def log_bounds(self) -> tuple[int, int]:
+        """(first, last) index of the Raft log (any thread: reads two ints; the
+        first is the last snapshot's index once one was taken, 1 before)."""
+        so = self._so
+        if so is None:
+            return 0, 0
+        journal: SegmentLog = so._SyncObj__raftLog
+        return journal.first_index(), journal.last_index()
+
     def log_compactions(self) -> int:
         so = self._so
         return 0 if so is None else int(so._SyncObj__raftLog.compactions)
