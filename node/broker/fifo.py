@@ -198,6 +198,24 @@ class PackedFifo:
                     exp.extend(c.exp[h:])
         return nums, exp, refs, self._transient
 
+    def column_chunks(self) -> Iterator[tuple[array[int], array[float] | None, list[Any]]]:
+        """columns() a chunk at a time, from the head on (a snapshot streams
+        them: no copy of the whole index, in a forked writer whose every
+        new page is memory the node's limit pays for)."""
+        for c in self._chunks:
+            h = c.head
+            if h == 0:
+                yield c.nums, c.exp, c.refs
+            else:
+                yield c.nums[4 * h:], None if c.exp is None else c.exp[h:], c.refs[h:]
+
+    def has_expiry(self) -> bool:
+        return any(c.exp is not None for c in self._chunks)
+
+    @property
+    def transient(self) -> int:
+        return self._transient
+
     @classmethod
     def from_columns(cls, nums: array[int], exp: array[float] | None, refs: list[Any],
                      transient: int, objects: int) -> PackedFifo:

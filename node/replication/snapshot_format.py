@@ -377,34 +377,42 @@ def _little(a: array[Any]) -> bytes:
 
 
 def _write_packed(w: _Writer, ready: PackedFifo, msgs: _MessageWriter) -> None:
-    nums, exp, refs, transient = ready.columns()
+    """PackedFifo.columns() as one piece each, written a chunk at a time."""
     table: list[tuple[str, str]] = []
     at: dict[int, int] = {}  # id of a shared pair -> its place in the table
-    ids = array("I")
     objects = []
-    for r in refs:
-        if type(r) is tuple:
-            k = at.get(id(r))
-            if k is None:
-                k = at[id(r)] = len(table)
-                table.append(r)
-            ids.append(k)
-        else:
-            ids.append(_NO_PAIR)
-            objects.append(r)
-    w.out.append(_U64.pack(len(refs)))
-    w.out.append(_U64.pack(transient))
-    w.out.append(_little(nums))
-    if exp is None:
+    for _nums, _exp, refs in ready.column_chunks():  # the table first (it precedes the ids)
+        for r in refs:
+            if type(r) is tuple:
+                if id(r) not in at:
+                    at[id(r)] = len(table)
+                    table.append(r)
+            else:
+                objects.append(r)
+    w.out.append(_U64.pack(len(ready)))
+    w.out.append(_U64.pack(ready.transient))
+    for k, (nums, _exp, _refs) in enumerate(ready.column_chunks()):
+        w.out.append(_little(nums))
+        _flush_every(w, k)
+    if not ready.has_expiry():
         w.out.append(b"\x00")
     else:
         w.out.append(b"\x01")
-        w.out.append(_little(exp))
+        for k, (_nums, exp, refs) in enumerate(ready.column_chunks()):
+            w.out.append(bytes(8 * len(refs)) if exp is None else _little(exp))
+            _flush_every(w, k)
     w.value(table)
-    w.out.append(_little(ids))
+    for k, (_nums, _exp, refs) in enumerate(ready.column_chunks()):
+        w.out.append(_little(array("I", [at[id(r)] if type(r) is tuple else _NO_PAIR for r in refs])))
+        _flush_every(w, k)
     for m in objects:
         msgs.write(m)
         w.maybe_flush()
+
+
+def _flush_every(w: _Writer, k: int) -> None:
+    if k & 63 == 63:  # 64 chunks: 4 MiB of records
+        w.flush()
 
 
 class _MessageWriter:
