@@ -366,6 +366,7 @@ def _write_queues(w: _Writer, state: BrokerState, queues: list[Queue], msgs: _Me
 
 
 _NO_PAIR = 0xFFFFFFFF  # version 5: a ready message written as an object
+_POSITIVE_TOP = bytes(range(128))  # an int64's last byte (little-endian) when it is >= 0
 
 
 def _little(a: array[Any]) -> bytes:
@@ -866,7 +867,7 @@ class _Reader:
         a = array(typecode)
         size = a.itemsize * n
         _expect(size <= len(self.data) - self.pos, f"{what} past the end")
-        a.frombytes(self.data[self.pos:self.pos + size])
+        a.frombytes(memoryview(self.data)[self.pos:self.pos + size])  # one copy, not two
         if sys.byteorder != "little":
             a.byteswap()
         self.pos += size
@@ -877,8 +878,11 @@ class _Reader:
         n, transient = _U64.unpack_from(self.data, self.pos)[0], _U64.unpack_from(self.data, self.pos + 8)[0]
         self.pos += 16
         _expect(transient <= n, "ready messages: more transient than there are")
+        # no field is negative: no int64's top byte has its sign bit set (C speed,
+        # where min() made 40M Python ints at 10M messages)
+        top = bytes(memoryview(self.data)[self.pos:self.pos + 32 * n][7::8])
+        _expect(not top.translate(None, _POSITIVE_TOP), "ready records: a negative field")
         nums = self._column("q", 4 * n, "ready records")
-        _expect(not nums or min(nums) >= 0, "ready records: a negative field")
         flag = self.data[self.pos]
         self.pos += 1
         _expect(flag in (0, 1), "ready expiries flag")

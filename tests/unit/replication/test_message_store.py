@@ -297,3 +297,23 @@ def test_a_backlog_of_several_chunks_is_streamed_into_the_snapshot_exactly(h: Lo
     a, b = q.ready.columns(), rq.ready.columns()
     assert a[0] == b[0] and a[1] == b[1] and a[2] == b[2] and a[3] == b[3]
     assert encode_snapshot(restored, META) == encode_snapshot(h.state, META)
+
+
+def test_a_packed_record_with_a_negative_field_is_refused(h: LogHarness) -> None:
+    """The reader's check that no record field is negative (it looks at each
+    int64's sign byte) refuses a file written with one."""
+    from node.replication.snapshot_format import SnapshotFormatError, read_snapshot
+
+    h.state.machine_version = MACHINE_VERSION
+    _open(h, "m")
+    for i in range(10):
+        h.run(pub(C, "m", b"x" * (i + 1), props={"delivery_mode": 2}))
+    q = _queue(h, "m")
+    assert read_snapshot(encode_snapshot(h.state, META))[0] is not None
+    for field in (0, 2, 3):  # (a negative log index cannot even be written: logged_entries)
+        chunk = q.ready._chunks[0]
+        kept = chunk.nums[4 * 3 + field]
+        chunk.nums[4 * 3 + field] = -1 - field
+        with pytest.raises(SnapshotFormatError, match="negative field"):
+            read_snapshot(encode_snapshot(h.state, META))
+        chunk.nums[4 * 3 + field] = kept
