@@ -250,6 +250,7 @@ class MirrorqOneT(Target):
         self.key = "mirrorq-1"
         self.node = MirrorqNode(workdir)
         self.node.ready_timeout = ready_timeout
+        self.node.log_level = "INFO"  # the start phases' timings, in the node's log
         self.version = "base " + git_head()
 
     def start(self) -> None:
@@ -285,6 +286,7 @@ class MirrorqThreeT(Target):
     def __init__(self, workdir: Path) -> None:
         self.key = "mirrorq-3"
         self.cluster = MirrorqCluster(workdir)
+        self.cluster.log_level = "INFO"
         self.version = "base " + git_head()
 
     def start(self) -> None:

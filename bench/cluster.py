@@ -148,6 +148,7 @@ def delete(host: str, port: int, queue: str, vhost: str = "/") -> None:
 
 class MirrorqCluster:
     name = "mirrorq"
+    log_level = "WARNING"  # bench/backlog.py: INFO (the start phases' timings)
 
     def __init__(self, workdir: Path, n: int = 3) -> None:
         self.dir = workdir / "mirrorq"
@@ -172,7 +173,7 @@ class MirrorqCluster:
                 "--amqp-port", str(nd["amqp"]), "--raft-port", str(nd["raft"]),
                 "--admin-port", str(nd["admin"]), "--metrics-port", str(nd["metrics"]),
                 "--data-dir", str(self.dir / nd["id"]), "--peers", peers,
-                "--config", str(self.config), "--log-level", "WARNING"]
+                "--config", str(self.config), "--log-level", self.log_level]
 
     def start(self) -> None:
         for nd in self.nodes:

@@ -98,6 +98,7 @@ class MirrorqNode:
 
     name = "mirrorq"
     ready_timeout = 30.0  # s until AMQP answers (bench/backlog.py restarts with a backlog: longer)
+    log_level = "WARNING"  # bench/backlog.py: INFO (the start phases' timings)
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
@@ -119,7 +120,7 @@ class MirrorqNode:
         argv = [sys.executable, "-m", "node.app", "serve", "--node-id", "b1",
                 "--amqp-port", str(self.port), "--raft-port", str(self.raft_port),
                 "--metrics-port", str(self.metrics_port),
-                "--data-dir", str(data), "--log-level", "WARNING"]
+                "--data-dir", str(data), "--log-level", self.log_level]
         log(f"starting mirrorq: {' '.join(argv[1:])}")
         with open(self.logfile, "ab") as out:
             self.proc = subprocess.Popen(argv, cwd=str(REPO), stdout=out, stderr=subprocess.STDOUT,
