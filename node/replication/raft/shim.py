@@ -538,6 +538,12 @@ class RaftShim(ElectionMixin, SnapshotMixin):
             journal._destroy()
             raise
         self._so = _BrokerLog(self, self.address, list(c.peers.values()), conf, journal)
+        if quiet is None:
+            # no peers and not joining: a node alone elects itself at its first
+            # tick instead of after an election timeout (~1.5 s of every
+            # restart); members its snapshot brings back are not dialled yet
+            # then, so pysyncobj starts no election, and PreVote gates the rest
+            self._so._SyncObj__raftElectionDeadline = 0  # type: ignore[attr-defined]
         tighten(self.data_dir)  # the journal pysyncobj has just created with the default mode
         self._so.addOnTickCallback(self._on_tick)
         self._thread = threading.Thread(target=self._run, name=f"raft-{self.node_id}", daemon=True)

@@ -30,6 +30,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import stat
 import struct
 import time
 from collections.abc import Callable, Iterator
@@ -87,6 +88,22 @@ def _die_with_parent(parent: int) -> None:
     _libc_prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL
     if os.getppid() != parent:
         os._exit(1)
+
+
+def _close_sockets() -> None:
+    """In a forked child: close every socket it inherited (listening AMQP,
+    HTTP, admin and Raft ports, client links). A SIGKILLed node's child
+    dies with it, but tearing down a copy of a large heap takes a while,
+    and meanwhile the restarted node's bind failed ("Address already in use")
+    or a connect reached the dying child's listener and was refused."""
+    try:
+        fds = [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:
+        return
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.fstat(fd).st_mode):
+                os.close(fd)
 
 
 def raft_meta(raft_data: Any) -> RaftMeta:
@@ -357,6 +374,7 @@ class SnapshotMixin:
                 # node under load, its child writing a 1.3 GB snapshot, chaos
                 # kill_during_snapshot / issue 16)
                 _die_with_parent(parent)
+                _close_sockets()
                 # every member compacts at about the same entry count: at full
                 # priority three children starve the raft threads on a small
                 # machine into missed heartbeats and an election
