@@ -411,10 +411,15 @@ def _flat_out_no_election(cluster: Cluster, classpath: str, outdir: Path, procs:
         assert st["leader_changes"] == watch.before[k]["leader_changes"], \
             f"{k}: leader_changes {watch.before[k]['leader_changes']} -> {st['leader_changes']}"
         # the leader reached every follower well within the minimum election
-        # timeout (0.5 s) all through the flood: heartbeats never starved
+        # timeout (0.5 s) all through the flood: heartbeats never starved.
+        # The figure is the longest since the node's start: one left from the
+        # cluster's first election (CI: 1,094 ms, a member that campaigned once
+        # before it heard the leader) is no flood's doing, so only a gap that
+        # grew during the run counts
         if k != watch.leader:
-            assert st["longest_leader_gap_ms"] < 300, \
-                f"{k}: {st['longest_leader_gap_ms']} ms without an AppendEntries from the leader"
+            gap, before = st["longest_leader_gap_ms"], watch.before[k]["longest_leader_gap_ms"]
+            assert gap < 300 or gap == before, \
+                f"{k}: {gap} ms without an AppendEntries from the leader (before the run: {before} ms)"
     print(f"  test body {time.monotonic() - t0:.1f}s")
 
 

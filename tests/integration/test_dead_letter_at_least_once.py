@@ -18,7 +18,7 @@ import pika
 import pytest
 import requests
 
-from harness.body import body_ok, make_body
+from harness.body import body_id, body_ok, make_body
 from harness.process import wait_for
 from node.admin.client import call_status
 from node.replication.machine.version import MACHINE_VERSION
@@ -150,11 +150,17 @@ def test_kept_dead_letters_count_towards_the_limit_and_a_policy_switch_deletes_t
     try:
         reject_one(ch, src, make_body("alo", 4, 100))
         wait_for(lambda: queue_row(node, src)["messages_dlx"] == 1, T, what="kept")
-        with pytest.raises(pika.exceptions.NackError):  # 1 kept = the limit of 1
-            ch.basic_publish("", src, make_body("alo", 5, 100))
+        # 1 kept = the limit of 1, not over it: taken, and now over (S32)
+        ch.basic_publish("", src, make_body("alo", 5, 100))
+        with pytest.raises(pika.exceptions.NackError):
+            ch.basic_publish("", src, make_body("alo", 6, 100))
     finally:
         r = requests.delete(api, headers=auth, timeout=T)
         assert r.status_code == 204, r.text
     # at-most-once now: rabbit_fifo_dlx switch_from deletes the kept messages
     wait_for(lambda: queue_row(node, src)["messages_dlx"] == 0, T, what="deleted")
-    ch.basic_publish("", src, make_body("alo", 6, 100))  # room again: acked
+    with pytest.raises(pika.exceptions.NackError):  # 1 ready: above 80% of 1, still latched
+        ch.basic_publish("", src, make_body("alo", 7, 100))
+    method, _props, body = ch.basic_get(src, auto_ack=True)
+    assert method is not None and body_id(body) == ("alo", 5)
+    ch.basic_publish("", src, make_body("alo", 8, 100))  # empty: room again, acked
