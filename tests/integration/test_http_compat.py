@@ -14,9 +14,7 @@ import requests
 
 from harness.amqp import RawClient
 from tests.broker_proc import NodeProcess, start_http_node, uniq, wait_for
-
-GUEST = ("guest", "guest")
-T = 15.0
+from tests.support.http_api import api
 
 
 @pytest.fixture(scope="module")
@@ -26,12 +24,6 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
         yield n
     finally:
         n.stop()
-
-
-def api(node: NodeProcess, method: str, path: str, auth: Any = GUEST, **kw: Any) -> Any:
-    kw.setdefault("timeout", T)
-    return requests.request(method, f"http://127.0.0.1:{node.http_port}{path}",  # type: ignore[attr-defined]
-                            auth=auth, **kw)
 
 
 def test_creator_of_a_vhost_gets_full_permissions_and_declares_at_once(node: NodeProcess) -> None:

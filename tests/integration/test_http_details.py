@@ -14,16 +14,13 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
-import pika
 import pytest
-import requests
 from cryptography import x509
 
 from node.app.pki import make_ca, make_member
 from tests.broker_proc import NodeProcess, free_port, uniq, wait_for
+from tests.support.http_api import T, amqp, api, user
 
-GUEST = ("guest", "guest")
-T = 15.0
 CERT_DAYS = 30
 
 
@@ -53,26 +50,6 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
         yield n
     finally:
         n.stop()
-
-
-def api(node: NodeProcess, method: str, path: str, auth: Any = GUEST, **kw: Any) -> Any:
-    kw.setdefault("timeout", T)
-    return requests.request(method, f"http://127.0.0.1:{node.http_port}{path}",  # type: ignore[attr-defined]
-                            auth=auth, **kw)
-
-
-def user(node: NodeProcess, tags: str) -> tuple[str, str]:
-    name = uniq("u")
-    assert api(node, "PUT", f"/api/users/{name}",
-               json={"password": "pw", "tags": tags}).status_code == 201
-    assert api(node, "PUT", f"/api/permissions/%2F/{name}",
-               json={"configure": ".*", "write": ".*", "read": ".*"}).status_code in (201, 204)
-    return name, "pw"
-
-
-def amqp(node: NodeProcess, auth: tuple[str, str] = GUEST) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.URLParameters(
-        f"amqp://{auth[0]}:{auth[1]}@127.0.0.1:{node.amqp_port}/%2F"))
 
 
 # ------------------------------------------------------------ /api/channels/{channel}

@@ -9,15 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import pika
 import pytest
-import requests
 
 from node.broker.password import check_password
 from tests.broker_proc import NodeProcess, start_http_node, uniq, wait_for
+from tests.support.http_api import T, amqp, api, user
 
-GUEST = ("guest", "guest")
-T = 15.0
 MAX_CONNECTIONS = 2
 
 
@@ -29,26 +26,6 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
         yield n
     finally:
         n.stop()
-
-
-def api(node: NodeProcess, method: str, path: str, auth: Any = GUEST, **kw: Any) -> Any:
-    kw.setdefault("timeout", T)
-    return requests.request(method, f"http://127.0.0.1:{node.http_port}{path}",  # type: ignore[attr-defined]
-                            auth=auth, **kw)
-
-
-def user(node: NodeProcess, tags: str) -> tuple[str, str]:
-    name = uniq("u")
-    assert api(node, "PUT", f"/api/users/{name}",
-               json={"password": "pw", "tags": tags}).status_code == 201
-    assert api(node, "PUT", f"/api/permissions/%2F/{name}",
-               json={"configure": ".*", "write": ".*", "read": ".*"}).status_code in (201, 204)
-    return name, "pw"
-
-
-def amqp(node: NodeProcess, auth: tuple[str, str] = GUEST) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.URLParameters(
-        f"amqp://{auth[0]}:{auth[1]}@127.0.0.1:{node.amqp_port}/%2F"))
 
 
 def test_version_is_the_rabbitmq_version_as_a_json_string(node: NodeProcess) -> None:
