@@ -354,3 +354,52 @@ def test_a_drained_queue_frees_its_log_segments_within_seconds(
     wait_for(lambda: node.status()["log_segments"] <= 2, timeout=20,
              what="at most 2 log segments within 20 s of the drain")
     print(f"\nsegments freed {time.monotonic() - drained:.1f}s after the drain")
+
+
+# no snapshot by size, count or time while the test runs: only the stop's
+NO_AUTO_SNAPSHOT = ("compaction_max_bytes = 1073741824\ncompaction_min_entries = 10000000\n"
+                    "compaction_min_time = 3600\n")
+
+
+def _log_lines(node: ClusterNode, marker: str, since: int) -> list[str]:
+    text = node.log_path.read_text(errors="replace")[since:]
+    return [line for line in text.splitlines() if marker in line]
+
+
+@pytest.mark.timeout(600)
+def test_a_clean_stop_snapshots_so_the_restart_replays_nothing_and_reads_sealed_segments_by_index(
+        cluster_factory: Callable[..., Cluster]) -> None:
+    """Issue 27's restart target (10M in 5 s): a SIGTERM'd node with more than
+    32 MiB of log since its last snapshot writes one before it exits, so the
+    restart applies (almost) no batches; and the restart reads the sealed
+    segments' positions from their index files, walking only the last one.
+    Before: every batch since the last snapshot was applied again (3,400
+    batches, 3.4 s at 10M) and every segment was walked (5.6 s at 10M)."""
+    n = 60_000  # ~64 MB of log in 16 MiB segments
+    c = cluster_factory(1, config="segment_bytes = 16777216\n" + NO_AUTO_SNAPSHOT)
+    c.start()
+    node = c.leader()
+    q = uniq_queue("stopsnap")
+    declare(node, q)
+    pub = StreamPublisher("ss", q, lambda: [node], total=n, window=5_000, size=1024, deadline=300,
+                          stall_timeout=60)
+    pub.start()
+    pub.join(300)
+    assert not pub.is_alive() and pub.error is None and len(pub.confirmed) == n, pub.summary()
+    assert node.status()["snapshots"] == 0
+    segments = node.status()["log_segments"]
+    assert segments >= 4
+    since = node.log_path.stat().st_size
+    node.stop(timeout=120)
+    written = _log_lines(node, "snapshot before stopping", since)
+    assert len(written) == 1 and ": written in" in written[0], written
+    since = node.log_path.stat().st_size
+    node.start(wait=True, timeout=120)
+    ready = _log_lines(node, "raft ready in", since)
+    assert len(ready) == 1, ready
+    batches = int(ready[0].split(": ")[-1].split()[0])
+    assert batches < 10, ready[0]  # NodeUp and the like, not the publishes
+    opened = _log_lines(node, "raft log opened", since)
+    assert len(opened) == 1 and opened[0].endswith(", 1 of them record by record"), opened
+    got = drain_checked(node, q, n, timeout=300)
+    assert got.damaged == 0 and got.count == n and set(got.ids.get("ss", [])) == pub.confirmed

@@ -52,16 +52,20 @@ import errno
 import logging
 import os
 import struct
+import threading
 import time
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, overload
 
 from crc32c import crc32c
 
 from node.replication.raft.data_dir import PRIVATE_DIR, PRIVATE_FILE
 from node.replication.raft.journal import FsyncMetaStorer, _fallocate, _fsync_dir
+from node.replication.raft.segment_index import SUFFIX as INDEX_SUFFIX
+from node.replication.raft.segment_index import crc_range, read_index, remove_index, write_index
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +113,7 @@ class _Segment:
     """One segment file: its fd, where each record starts, each record's term."""
 
     __slots__ = ("path", "first", "fd", "offsets", "terms", "end", "reserved", "no_fallocate", "dirty",
-                 "idxs")
+                 "idxs", "crc", "sealed")
 
     def __init__(self, path: str, first: int, fd: int, sparse: bool = False) -> None:
         self.path = path
@@ -123,6 +127,8 @@ class _Segment:
         self.reserved = 0
         self.no_fallocate = False
         self.dirty = False
+        self.crc: int | None = 0  # CRC32C of the bytes after the header (None: not known yet)
+        self.sealed = False  # never appended to again; its index file is written
 
     @property
     def last(self) -> int:  # first - 1 when empty
@@ -227,6 +233,11 @@ class _Entries(Sequence[Entry]):
         return self._log._entry(self._lo + k)
 
 
+def _unlink_segment(path: str) -> None:
+    os.unlink(path)
+    remove_index(path)
+
+
 class SegmentLog:
     """pysyncobj's Journal interface over segment files (see the module doc)."""
 
@@ -255,13 +266,15 @@ class SegmentLog:
         self._meta: dict[str, Any] = self._meta_storer.getMeta()
         self._meta_saved = True
         self.recovered: list[str] = []  # what open() dropped, one line each (tests, status)
+        self.walked = 0  # segments open() read record by record (no valid index file)
+        self._walk_lock = threading.Lock()  # (open() reads two segments at a time)
         os.makedirs(directory, mode=PRIVATE_DIR, exist_ok=True)
         began = time.monotonic()
         self._open(repairable)
         segs = self._segs + self.hidden
-        if segs:  # every record was read and checked: at start, the log's size dominates
-            log.info("raft log opened in %.2f s: %d segments, %d MB checked", time.monotonic() - began,
-                     len(segs), sum(s.end for s in segs) >> 20)
+        if segs:  # every byte was read and checked: at start, the log's size dominates
+            log.info("raft log opened in %.2f s: %d segments, %d MB checked, %d of them record by record",
+                     time.monotonic() - began, len(segs), sum(s.end for s in segs) >> 20, self.walked)
 
     # ------------------------------------------------------------ recovery
     def _read_start(self) -> int | None:
@@ -300,12 +313,19 @@ class SegmentLog:
         scanned: list[_Segment] = []
         damage: tuple[str, int, str, int] | None = None  # (path, offset, why, first index lost)
         doomed: list[str] = []  # files to remove, once it is decided that the node starts
+        paths = [os.path.join(self.dir, name) for name in names]
+        # two at a time: a sealed segment is checked by one CRC over its bytes
+        # (segment_index), which runs without the GIL
+        with ThreadPoolExecutor(2) as pool:
+            found = list(pool.map(lambda k: self._scan(paths[k], last=k == len(paths) - 1), range(len(paths))))
         for k, name in enumerate(names):
-            path = os.path.join(self.dir, name)
+            path = paths[k]
+            seg, bad = found[k]
             if damage is not None:  # everything after a damaged record leaves the log
+                if seg is not None:
+                    seg.close()
                 doomed.append(path)
                 continue
-            seg, bad = self._scan(path, last=k == len(names) - 1)
             if seg is not None:
                 scanned.append(seg)
             else:
@@ -343,7 +363,7 @@ class SegmentLog:
             log.error("%s%s", line, ", to be re-fetched from the leader" if repairable else "")
             self.recovered.append(line)
         for path in doomed:
-            os.unlink(path)
+            _unlink_segment(path)
         for seg in scanned:  # cut after its last good record (a no-op where it ends there)
             if seg.end < seg.reserved and (seg is scanned[-1] or damage is not None):
                 self._truncate_file(seg, seg.end)
@@ -355,6 +375,16 @@ class SegmentLog:
         self._segs = run
         self._firsts = [s.first for s in run]
         self._start = start if run else max(start, 1)
+        if run:  # appended to from here on: no index file, its CRC kept from its bytes
+            self._unseal(run[-1])
+        for seg in self.hidden + run[:-1]:
+            if not seg.sealed:
+                self._seal(seg)
+        segment_files = {s.path for s in self.hidden + run}
+        for name in os.listdir(self.dir):  # index files of segments no longer there, or cut short
+            if name.endswith(INDEX_SUFFIX + ".tmp") or name.endswith(INDEX_SUFFIX) \
+                    and os.path.join(self.dir, name[:-len(INDEX_SUFFIX)]) not in segment_files:
+                os.unlink(os.path.join(self.dir, name))
         # no release() here: what the retained segments hold is known once the
         # snapshot is loaded (it holds their messages' places, not their bytes)
         if commit > self._last():
@@ -377,7 +407,7 @@ class SegmentLog:
             if seg is None or not seg.offsets:
                 if seg is not None:
                     seg.close()
-                os.unlink(path)
+                _unlink_segment(path)
                 continue
             assert seg.idxs is not None
             seg.first = seg.idxs[0]  # (its header says 0: written before the range was known)
@@ -413,8 +443,14 @@ class SegmentLog:
             os.close(fd)
             return None, (path, 0, "bad segment header (magic, checksum or kind)")
         seg = _Segment(path, first, fd, sparse)
-        idxs = seg.idxs
         seg.reserved = size
+        if not last and self._load_index(seg, size):
+            return seg, None
+        seg.crc = None
+        with self._walk_lock:
+            self.walked += 1
+        remove_index(path)  # (not valid, or not there: the segment is written again if sealed)
+        idxs = seg.idxs
         pos = HEADER_SIZE
         expect = first
         chunk = b""
@@ -458,6 +494,46 @@ class SegmentLog:
         return seg, None
 
     @staticmethod
+    def _load_index(seg: _Segment, size: int) -> bool:
+        """Take a sealed segment's arrays from its index file if that is valid
+        and the segment's bytes still have its CRC, and nothing follows its end."""
+        got = read_index(seg.path, seg.fd, seg.first, seg.idxs is not None, HEADER_SIZE, size)
+        if got is None:
+            return False
+        (offsets, terms, idxs), end = got
+        tail = os.pread(seg.fd, REC_SIZE, end)
+        if tail.count(0) != len(tail):  # records after the indexed end: walk it
+            return False
+        seg.offsets, seg.terms, seg.end = offsets, terms, end
+        if idxs is not None:
+            seg.idxs = idxs
+        seg.sealed = True
+        return True
+
+    def _seal(self, seg: _Segment) -> None:
+        """Write a segment's index file: it is never appended to again."""
+        if seg.sealed or not seg.offsets or seg.fd < 0:
+            return
+        try:
+            if seg.crc is None:
+                seg.crc = crc_range(seg.fd, HEADER_SIZE, seg.end)
+            write_index(seg.path, seg.first, seg.end, seg.crc, seg.offsets, seg.terms, seg.idxs)
+        except OSError as exc:  # only a cache: the next start walks this segment
+            log.warning("raft log: index of %s not written: %s", seg.path, exc)
+            return
+        seg.sealed = True
+
+    @staticmethod
+    def _unseal(seg: _Segment) -> None:
+        """A segment appended to or cut again: its index file goes."""
+        if seg.sealed:
+            remove_index(seg.path)
+            seg.sealed = False
+            seg.crc = None
+        if seg.crc is None and seg.fd >= 0:
+            seg.crc = crc_range(seg.fd, HEADER_SIZE, seg.end)
+
+    @staticmethod
     def _zeros_after(fd: int, pos: int, size: int) -> bool:
         while pos < size:
             block = os.pread(fd, min(1 << 20, size - pos), pos)
@@ -467,10 +543,14 @@ class SegmentLog:
         return True
 
     def _truncate_file(self, seg: _Segment, pos: int) -> None:
+        if seg.sealed:
+            remove_index(seg.path)
+            seg.sealed = False
         os.ftruncate(seg.fd, pos)
         os.fsync(seg.fd)
         seg.end = pos
         seg.reserved = pos
+        seg.crc = None
 
     # ----------------------------------------------------------- appends
     def _new_segment(self, first: int) -> _Segment:
@@ -478,7 +558,7 @@ class SegmentLog:
         for seg in [s for s in self.hidden if s.path == path]:  # (retained, same first index)
             log.warning("raft log: retained segment %s replaced by a new one", path)
             self.hidden.remove(seg)  # (closed with its last EntryHandle)
-            os.unlink(path)  # a new inode: a handle still on the old one reads the old bytes
+            _unlink_segment(path)  # a new inode: a handle still on the old one reads the old bytes
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
         try:
             head = struct.pack("<8sHHIQ", MAGIC, FORMAT_VERSION, HEADER_SIZE, 0, first)
@@ -515,6 +595,8 @@ class SegmentLog:
         record = encode_record(data, idx, term)
         seg = self._segs[-1] if self._segs else None
         if seg is None or (seg.offsets and seg.end + len(record) > self.segment_bytes):
+            if seg is not None:
+                self._seal(seg)
             seg = self._new_segment(idx)
             if not self._segs:
                 self._write_start(idx)
@@ -532,6 +614,8 @@ class SegmentLog:
         seg.terms.append(term)
         seg.end = end
         seg.dirty = True
+        if seg.crc is not None:
+            seg.crc = crc32c(record, seg.crc)
         self._remember(idx, (data, idx, term))
 
     def flush(self) -> None:
@@ -617,6 +701,7 @@ class SegmentLog:
             head += struct.pack("<II", crc32c(head), 0)  # first index 0: the name says the range
             pending = [head]
             size = pos = HEADER_SIZE
+            crc = 0
             assert seg.idxs is not None
             for raw in records:
                 _length, _crc, idx, term = _REC.unpack_from(raw)
@@ -626,6 +711,7 @@ class SegmentLog:
                 seg.offsets.append(pos)
                 seg.terms.append(term)
                 pending.append(raw)
+                crc = crc32c(raw, crc)
                 size += len(raw)
                 pos += len(raw)
                 if size >= 4 << 20:
@@ -648,6 +734,8 @@ class SegmentLog:
             self.hidden.remove(old)  # the same range brought again (closed with its last handle)
         os.replace(tmp, seg.path)
         _fsync_dir(self.dir)
+        seg.crc = int(crc)
+        self._seal(seg)  # (replaces the index file of the same range brought before)
         self.hidden.append(seg)
         return seg
 
@@ -710,6 +798,7 @@ class SegmentLog:
         while self._segs and self._segs[-1].first >= cut and len(self._segs) > 1:
             self._drop_tail_segment()
         seg = self._segs[-1]
+        self._unseal(seg)  # appended to again
         pos = max(cut - seg.first, 0)
         if pos < len(seg.offsets):
             end = seg.offsets[pos]
@@ -724,7 +813,7 @@ class SegmentLog:
         seg = self._segs.pop()
         self._firsts.pop()
         seg.close()
-        os.unlink(seg.path)
+        _unlink_segment(seg.path)
         _fsync_dir(self.dir)
 
     def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802 - pysyncobj's name
@@ -748,6 +837,7 @@ class SegmentLog:
         self._cache_bytes = 0
         if self._segs:
             self._start = self._last() + 1
+            self._seal(self._segs[-1])
         self.hidden[:0] = self._segs  # searched last: entries the leader may have overwritten
         self._segs = []
         self._firsts = []
@@ -759,7 +849,7 @@ class SegmentLog:
         the commit index is 0; term and vote stay (Raft's promises)."""
         for seg in self.hidden + self._segs:
             seg.close()
-            os.unlink(seg.path)
+            _unlink_segment(seg.path)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(self.dir, "start"))
         _fsync_dir(self.dir)
@@ -779,7 +869,7 @@ class SegmentLog:
             if self.retain is not None and len(seg.offsets) and self.retain(seg.first, seg.last):
                 keep.append(seg)
                 continue
-            os.unlink(seg.path)  # its fd closes with the last EntryHandle on it (_Segment.__del__)
+            _unlink_segment(seg.path)  # its fd closes with the last EntryHandle on it (_Segment.__del__)
         if len(keep) != len(self.hidden):
             _fsync_dir(self.dir)
         self.hidden = keep
@@ -811,7 +901,7 @@ class SegmentLog:
                 continue
             self.hidden.remove(seg)
             if new is None or new.path != seg.path:
-                os.unlink(seg.path)  # (readable until its last EntryHandle goes)
+                _unlink_segment(seg.path)  # (readable until its last EntryHandle goes)
                 _fsync_dir(self.dir)
             self.compactions += 1
             log.info("raft log: %s compacted: %d of %d records live, %d bytes freed", seg.path, len(live),

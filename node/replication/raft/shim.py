@@ -551,12 +551,38 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         if os.environ.get("MIRRORQ_STALL_TRACE"):
             threading.Thread(target=self._trace_stalls, name="stall-trace", daemon=True).start()
 
+    # a clean stop with this much log since the last snapshot takes one first:
+    # the restart then replays nothing (10M queued: 3.4 s of a 6.5 s restart)
+    STOP_SNAPSHOT_BYTES = 32 << 20
+    STOP_SNAPSHOT_SECONDS = 60.0
+
     def stop(self) -> None:
+        self._snapshot_before_stop()
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self._so is not None:
             self._so.destroy()  # flushes and closes the journal
+
+    def _snapshot_before_stop(self) -> None:
+        so = self._so
+        if so is None or self._thread is None or not self._thread.is_alive():
+            return
+        try:  # (the raft thread may move the log's start meanwhile: then no snapshot)
+            used = so._SyncObj__raftLog.bytes_used()
+        except (IndexError, ValueError):
+            return
+        if used < self.STOP_SNAPSHOT_BYTES:
+            return
+        before = self.snapshots
+        began = clock()
+        self._tasks.append(so.forceLogCompaction)
+        so.wake()
+        while self.snapshots == before and clock() - began < self.STOP_SNAPSHOT_SECONDS \
+                and self._thread.is_alive():
+            time.sleep(0.02)
+        log.info("snapshot before stopping: %s in %.2f s (%d MB of log since the last one)",
+                 "written" if self.snapshots > before else "not written", clock() - began, used >> 20)
 
     # ------------------------------------------- requests (any thread)
     def propose(self, batch: Batch, done: Done) -> None:
