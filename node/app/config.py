@@ -131,7 +131,7 @@ _RAFT_KEYS = {"password", "password_file", "batch_max_commands", "batch_max_byte
               "compaction_min_entries", "compaction_min_time", "tick_interval",
               "out_of_sync_after", "nack_after", "block_after", "tls_cert", "tls_key", "tls_ca",
               "follower_window_bytes", "append_chunk_bytes", "compaction_max_bytes",
-              "compaction_min_gap", "segment_bytes"}
+              "compaction_min_gap", "segment_bytes", "verify_at_open_bytes", "scrub_bytes_per_second"}
 
 
 # keys that were once settings and are now accepted and ignored, with a warning

@@ -122,6 +122,75 @@ def test_single_node_with_a_flipped_bit_below_commit_refuses_to_start(
     assert last.startswith("mirrorq: error: raft log damaged: ") and str(victim) in last and "offset" in last, last
 
 
+# small segments, and a start that checks only the newest sealed one: the
+# older ones are left to the background check (issue 27: a 10M start)
+UNCHECKED = "segment_bytes = 1048576\nverify_at_open_bytes = 1\n"
+
+
+def _old_sealed_segment(node: ClusterNode) -> Path:
+    segs = sorted((node.data_dir / "log").glob("*.seg"))
+    assert len(segs) >= 5, segs
+    victim = segs[1]
+    assert Path(str(victim) + ".idx").exists()  # sealed: the start takes its index unchecked
+    return victim
+
+
+def test_damage_the_start_left_to_the_background_check_restarts_the_follower_which_repairs_it(
+        cluster_factory: Callable[..., Cluster]) -> None:
+    """The follower starts from its index files without reading the damaged
+    segment; the background check finds it, the process restarts itself
+    (same pid), its start walks the segment, drops the damage, and the leader
+    repairs it: no consumer gets a damaged body."""
+    c = cluster_factory(3, config=UNCHECKED).start()
+    leader = c.leader()
+    follower = c.followers()[0]
+    q = uniq_queue("logscrub")
+    declare(leader, q)
+    sent = _publish(leader, q, 150, seed=6)
+    wait_for(lambda: (follower.try_status() or {}).get("last_applied", 0) >=
+             (leader.try_status() or {}).get("commit_index", 1 << 60),
+             timeout=30, what="the follower applied everything")
+    follower.stop()
+    victim = _old_sealed_segment(follower)
+    offsets = _flip_bits(victim, 5, seed=7)
+    follower.start(wait=False)
+    assert follower.proc is not None
+    pid = follower.proc.pid
+    wait_for(lambda: "left to the background check" in follower.tail_log(400), timeout=60,
+             what="the background check found the damage")
+    wait_for(lambda: f"raft log damaged: {victim} at offset" in follower.tail_log(400), timeout=60,
+             what="the restarted process walked the damaged segment")
+    assert follower.proc.poll() is None and follower.proc.pid == pid  # restarted in place
+    follower.wait_serving(60)
+    c.wait_healthy(60)
+    wait_for(lambda: (follower.try_status() or {}).get("last_applied", 0) >=
+             (leader.try_status() or {}).get("commit_index", 1 << 60),
+             timeout=60, what="the follower caught up with the leader")
+    got = drain(follower, q)
+    bad = _hashes(got) - sent
+    assert not bad, f"{sum(bad.values())} damaged bodies served (bits flipped at {offsets} of {victim})"
+    assert _hashes(got) == sent, f"{sum(sent.values())} sent, {len(got)} received"
+
+
+def test_a_single_node_whose_background_check_finds_damage_refuses_to_start_again(
+        cluster_factory: Callable[..., Cluster]) -> None:
+    c = cluster_factory(1, config=UNCHECKED).start()
+    node = c.nodes[0]
+    q = uniq_queue("logscrub1")
+    declare(node, q)
+    _publish(node, q, 150, seed=8)
+    node.stop()
+    victim = _old_sealed_segment(node)
+    _flip_bits(victim, 1, seed=9)
+    node.start(wait=False)
+    assert node.proc is not None
+    code = node.proc.wait(timeout=90)
+    last = node.tail_log(1)
+    assert "left to the background check" in node.tail_log(40), node.tail_log(40)
+    assert code == 3, (code, node.tail_log(20))
+    assert last.startswith("mirrorq: error: raft log damaged: ") and str(victim) in last and "offset" in last, last
+
+
 FIXTURE = Path(__file__).resolve().parent.parent / "data" / "main-data-dir.tar.gz"
 
 

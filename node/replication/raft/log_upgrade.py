@@ -52,7 +52,7 @@ def old_records(path: str) -> Iterator[tuple[bytes, int, int]]:
 
 
 def open_log(data_dir: str, repairable: bool, segment_bytes: int, retain: Retain | None = None,
-             granule: int = 16) -> SegmentLog:
+             granule: int = 16, verify_bytes: int | None = None) -> SegmentLog:
     directory = os.path.join(data_dir, "log")
     old = os.path.join(data_dir, "raft.journal")
     meta = old + ".meta"  # the term/vote/commit file keeps its name (and content) across the upgrade
@@ -62,7 +62,7 @@ def open_log(data_dir: str, repairable: bool, segment_bytes: int, retain: Retain
         os.unlink(old)  # converted (now, or before a crash that came before this unlink)
         _fsync_dir(data_dir)
     return SegmentLog(directory, meta, segment_bytes=segment_bytes, repairable=repairable, retain=retain,
-                      granule=granule)
+                      granule=granule, verify_bytes=verify_bytes)
 
 
 def _convert(old: str, data_dir: str, meta: str, segment_bytes: int) -> None:

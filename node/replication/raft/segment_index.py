@@ -26,6 +26,8 @@ import contextlib
 import os
 import struct
 import sys
+import threading
+import time
 from array import array
 
 from crc32c import crc32c
@@ -62,19 +64,28 @@ def _from_le(typecode: str, raw: memoryview) -> array[int]:
     return a
 
 
-def crc_range(fd: int, start: int, end: int) -> int:
+def crc_range(fd: int, start: int, end: int, rate: float = 0.0, stop: threading.Event | None = None) -> int:
     """CRC32C of a file's bytes start..end (preadv into one buffer; both calls
-    release the GIL, so two segments are checked at once on two cores)."""
+    release the GIL, so two segments are checked at once on two cores); at
+    most `rate` bytes a second if given; -1 if the file is shorter or `stop`
+    is set meanwhile."""
     buf = bytearray(min(_CHUNK, max(end - start, 1)))
     view = memoryview(buf)
     crc = 0
     pos = start
+    began = time.monotonic()
     while pos < end:
         n = os.preadv(fd, [view[:min(len(buf), end - pos)]], pos)
         if n <= 0:
             return -1  # shorter than the index says
         crc = crc32c(view[:n], crc)
         pos += n
+        ahead = (pos - start) / rate - (time.monotonic() - began) if rate > 0 else 0.0
+        if stop is not None:
+            if stop.wait(ahead) if ahead > 0 else stop.is_set():
+                return -1
+        elif ahead > 0:
+            time.sleep(ahead)
     return int(crc)
 
 
@@ -104,9 +115,10 @@ def remove_index(segment_path: str) -> None:
 
 
 def read_index(segment_path: str, fd: int, first: int, sparse: bool, header_size: int,
-               file_size: int) -> tuple[Arrays, int] | None:
-    """(arrays, end) from the segment's index file if it is valid and the
-    segment's bytes still have the CRC it records; None: walk the segment."""
+               file_size: int, verify: bool = True) -> tuple[Arrays, int, int] | None:
+    """(arrays, end, segment crc) from the segment's index file if it is valid
+    and (`verify`) the segment's bytes still have the CRC it records; None:
+    walk the segment. Unverified, the segment is checked later (scrub)."""
     try:
         with open(index_path(segment_path), "rb") as f:
             raw = f.read()
@@ -120,7 +132,7 @@ def read_index(segment_path: str, fd: int, first: int, sparse: bool, header_size
             or (not sparse and ifirst != first) or not header_size < end <= file_size \
             or len(raw) != _HEAD.size + count * (4 + 8 + (8 if sparse else 0)) + 4:
         return None
-    if crc_range(fd, header_size, end) != seg_crc:
+    if verify and crc_range(fd, header_size, end) != seg_crc:
         return None
     view = memoryview(raw)
     at = _HEAD.size
@@ -131,4 +143,4 @@ def read_index(segment_path: str, fd: int, first: int, sparse: bool, header_size
     idxs = _from_le("Q", view[at:at + 8 * count]) if sparse else None
     if offsets[0] != header_size or offsets[-1] >= end:
         return None
-    return (offsets, terms, idxs), end
+    return (offsets, terms, idxs), end, int(seg_crc)

@@ -89,6 +89,10 @@ Retain = Callable[[int, int], bool]  # (first index, last index) of a segment ->
 class LogDamaged(Exception):
     """The log is damaged where this node cannot repair it (or is of a newer format)."""
 
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path  # the segment whose record failed on read ("" at open)
+
 
 def seg_name(first: int) -> str:
     return f"{first:020d}.seg"
@@ -113,7 +117,7 @@ class _Segment:
     """One segment file: its fd, where each record starts, each record's term."""
 
     __slots__ = ("path", "first", "fd", "offsets", "terms", "end", "reserved", "no_fallocate", "dirty",
-                 "idxs", "crc", "sealed")
+                 "idxs", "crc", "sealed", "unverified")
 
     def __init__(self, path: str, first: int, fd: int, sparse: bool = False) -> None:
         self.path = path
@@ -129,6 +133,7 @@ class _Segment:
         self.dirty = False
         self.crc: int | None = 0  # CRC32C of the bytes after the header (None: not known yet)
         self.sealed = False  # never appended to again; its index file is written
+        self.unverified = False  # taken from its index file unchecked: the scrub checks its CRC
 
     @property
     def last(self) -> int:  # first - 1 when empty
@@ -185,11 +190,12 @@ class EntryHandle:
         seg = self.seg
         raw = os.pread(seg.fd, self.size, self.start)
         if len(raw) != self.size or len(raw) < REC_SIZE:
-            raise LogDamaged(f"{seg.path} at offset {self.start}: record {self.idx} cut short on read")
+            raise LogDamaged(f"{seg.path} at offset {self.start}: record {self.idx} cut short on read", seg.path)
         length, crc, ridx, term = _REC.unpack_from(raw)
         if length != self.size - 8 or ridx != self.idx \
                 or _record_crc(length, ridx, term, memoryview(raw)[REC_SIZE:]) != crc:
-            raise LogDamaged(f"{seg.path} at offset {self.start}: record {self.idx} fails its checksum on read")
+            raise LogDamaged(f"{seg.path} at offset {self.start}: record {self.idx} fails its checksum on read",
+                             seg.path)
         return raw
 
 
@@ -247,7 +253,7 @@ class SegmentLog:
 
     def __init__(self, directory: str, meta_path: str, segment_bytes: int = 64 << 20,
                  repairable: bool = True, cache_bytes: int = 8 << 20, retain: Retain | None = None,
-                 granule: int = 16) -> None:
+                 granule: int = 16, verify_bytes: int | None = None) -> None:
         if not 4096 <= segment_bytes <= MAX_SEGMENT_BYTES:
             raise ValueError(f"segment_bytes {segment_bytes} outside 4096..{MAX_SEGMENT_BYTES}")
         self.dir = directory
@@ -267,14 +273,19 @@ class SegmentLog:
         self._meta_saved = True
         self.recovered: list[str] = []  # what open() dropped, one line each (tests, status)
         self.walked = 0  # segments open() read record by record (no valid index file)
+        # sealed segments are checked at open, newest first, up to this many
+        # bytes (None: all); the rest after the start, by scrub()
+        self._verify_left = verify_bytes
+        self.unverified: list[_Segment] = []
         self._walk_lock = threading.Lock()  # (open() reads two segments at a time)
         os.makedirs(directory, mode=PRIVATE_DIR, exist_ok=True)
         began = time.monotonic()
         self._open(repairable)
         segs = self._segs + self.hidden
-        if segs:  # every byte was read and checked: at start, the log's size dominates
-            log.info("raft log opened in %.2f s: %d segments, %d MB checked, %d of them record by record",
-                     time.monotonic() - began, len(segs), sum(s.end for s in segs) >> 20, self.walked)
+        if segs:
+            log.info("raft log opened in %.2f s: %d segments, %d MB (%d MB left to the background check), "
+                     "%d of them record by record", time.monotonic() - began, len(segs),
+                     sum(s.end for s in segs) >> 20, sum(s.end for s in self.unverified) >> 20, self.walked)
 
     # ------------------------------------------------------------ recovery
     def _read_start(self) -> int | None:
@@ -316,8 +327,11 @@ class SegmentLog:
         paths = [os.path.join(self.dir, name) for name in names]
         # two at a time: a sealed segment is checked by one CRC over its bytes
         # (segment_index), which runs without the GIL
+        # (the last segment is walked whatever the budget)
+        verify = [self._take_budget(os.path.getsize(p)) for p in reversed(paths[:-1])][::-1] + [True]
         with ThreadPoolExecutor(2) as pool:
-            found = list(pool.map(lambda k: self._scan(paths[k], last=k == len(paths) - 1), range(len(paths))))
+            found = list(pool.map(lambda k: self._scan(paths[k], last=k == len(paths) - 1, verify=verify[k]),
+                                  range(len(paths))))
         for k, name in enumerate(names):
             path = paths[k]
             seg, bad = found[k]
@@ -380,6 +394,7 @@ class SegmentLog:
         for seg in self.hidden + run[:-1]:
             if not seg.sealed:
                 self._seal(seg)
+        self.unverified = [s for s in self.hidden + run if s.unverified]
         segment_files = {s.path for s in self.hidden + run}
         for name in os.listdir(self.dir):  # index files of segments no longer there, or cut short
             if name.endswith(INDEX_SUFFIX + ".tmp") or name.endswith(INDEX_SUFFIX) \
@@ -397,7 +412,7 @@ class SegmentLog:
         out = []
         for name in sorted(n for n in os.listdir(self.dir) if n.endswith(".lseg")):
             path = os.path.join(self.dir, name)
-            seg, bad = self._scan(path, last=False, sparse=True)
+            seg, bad = self._scan(path, last=False, sparse=True, verify=self._take_budget(os.path.getsize(path)))
             if bad is not None:
                 line = f"raft log damaged: {bad[0]} at offset {bad[1]}: {bad[2]}; the records from there on are dropped"
                 log.error("%s", line)
@@ -421,7 +436,15 @@ class SegmentLog:
         except ValueError:
             return 0
 
-    def _scan(self, path: str, last: bool, sparse: bool = False,
+    def _take_budget(self, size: int) -> bool:
+        """Whether a sealed segment of `size` bytes is checked at open."""
+        if self._verify_left is None:
+            return True
+        take = self._verify_left > 0
+        self._verify_left -= size
+        return take
+
+    def _scan(self, path: str, last: bool, sparse: bool = False, verify: bool = True,
               ) -> tuple[_Segment | None, tuple[str, int, str] | None]:
         """Open a segment and index its records; (segment, damage) where damage
         is None, or (path, offset, why) with the segment cut at that offset."""
@@ -444,7 +467,7 @@ class SegmentLog:
             return None, (path, 0, "bad segment header (magic, checksum or kind)")
         seg = _Segment(path, first, fd, sparse)
         seg.reserved = size
-        if not last and self._load_index(seg, size):
+        if not last and self._load_index(seg, size, verify):
             return seg, None
         seg.crc = None
         with self._walk_lock:
@@ -494,13 +517,15 @@ class SegmentLog:
         return seg, None
 
     @staticmethod
-    def _load_index(seg: _Segment, size: int) -> bool:
+    def _load_index(seg: _Segment, size: int, verify: bool) -> bool:
         """Take a sealed segment's arrays from its index file if that is valid
-        and the segment's bytes still have its CRC, and nothing follows its end."""
-        got = read_index(seg.path, seg.fd, seg.first, seg.idxs is not None, HEADER_SIZE, size)
+        and (verify) the segment's bytes still have its CRC, and nothing
+        follows its end."""
+        got = read_index(seg.path, seg.fd, seg.first, seg.idxs is not None, HEADER_SIZE, size, verify)
         if got is None:
             return False
-        (offsets, terms, idxs), end = got
+        (offsets, terms, idxs), end, seg.crc = got
+        seg.unverified = not verify
         tail = os.pread(seg.fd, REC_SIZE, end)
         if tail.count(0) != len(tail):  # records after the indexed end: walk it
             return False
@@ -526,12 +551,60 @@ class SegmentLog:
     @staticmethod
     def _unseal(seg: _Segment) -> None:
         """A segment appended to or cut again: its index file goes."""
+        seg.unverified = False  # (its records are checked as read)
         if seg.sealed:
             remove_index(seg.path)
             seg.sealed = False
             seg.crc = None
         if seg.crc is None and seg.fd >= 0:
             seg.crc = crc_range(seg.fd, HEADER_SIZE, seg.end)
+
+    def unchecked(self, path: str) -> bool:
+        """Whether `path` is a segment the start took unchecked and the scrub
+        has not checked yet (its index file goes: the next start walks it)."""
+        for seg in list(self.unverified):
+            if seg.path == path and seg.unverified:
+                remove_index(path)
+                return True
+        return False
+
+    def scrub(self, stop: threading.Event, rate: float, on_damage: Callable[[str], None]) -> None:
+        """Check the CRC of every sealed segment open() took unchecked (on its
+        own thread, at most `rate` bytes a second). A mismatch: its index file
+        goes and on_damage(path) is called (the node restarts, and the open
+        walks that segment and drops the damaged record and what follows, as
+        at any start). Reads of single records check their own CRC meanwhile."""
+        began = time.monotonic()
+        checked = 0
+        for seg in list(self.unverified):
+            if stop.is_set():
+                return
+            try:  # its own fd: the raft thread may close and unlink the segment meanwhile
+                fd = os.dup(seg.fd)
+            except OSError:
+                continue
+            try:
+                if os.fstat(fd).st_ino != os.stat(seg.path).st_ino:
+                    continue  # released, or another file at that path now
+                crc = crc_range(fd, HEADER_SIZE, seg.end, rate, stop)
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
+            if stop.is_set():
+                return
+            if not seg.unverified:  # cut or appended to meanwhile (its records are checked as read)
+                continue
+            if crc != seg.crc:
+                remove_index(seg.path)
+                on_damage(seg.path)
+                return
+            seg.unverified = False
+            checked += seg.end
+        self.unverified = []
+        if checked:
+            log.info("raft log: %d MB of sealed segments checked in the background in %.1f s",
+                     checked >> 20, time.monotonic() - began)
 
     @staticmethod
     def _zeros_after(fd: int, pos: int, size: int) -> bool:
@@ -543,6 +616,7 @@ class SegmentLog:
         return True
 
     def _truncate_file(self, seg: _Segment, pos: int) -> None:
+        seg.unverified = False
         if seg.sealed:
             remove_index(seg.path)
             seg.sealed = False
@@ -747,7 +821,7 @@ class SegmentLog:
         length, crc, ridx, term = _REC.unpack_from(raw)
         if len(raw) != size or length != size - 8 or ridx != idx \
                 or _record_crc(length, ridx, term, memoryview(raw)[REC_SIZE:]) != crc:
-            raise LogDamaged(f"{seg.path} at offset {start}: record {idx} fails its checksum on read")
+            raise LogDamaged(f"{seg.path} at offset {start}: record {idx} fails its checksum on read", seg.path)
         return raw, term
 
     def _entry(self, idx: int) -> Entry:

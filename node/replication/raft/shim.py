@@ -31,6 +31,7 @@ import contextlib
 import logging
 import os
 import random
+import sys
 import threading
 import time
 from collections import deque
@@ -530,7 +531,7 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         # retain: the state's and the snapshot's messages point into the log
         repairable = bool(c.peers) or c.join
         journal = open_log(self.data_dir, repairable=repairable, segment_bytes=c.segment_bytes,
-                           retain=self._retains, granule=1 << BUCKET_SHIFT)
+                           retain=self._retains, granule=1 << BUCKET_SHIFT, verify_bytes=c.verify_at_open_bytes)
         try:  # before the first tick, where pysyncobj would load it
             self.load_own_snapshot(journal, repairable)
         except SnapshotFormatError as exc:
@@ -548,6 +549,10 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         self._so.addOnTickCallback(self._on_tick)
         self._thread = threading.Thread(target=self._run, name=f"raft-{self.node_id}", daemon=True)
         self._thread.start()
+        if journal.unverified:
+            threading.Thread(target=journal.scrub, args=(self._stop, float(c.scrub_bytes_per_second),
+                                                         self._on_scrub_damage),
+                             name="log-scrub", daemon=True).start()
         if os.environ.get("MIRRORQ_STALL_TRACE"):
             threading.Thread(target=self._trace_stalls, name="stall-trace", daemon=True).start()
 
@@ -563,6 +568,20 @@ class RaftShim(ElectionMixin, SnapshotMixin):
             self._thread.join(timeout=5)
         if self._so is not None:
             self._so.destroy()  # flushes and closes the journal
+
+    def _on_scrub_damage(self, path: str) -> None:
+        """A sealed segment the start took unchecked fails its CRC: restart this
+        process (same pid, argv and environment) so the open walks it and
+        handles the damage as at any start: dropped and re-fetched from the
+        leader, or, alone, a refusal to start naming file and offset. Nothing
+        of it was served: every read checks its record's CRC."""
+        log.critical("raft log damaged: %s fails its checksum (a segment the start left to the background "
+                     "check); restarting this process so its start finds and drops the damaged records", path)
+        logging.shutdown()
+        try:
+            os.execv(sys.executable, sys.orig_argv)
+        finally:
+            os._exit(3)  # (exec failed: exit as on damage found by a read)
 
     def _snapshot_before_stop(self) -> None:
         so = self._so
@@ -749,6 +768,8 @@ class RaftShim(ElectionMixin, SnapshotMixin):
                 so.doTick(self.config.idle_tick)
                 self._campaign_transfer = False
             except LogDamaged as exc:  # found on a read: never applied nor sent; the restart repairs
+                if exc.path and so._SyncObj__raftLog.unchecked(exc.path):
+                    self._on_scrub_damage(exc.path)  # what the start would have found: start again
                 log.critical("raft log damaged: %s; exiting (the restart drops it and re-fetches)", exc)
                 logging.shutdown()
                 os._exit(3)

@@ -7,9 +7,12 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import threading
 from pathlib import Path
 
-from node.replication.raft.segment_log import HEADER_SIZE, SegmentLog
+import pytest
+
+from node.replication.raft.segment_log import HEADER_SIZE, LogDamaged, SegmentLog
 
 SEG = 64 * 1024
 
@@ -169,4 +172,54 @@ def test_truncated_indexed_segment_is_walked(tmp_path: Path) -> None:
     os.truncate(victim, HEADER_SIZE + 100)  # inside its first record
     k = _open(tmp_path)
     assert _all(k) == entries[:first - 1] and len(k.recovered) == 1
+    k._destroy()
+
+
+def test_segments_past_the_open_budget_are_checked_by_the_scrub(tmp_path: Path) -> None:
+    j = _open(tmp_path)
+    entries = _fill(j, 300)
+    j._destroy()
+    k = _open(tmp_path, verify_bytes=1)  # the newest sealed segment is checked, the older ones not
+    sealed = len(_segs(tmp_path)) - 1
+    assert len(k.unverified) == sealed - 1 and k.walked == 1 and _all(k) == entries
+    damaged: list[str] = []
+    k.scrub(threading.Event(), 0.0, damaged.append)
+    assert damaged == [] and k.unverified == [] and all(not s.unverified for s in k.hidden + k._segs)
+    k._destroy()
+
+
+def test_the_scrub_finds_damage_the_open_did_not_check(tmp_path: Path) -> None:
+    """A flipped bit in an old sealed segment: the fast open does not see it,
+    a read of that record refuses it, the scrub reports the segment and removes
+    its index file, and the next open walks it and drops the damage."""
+    j = _open(tmp_path)
+    entries = _fill(j, 300)
+    j._destroy()
+    victim = _segs(tmp_path)[1]
+    first = int(victim.name.split(".")[0])
+    _flip(victim, HEADER_SIZE + 24 + 5)  # the payload of its first record
+    k = _open(tmp_path, verify_bytes=1)
+    assert k.recovered == [] and len(k) == 300
+    with pytest.raises(LogDamaged):
+        k.read(first, 0, 1)
+    damaged: list[str] = []
+    k.scrub(threading.Event(), 0.0, damaged.append)
+    assert damaged == [str(victim)] and not Path(str(victim) + ".idx").exists()
+    k._destroy()
+    m = _open(tmp_path, verify_bytes=1)
+    assert _all(m) == entries[:first - 1] and len(m.recovered) == 1 and str(victim) in m.recovered[0]
+    m._destroy()
+
+
+def test_a_stopped_scrub_reports_nothing(tmp_path: Path) -> None:
+    j = _open(tmp_path)
+    _fill(j, 300)
+    j._destroy()
+    _flip(_segs(tmp_path)[1], HEADER_SIZE + 24 + 5)
+    k = _open(tmp_path, verify_bytes=1)
+    stop = threading.Event()
+    stop.set()
+    damaged: list[str] = []
+    k.scrub(stop, 1.0, damaged.append)
+    assert damaged == [] and k.unverified
     k._destroy()
