@@ -237,6 +237,26 @@ class PackedFifo:
         f._objects = objects
         return f
 
+    @classmethod
+    def from_chunks(cls, parts: Iterable[tuple[array[int], array[float] | None, list[Any]]],
+                    transient: int, objects: int) -> PackedFifo:
+        """from_columns() for columns already cut into CHUNK-record pieces (a
+        snapshot's reader copies each from the file once, not twice)."""
+        f = cls()
+        chunks = f._chunks
+        n = 0
+        for nums, exp, refs in parts:
+            c = _Chunk()
+            c.nums = nums
+            c.refs = refs
+            c.exp = exp
+            chunks.append(c)
+            n += len(refs)
+        f._len = n
+        f._transient = transient
+        f._objects = objects
+        return f
+
     def all_persistent(self) -> bool:
         return self._transient == 0
 

@@ -67,14 +67,12 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
 from io import BytesIO
-from itertools import islice
-from operator import le
 from typing import IO, Any, NamedTuple
 
 from node.broker.channel import Channel, Consumer
 from node.broker.dead_letter import DeadLetter, DeadLetterStore
 from node.broker.exchange import Binding, Exchange, split_topic
-from node.broker.fifo import PackedFifo
+from node.broker.fifo import CHUNK, PackedFifo
 from node.broker.ids import ChanId, ConnId
 from node.broker.policy import Policy
 from node.broker.queue import Message, Queue, raw_priority, uses_levels
@@ -880,9 +878,11 @@ class _Reader:
         _expect(transient <= n, "ready messages: more transient than there are")
         # no field is negative: no int64's top byte has its sign bit set (C speed,
         # where min() made 40M Python ints at 10M messages)
-        top = bytes(memoryview(self.data)[self.pos:self.pos + 32 * n][7::8])
+        _expect(32 * n <= len(self.data) - self.pos, "ready records past the end")
+        records = memoryview(self.data)[self.pos:self.pos + 32 * n]
+        top = bytes(records[7::8])
         _expect(not top.translate(None, _POSITIVE_TOP), "ready records: a negative field")
-        nums = self._column("q", 4 * n, "ready records")
+        self.pos += 32 * n  # copied chunk by chunk below, once
         flag = self.data[self.pos]
         self.pos += 1
         _expect(flag in (0, 1), "ready expiries flag")
@@ -895,20 +895,32 @@ class _Reader:
             pairs[i] = t
         pairs[_NO_PAIR] = None
         ids = self._column("I", n, "ready references")
-        try:
-            refs: list[Any] = list(map(pairs.__getitem__, ids))
-        except KeyError:
-            raise SnapshotFormatError("ready message: routing table index out of range") from None
+        parts: list[tuple[array[int], array[float] | None, list[Any]]] = []
+        get = pairs.__getitem__
+        swap = sys.byteorder != "little"
+        for a in range(0, n, CHUNK):
+            nums = array("q")
+            nums.frombytes(records[32 * a:32 * min(a + CHUNK, n)])
+            if swap:
+                nums.byteswap()
+            try:
+                refs: list[Any] = list(map(get, ids[a:a + CHUNK]))
+            except KeyError:
+                raise SnapshotFormatError("ready message: routing table index out of range") from None
+            parts.append((nums, None if exp is None else exp[a:a + CHUNK], refs))
         objects = ids.count(_NO_PAIR)
         k = -1
         for _ in range(objects):
             k = ids.index(_NO_PAIR, k + 1)
-            refs[k] = self.message()
-        col = nums[1::4]
+            parts[k // CHUNK][2][k % CHUNK] = self.message()
+        col = array("q")  # the records' Raft indices: every fourth int64 from the second
+        col.frombytes(records.cast("q")[1::4].tobytes())
+        if swap:
+            col.byteswap()
         if objects:
             col = array("q", (v for v, i in zip(col, ids, strict=True) if i != _NO_PAIR))
         self._count_packed(col)
-        return PackedFifo.from_columns(nums, exp, refs, transient, objects)
+        return PackedFifo.from_chunks(parts, transient, objects)
 
     def _name(self, raw: bytes) -> str:
         """One str per distinct exchange or routing key, not one per message
@@ -932,16 +944,23 @@ class _Reader:
         once per distinct entry when in log order (they are: a queue takes
         them as they are applied)."""
         n = len(col)
-        if n > 1 and not all(map(le, col, islice(col, 1, None))):
-            for v in col:  # never written so; read anyway
-                self._logged(v, 1)
-            return
+        runs = []
         p = 0
-        while p < n:
+        prev = -1
+        while p < n:  # sorted iff every run is one value and the runs increase
             v = col[p]
             e = bisect_right(col, v, p)
-            self._logged(v, e - p)
+            if v <= prev or col[p:e].count(v) != e - p:
+                break
+            runs.append((v, e - p))
+            prev = v
             p = e
+        else:
+            for v, count in runs:
+                self._logged(v, count)
+            return
+        for v in col:  # never written so; read anyway
+            self._logged(v, 1)
 
     def plain_ready(self, ready: PackedFifo) -> bool:
         """The next message, if plain (in the log, never delivered: most of

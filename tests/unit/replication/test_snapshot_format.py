@@ -330,3 +330,22 @@ def test_check_refuses_a_damaged_file_before_decoding() -> None:
 def test_raft_meta_is_plain() -> None:
     m = sf.read_meta(encode_snapshot(BrokerState(), RaftMeta((b"x", 9, 2), (b"y", 8, 2), ("h:1",))))
     assert m == RaftMeta((b"x", 9, 2), (b"y", 8, 2), ("h:1",))
+
+
+@pytest.mark.parametrize("col", [
+    [], [7], [5, 5, 5, 9, 9, 12], [5, 3, 5, 7], [9, 9, 4, 4], [3, 3, 3, 2, 3],
+])
+def test_live_counts_of_packed_records_in_or_out_of_log_order(col: list[int]) -> None:
+    """_count_packed counts a queue's records per Raft entry: in log order by
+    runs (each run one value, runs rising), any other order one by one; both
+    give the per-bucket counts of the plain fold."""
+    from array import array
+
+    r = sf._Reader(bytes(sf._HEADER.size), 0)
+    r.logged = array("Q", sorted(set(col)))
+    r._count_packed(array("q", col))
+    want: dict[int, int] = {}
+    for v in col:
+        b = v >> sf.BUCKET_SHIFT
+        want[b] = want.get(b, 0) + 1
+    assert r.live == want
