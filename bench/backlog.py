@@ -805,6 +805,7 @@ def metrics(r: dict[str, Any]) -> dict[str, float | None]:
         "fill_msg_per_s": fill.get("msg_per_s"),
         "first_slice_msg_per_s": fill.get("first_slice_msg_per_s"),
         "last_slice_msg_per_s": fill.get("last_slice_msg_per_s"),
+        "rss_fresh_mb": _max(r.get("fresh", {}).get("rss_mb")),
         "rss_full_mb": rss_full,
         "rss_bytes_per_msg": round(rss_full * 1e6 / n) if rss_full is not None else None,
         "peak_rss_fill_mb": _max(fill.get("peak_rss_mb")),
@@ -822,6 +823,7 @@ METRIC_ROWS = [
     ("fill_msg_per_s", "fill, msg/s (all of N)", True),
     ("first_slice_msg_per_s", "fill, first slice msg/s", True),
     ("last_slice_msg_per_s", "fill, last slice msg/s", True),
+    ("rss_fresh_mb", "RSS of the fresh broker, MB", False),
     ("rss_full_mb", "RSS holding N, MB", False),
     ("rss_bytes_per_msg", "RSS / N, bytes per message", False),
     ("peak_rss_fill_mb", "peak RSS during the fill, MB", False),
@@ -829,7 +831,7 @@ METRIC_ROWS = [
     ("restart_served_s", "restart until served with N, s", False),
     ("rss_after_restart_mb", "RSS after the restart, MB", False),
     ("drain_msg_per_s", "drain (1 consumer, prefetch), msg/s", True),
-    ("rss_after_drain_mb", "RSS after the drain, MB", False),
+    ("rss_after_drain_mb", "RSS after the drain + settle, MB", False),
     ("disk_after_drain_mb", "disk right after the drain, MB", False),
     ("disk_after_drain_settled_mb", "disk after the drain + settle, MB", False),
 ]
@@ -927,7 +929,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefetch", type=int, default=500, help="drain consumer prefetch (acks every half)")
     p.add_argument("--stall", type=float, default=120, help="a client fails after this long without progress")
     p.add_argument("--restart-timeout", type=float, default=900, help="s until served after a restart")
-    p.add_argument("--settle", type=float, default=15, help="s after the drain before the last disk figure")
+    # (a node trims malloc's free pages after 20 idle s: 15 s saw the drain's peak)
+    p.add_argument("--settle", type=float, default=30, help="s after the drain before the last disk and RSS figures")
     p.add_argument("--workdir", help="where the data dirs go (default a temp dir in /tmp)")
     p.add_argument("--keep-workdir", action="store_true")
     p.add_argument("--out", default=str(BENCH / "results" / "backlog.json"))

@@ -661,14 +661,17 @@ public final class Bench {
             if (damaged.get() > 0) problems.add(damaged.get() + " bodies differ from what was published");
             if (problems.isEmpty() && ch.isOpen()) {
                 // the depth a (follower) node reports may trail the acks by a moment
+                // (a probe's basic.get still unacked when the consume began is not in
+                // `ready` but is consumed: RabbitMQ's quorum queue, 3 nodes)
+                long expect = Math.max(0, ready - count);
                 int left = ch.queueDeclarePassive(queue).getMessageCount();
                 long until = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
-                while (left != ready - count && System.nanoTime() < until) {
+                while (left != expect && System.nanoTime() < until) {
                     Thread.sleep(50);
                     left = ch.queueDeclarePassive(queue).getMessageCount();
                 }
                 out.put("remaining", left);
-                if (left != ready - count) problems.add(left + " messages left, expected " + (ready - count));
+                if (left != expect) problems.add(left + " messages left, expected " + expect);
             }
             if (flag("delete") && ch.isOpen()) ch.queueDelete(queue);
             if (!problems.isEmpty()) out.put("error", String.join("; ", problems));
