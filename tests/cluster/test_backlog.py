@@ -392,7 +392,7 @@ def test_a_clean_stop_snapshots_so_the_restart_replays_nothing_and_reads_sealed_
     since = node.log_path.stat().st_size
     node.stop(timeout=120)
     written = _log_lines(node, "snapshot before stopping", since)
-    assert len(written) == 1 and ": written in" in written[0], written
+    assert len(written) == 1 and ": done in" in written[0], written
     since = node.log_path.stat().st_size
     node.start(wait=True, timeout=120)
     ready = _log_lines(node, "raft ready in", since)

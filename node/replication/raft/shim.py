@@ -583,25 +583,38 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         finally:
             os._exit(3)  # (exec failed: exit as on damage found by a read)
 
+    def _log_since_snapshot(self) -> int:
+        so = self._so
+        assert so is not None
+        try:  # (read off the raft thread: it may move the log's start meanwhile)
+            return int(so._SyncObj__raftLog.bytes_used())
+        except (IndexError, ValueError):
+            return -1
+
     def _snapshot_before_stop(self) -> None:
+        """Until the log since the last snapshot is under STOP_SNAPSHOT_BYTES:
+        one already being written may cover only part of it (pysyncobj keeps
+        the forced request and starts another once it is done, if anything
+        was applied after it)."""
         so = self._so
         if so is None or self._thread is None or not self._thread.is_alive():
             return
-        try:  # (the raft thread may move the log's start meanwhile: then no snapshot)
-            used = so._SyncObj__raftLog.bytes_used()
-        except (IndexError, ValueError):
-            return
+        used = self._log_since_snapshot()
         if used < self.STOP_SNAPSHOT_BYTES:
             return
         before = self.snapshots
         began = clock()
         self._tasks.append(so.forceLogCompaction)
         so.wake()
-        while self.snapshots == before and clock() - began < self.STOP_SNAPSHOT_SECONDS \
-                and self._thread.is_alive():
+        left = used
+        while clock() - began < self.STOP_SNAPSHOT_SECONDS and self._thread.is_alive():
             time.sleep(0.02)
-        log.info("snapshot before stopping: %s in %.2f s (%d MB of log since the last one)",
-                 "written" if self.snapshots > before else "not written", clock() - began, used >> 20)
+            left = self._log_since_snapshot()
+            if 0 <= left < self.STOP_SNAPSHOT_BYTES and self.snapshots > before and self._snap_pid is None:
+                break
+        log.info("snapshot before stopping: %s in %.2f s (%d MB of log since the last one, %d MB left; "
+                 "%d written)", "done" if 0 <= left < self.STOP_SNAPSHOT_BYTES else "not done",
+                 clock() - began, used >> 20, max(left, 0) >> 20, self.snapshots - before)
 
     # ------------------------------------------- requests (any thread)
     def propose(self, batch: Batch, done: Done) -> None:
