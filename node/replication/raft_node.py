@@ -228,8 +228,8 @@ class RaftNode:
             return any(lo <= b <= hi for b in live)
         return any(b in live for b in range(lo, hi + 1))
 
-    def live_buckets(self) -> int:
-        return len(self.state.live)
+    def live_messages(self) -> int:
+        return sum(self.state.live.values())
 
     def membership(self) -> tuple[tuple[tuple[NodeId, str], ...], tuple[NodeId, ...], tuple[NodeId, ...]]:
         st = self.state

@@ -420,7 +420,7 @@ class Owner(Protocol):
 
     def apply(self, batch: Batch, index: int, spans: dict[int, tuple[int, int]] | None = None) -> str: ...
     def retains(self, first: int, last: int) -> bool: ...  # log entries that live messages need
-    def live_buckets(self) -> int: ...  # how many log buckets hold live messages (a snapshot's size)
+    def live_messages(self) -> int: ...  # messages the state holds in the log (a snapshot's size)
     def on_tick(self, view: RaftView) -> int | None: ...  # returns a mirrored index to announce
     def on_result(self, seq: int, ok: bool, why: str) -> None: ...
     def membership(self) -> tuple[tuple[tuple[NodeId, str], ...], tuple[NodeId, ...], tuple[NodeId, ...]]: ...
@@ -939,7 +939,7 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         now = clock()
         # a small state (the queues drained) snapshots in milliseconds: free
         # the disk within seconds, as RabbitMQ does; a large one waits longer
-        quiet = self.PIN_QUIET if self.owner.live_buckets() > self.SMALL_STATE_BUCKETS else self.PIN_QUIET_SMALL
+        quiet = self.PIN_QUIET if self.owner.live_messages() > self.SMALL_STATE_MESSAGES else self.PIN_QUIET_SMALL
         if not self.snapshot_buckets or now - self._last_pin_check < 1.0 \
                 or now - self.snapshot_done_at < quiet:
             return False
