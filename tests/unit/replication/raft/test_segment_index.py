@@ -5,7 +5,6 @@ damage exactly as before) when the index file or the segment does not match."""
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import threading
 from pathlib import Path
@@ -13,26 +12,10 @@ from pathlib import Path
 import pytest
 
 from node.replication.raft.segment_log import HEADER_SIZE, LogDamaged, SegmentLog
-
-SEG = 64 * 1024
-
-
-def _open(tmp: Path, **kw: object) -> SegmentLog:
-    return SegmentLog(str(tmp / "log"), str(tmp / "raft.journal.meta"), segment_bytes=SEG, **kw)  # type: ignore[arg-type]
-
-
-def _fill(j: SegmentLog, n: int, first: int = 1, seed: int = 1) -> list[tuple[bytes, int, int]]:
-    rnd = random.Random(seed)
-    out = []
-    for i in range(first, first + n):
-        e = (rnd.randbytes(rnd.randrange(1, 5000)), i, 1 + i // 100)
-        j.add(*e)
-        out.append(e)
-    return out
-
-
-def _all(j: SegmentLog) -> list[tuple[bytes, int, int]]:
-    return [j[i] for i in range(len(j))]
+from tests.support.segment_log import entries as _all
+from tests.support.segment_log import fill as _fill
+from tests.support.segment_log import flip as _flip
+from tests.support.segment_log import open_log as _open
 
 
 def _segs(tmp: Path) -> list[Path]:
@@ -43,10 +26,6 @@ def _idx(tmp: Path) -> list[Path]:
     return sorted((tmp / "log").glob("*.idx"))
 
 
-def _flip(path: Path, offset: int) -> None:
-    data = bytearray(path.read_bytes())
-    data[offset] ^= 0x10
-    path.write_bytes(bytes(data))
 
 
 def test_reopen_walks_only_the_last_segment(tmp_path: Path) -> None:

@@ -12,27 +12,12 @@ from pathlib import Path
 import pytest
 
 from node.replication.raft.log_upgrade import old_records, open_log
-from node.replication.raft.segment_log import HEADER_SIZE, LogDamaged, SegmentLog
-
-SEG = 64 * 1024
-
-
-def _open(tmp: Path, **kw: object) -> SegmentLog:
-    return SegmentLog(str(tmp / "log"), str(tmp / "raft.journal.meta"), segment_bytes=SEG, **kw)  # type: ignore[arg-type]
-
-
-def _fill(j: SegmentLog, n: int, first: int = 1, seed: int = 1) -> list[tuple[bytes, int, int]]:
-    rnd = random.Random(seed)
-    out = []
-    for i in range(first, first + n):
-        e = (rnd.randbytes(rnd.randrange(1, 5000)), i, 1 + i // 100)
-        j.add(*e)
-        out.append(e)
-    return out
-
-
-def _all(j: SegmentLog) -> list[tuple[bytes, int, int]]:
-    return [j[i] for i in range(len(j))]
+from node.replication.raft.segment_log import HEADER_SIZE, LogDamaged
+from tests.support.segment_log import SEG
+from tests.support.segment_log import entries as _all
+from tests.support.segment_log import fill as _fill
+from tests.support.segment_log import flip as _flip
+from tests.support.segment_log import open_log as _open
 
 
 def test_append_read_slices_and_reopen(tmp_path: Path) -> None:
@@ -134,10 +119,6 @@ def test_torn_tail_is_truncated_silently(tmp_path: Path) -> None:
     k._destroy()
 
 
-def _flip(path: Path, offset: int) -> None:
-    data = bytearray(path.read_bytes())
-    data[offset] ^= 0x10
-    path.write_bytes(bytes(data))
 
 
 def test_a_flipped_bit_drops_that_record_and_everything_after(tmp_path: Path) -> None:
