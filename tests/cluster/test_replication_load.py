@@ -44,6 +44,7 @@ import pytest
 
 from harness.client import declare, pika_conn, uniq_queue
 from harness.process import REPO, Cluster, ClusterNode, wait_for
+from node.replication.config import RaftConfig
 
 JAVA_SRC = REPO / "tests" / "java"
 JAVA_PROGRAM = "RandomBodyPublisher"
@@ -361,6 +362,8 @@ def assert_drained(d: dict[str, Any], total: int, size: int) -> None:
 
 # ---------------------------------------------------------------- flat out, no window
 
+_GAP_BOUND_MS = RaftConfig().election_min * 1000 / 2
+
 def _flat_out_no_election(cluster: Cluster, classpath: str, outdir: Path, procs: list[JavaPublisher],
                           *, publishers: list[ClusterNode], consumer: ClusterNode, count: int,
                           size: int, tag: str, timeout_s: int = 90,
@@ -410,15 +413,18 @@ def _flat_out_no_election(cluster: Cluster, classpath: str, outdir: Path, procs:
         assert st["leader"] == watch.leader, f"{k}: leader {watch.leader} -> {st['leader']}"
         assert st["leader_changes"] == watch.before[k]["leader_changes"], \
             f"{k}: leader_changes {watch.before[k]['leader_changes']} -> {st['leader_changes']}"
-        # the leader reached every follower well within the minimum election
-        # timeout (0.5 s) all through the flood: heartbeats never starved.
+        # the leader reached every follower within half the minimum election
+        # timeout all through the flood: heartbeats never starved. Half, the
+        # line the raft thread itself calls a stall (shim._run): a gap between
+        # two AppendEntries includes the follower's own waits for the GIL on 2
+        # busy cores (CI: 300.8 ms once, RaftConfig's note: 0.3-0.8 s stalls).
         # The figure is the longest since the node's start: one left from the
         # cluster's first election (CI: 1,094 ms, a member that campaigned once
         # before it heard the leader) is no flood's doing, so only a gap that
         # grew during the run counts
         if k != watch.leader:
             gap, before = st["longest_leader_gap_ms"], watch.before[k]["longest_leader_gap_ms"]
-            assert gap < 300 or gap == before, \
+            assert gap < _GAP_BOUND_MS or gap == before, \
                 f"{k}: {gap} ms without an AppendEntries from the leader (before the run: {before} ms)"
     print(f"  test body {time.monotonic() - t0:.1f}s")
 
