@@ -7,22 +7,27 @@ so every returned message has a lower sequence than anything still in the
 deque: the heap always precedes the deque and a requeued message goes back
 to its original position (S04).
 
-A priority queue (x-max-priority) keeps every ready message in the heap,
-keyed by (max - priority, sequence): higher priority first, FIFO within a
-priority, and a requeued message returns to its place among its priority.
+A priority queue (x-max-priority) keeps one packed FIFO per priority (a
+band: max - priority, 0 the highest), as RabbitMQ keeps one backing queue
+per priority: `ready` holds priority 0 (most messages carry none), `bands`
+the others. A requeued message goes to the heap keyed by (band, sequence):
+its place among its priority. The head is the smallest key of the heap's
+top and each FIFO's head (band << 64 | sequence).
 
 A quorum queue from machine version 3 on (`levels`, RabbitMQ 4.3's
 rabbit_fifo_pq) has 32 strict priority levels, 0-31 (a message without a
 priority counts as 4, one above 31 as 31) and serves returned messages
-before any other. The deque holds the messages of the default level 4
-(the common case stays O(1)); the heap the returned ones, keyed by their
-sequence (band 0), and those of the other levels, keyed by (32 - level,
-sequence); the head is the smaller of the two heads.
+before any other: band 32 - level, `ready` the default level 4's FIFO, and
+returned messages in the heap keyed by their sequence alone (band 0).
+
+Returned messages stay objects: they were delivered (unacked objects
+already, bounded by the consumers' prefetch), and carry their counts.
 """
 from __future__ import annotations
 
+import bisect
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from node.broker.fifo import PackedFifo
@@ -33,11 +38,6 @@ from node.broker.vhost import ResourceKey
 if TYPE_CHECKING:
     from node.broker.channel import Consumer
     from node.broker.ids import ConnId
-
-
-def _level_key(priority: int, seq: int) -> int:
-    """Heap key of a message of level `priority` (band 0: returned messages)."""
-    return ((QUORUM_LEVELS - priority) << 64) | seq
 
 
 MAX_PRIORITY = 255  # RabbitMQ's limit for x-max-priority
@@ -74,7 +74,7 @@ class Queue:
                  "dlx", "dlrk", "returned", "ready", "next_seq", "ready_bytes",
                  "consumers", "exclusive_consumer", "last_used", "deleted", "incoming",
                  "max_priority", "single_active", "delivery_limit", "counts_deliveries",
-                 "prio_consumers", "stats", "levels", "rejecting")
+                 "prio_consumers", "stats", "levels", "rejecting", "bands", "band_order", "banded")
 
     def __init__(self, name: str, durable: bool, owner: ConnId | None, auto_delete: bool,
                  arguments: dict[str, Any], home: str, now: float) -> None:
@@ -105,6 +105,7 @@ class Queue:
         self.prio_consumers = 0
         self.returned: list[tuple[int, Message]] = []
         self.ready = PackedFifo()
+        self.init_bands()
         self.next_seq = 0
         self.ready_bytes = 0
         # (chan, consumer_tag) -> Consumer, in round-robin order (rotated on delivery)
@@ -136,6 +137,26 @@ class Queue:
                              self.max_length_bytes, self.overflow, self.dlx, self.dlrk,
                              self.delivery_limit)
 
+    def init_bands(self) -> None:
+        # band -> its packed FIFO (priority queues: every priority but the default's)
+        self.bands: dict[int, PackedFifo] = {}
+        self.band_order: list[int] = []  # the bands holding messages, best first
+        self.banded = 0  # messages in bands
+
+    def _band(self, priority: int) -> int:
+        """The band (0 the first served) of a new message of this priority."""
+        if self.levels:
+            return QUORUM_LEVELS - priority
+        mp = self.max_priority
+        return 0 if mp is None else mp - min(priority, mp)
+
+    def _default_band(self) -> int:
+        """The band `ready` holds."""
+        if self.levels:
+            return QUORUM_LEVELS - QUORUM_DEFAULT_PRIORITY
+        mp = self.max_priority
+        return 0 if mp is None else mp
+
     def _key(self, m: Message) -> int:
         """Heap order: sequence, or (max - priority, sequence) in a priority queue."""
         mp = self.max_priority
@@ -144,50 +165,137 @@ class Queue:
         return ((mp - min(m.priority, mp)) << 64) | m.seq
 
     def ready_count(self) -> int:
-        return len(self.returned) + len(self.ready)
+        return len(self.returned) + len(self.ready) + self.banded
 
-    def _heap_first(self) -> bool:
-        """Is the head in the heap (else in the deque)?"""
-        if not self.returned:
-            return False
-        if not self.levels or not self.ready:
-            return True
-        return self.returned[0][0] < _level_key(QUORUM_DEFAULT_PRIORITY, self.ready.head_seq())
+    def _source(self) -> int:
+        """Where the head is: -2 nowhere, -1 the heap, else the band whose
+        FIFO holds it (the default band's is `ready`)."""
+        returned, ready = self.returned, self.ready
+        if not self.banded:
+            if returned:
+                if not ready or not self.levels and self.max_priority is None:
+                    return -1  # plain: returned ones precede every new one
+                d = self._default_band()
+                return -1 if returned[0][0] < (d << 64) | ready.head_seq() else d
+            return self._default_band() if ready else -2
+        best, where = -1, -2
+        if returned:
+            best, where = returned[0][0], -1
+        if ready:
+            d = self._default_band()
+            k = (d << 64) | ready.head_seq()
+            if where == -2 or k < best:
+                best, where = k, d
+        b = self.band_order[0]
+        k = (b << 64) | self.bands[b].head_seq()
+        if where == -2 or k < best:
+            where = b
+        return where
+
+    def _fifo(self, band: int) -> PackedFifo:
+        return self.ready if band == self._default_band() else self.bands[band]
 
     def peek(self) -> Message | None:
-        if self._heap_first():
+        if not self.returned and not self.banded:  # the common case: one FIFO
+            return self.ready[0] if self.ready else None
+        where = self._source()
+        if where == -1:
             return self.returned[0][1]
-        if self.ready:
-            return self.ready[0]
-        return None
+        if where == -2:
+            return None
+        return self._fifo(where)[0]
 
     def pop(self) -> Message:
-        if self._heap_first():
-            m = heapq.heappop(self.returned)[1]
-        else:
+        if not self.returned and not self.banded:  # the common case: one FIFO
             m = self.ready.popleft()
+            self.ready_bytes -= m.size
+            return m
+        where = self._source()
+        if where == -1:
+            m = heapq.heappop(self.returned)[1]
+        elif where == -2:
+            raise IndexError("pop from an empty queue")
+        elif where == self._default_band():
+            m = self.ready.popleft()
+        else:
+            f = self.bands[where]
+            m = f.popleft()
+            self.banded -= 1
+            if not f:
+                del self.bands[where]
+                self.band_order.remove(where)
         self.ready_bytes -= m.size
         return m
 
     def push(self, m: Message) -> None:
         m.seq = self.next_seq
         self.next_seq += 1
-        if self.levels:
-            if m.priority == QUORUM_DEFAULT_PRIORITY:
+        if self.levels or self.max_priority is not None:
+            b = self._band(m.priority)
+            if b == self._default_band():
                 self.ready.append(m)
             else:
-                heapq.heappush(self.returned, (_level_key(m.priority, m.seq), m))
-        elif self.max_priority is None:
-            self.ready.append(m)
+                self._band_fifo(b).append(m)
+                self.banded += 1
         else:
-            heapq.heappush(self.returned, (self._key(m), m))
+            self.ready.append(m)
         self.ready_bytes += m.size
+
+    def _band_fifo(self, b: int) -> PackedFifo:
+        f = self.bands.get(b)
+        if f is None:
+            f = self.bands[b] = PackedFifo()
+            bisect.insort(self.band_order, b)
+        return f
 
     def requeue(self, m: Message) -> None:
         # levels: a returned message goes before every level (rabbit_fifo's
         # returns queue), at its original place among the returned (S04)
         heapq.heappush(self.returned, (m.seq if self.levels else self._key(m), m))
         self.ready_bytes += m.size
+
+    def band_items(self) -> Iterator[tuple[int, Message]]:
+        """The banded messages with their heap keys (a snapshot writes them
+        among the returned ones, the layout every format version reads)."""
+        for b in self.band_order:
+            hi = b << 64
+            for m in self.bands[b]:
+                yield hi | m.seq, m
+
+    def band_log_indices(self) -> set[int]:
+        out: set[int] = set()
+        for f in self.bands.values():
+            out.update(f.log_indices())
+        return out
+
+    def unband_heap(self) -> None:
+        """Move the heap's messages that belong in a band FIFO into it, in
+        sequence order (after a snapshot's read, once `levels` is known: a
+        snapshot holds a priority queue's messages among the returned ones).
+        Only never-delivered ones (returned ones stay returned), and only
+        into a FIFO still empty, so each stays in sequence order."""
+        if not self.returned or not (self.levels or self.max_priority is not None):
+            return
+        d = self._default_band()
+        stay: list[tuple[int, Message]] = []
+        moving: dict[int, list[tuple[int, Message]]] = {}
+        for k, m in self.returned:
+            b = k >> 64
+            if m.redelivered or b == 0 and self.levels or b == d and self.ready:
+                stay.append((k, m))
+            else:
+                moving.setdefault(b, []).append((k, m))
+        if not moving:
+            return
+        for b, items in moving.items():
+            items.sort(key=lambda km: km[0])
+            f = self.ready if b == d else self._band_fifo(b)
+            for _k, m in items:
+                f.append(m)
+            if b != d:
+                self.banded += len(items)
+        heapq.heapify(stay)
+        self.returned = stay
 
     def keep_only(self, keep: Callable[[Message], bool]) -> list[Message]:
         """Remove the ready messages `keep` refuses, every other one staying
@@ -199,13 +307,23 @@ class Queue:
         if self.ready:
             self.ready, more = self.ready.filtered(keep)
             gone.extend(more)
+        for b in list(self.band_order):
+            f, more = self.bands[b].filtered(keep)
+            if more:
+                gone.extend(more)
+                self.banded -= len(more)
+                if f:
+                    self.bands[b] = f
+                else:
+                    del self.bands[b]
+                    self.band_order.remove(b)
         self.ready_bytes -= sum(m.size for m in gone)
         return gone
 
     def keep_persistent(self) -> list[Message]:
         """keep_only(persistent), reading the packed flags: a backlog of
         persistent messages is neither made into objects nor copied."""
-        if self.ready.all_persistent():
+        if self.ready.all_persistent() and all(f.all_persistent() for f in self.bands.values()):
             gone = [m for _k, m in self.returned if not m.persistent]
             if gone:
                 self.returned = [(k, m) for k, m in self.returned if m.persistent]
@@ -215,11 +333,15 @@ class Queue:
         return self.keep_only(lambda m: m.persistent)
 
     def take_all(self) -> list[Message]:
-        """Remove and return every ready message (head first, but with
-        `levels`: heap, then deque)."""
-        out = [heapq.heappop(self.returned)[1] for _ in range(len(self.returned))]
-        out.extend(self.ready)
-        self.ready.clear()
+        """Remove and return every ready message, head first."""
+        if self.banded:
+            out = []
+            while self.ready_count():
+                out.append(self.pop())
+        else:
+            out = [heapq.heappop(self.returned)[1] for _ in range(len(self.returned))]
+            out.extend(self.ready)
+            self.ready.clear()
         self.ready_bytes = 0
         return out
 

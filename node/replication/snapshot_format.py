@@ -60,6 +60,7 @@ targets, then the messages in the message format: absent, there are none.
 """
 from __future__ import annotations
 
+import heapq
 import struct
 import sys
 import zlib
@@ -156,7 +157,8 @@ DERIVED = {
                     "machine_version", "runs_version", *POLICY_FIELDS, *ACCESS_FIELDS,
                     "counts"),
     "Exchange": ("bindings", "_topic_cache"),
-    "Queue": ("returned", "ready", "consumers", "exclusive_consumer", "levels", *QUEUE_FIELDS_5),
+    "Queue": ("returned", "ready", "consumers", "exclusive_consumer", "levels", "bands",
+              "band_order", "banded", *QUEUE_FIELDS_5),
     "Channel": ("unacked", "consumers", "next_deadline", *CHANNEL_FIELDS_4),
     "Consumer": ("channel", "queue", *CONSUMER_FIELDS_4),
     "Message": ("size", "loc", "priority"),
@@ -202,6 +204,8 @@ def logged_entries(state: BrokerState) -> array[int]:
         for _key, m in q.returned:
             if m.loc is not None:
                 add(m.loc >> 64)
+        if q.banded:
+            seen.update(q.band_log_indices())
     for ch in state.channels.values():
         for _q, m, _by in ch.unacked.values():
             if m.loc is not None:
@@ -220,6 +224,8 @@ def iter_messages(state: BrokerState) -> Iterator[Message]:
     for q in state.queues.values():
         yield from q.ready
         for _key, m in q.returned:
+            yield m
+        for _key, m in q.band_items():
             yield m
     for ch in state.channels.values():
         for _q, m, _by in ch.unacked.values():
@@ -342,6 +348,10 @@ def _graph(state: BrokerState) -> tuple[list[Queue], list[Channel], list[Consume
     return list(queues.values()), list(channels.values()), list(consumers.values())
 
 
+def _heap_key(item: tuple[int, Message]) -> int:
+    return item[0]
+
+
 def _write_queues(w: _Writer, state: BrokerState, queues: list[Queue], msgs: _MessageWriter) -> None:
     q_index = {id(q): i for i, q in enumerate(queues)}
     w.value([(key, q_index[id(q)]) for key, q in state.queues.items()])
@@ -349,10 +359,16 @@ def _write_queues(w: _Writer, state: BrokerState, queues: list[Queue], msgs: _Me
     fields = QUEUE_FIELDS + QUEUE_FIELDS_5 if msgs.version >= 5 else QUEUE_FIELDS
     for q in queues:
         w.value(tuple(getattr(q, f) for f in fields))
-        w.u32(len(q.returned))
-        for key, m in q.returned:
+        # a priority queue's bands among the returned, the layout of every
+        # version (read back into bands by Queue.unband_heap); in key order,
+        # so the list is a heap to a build that takes it as one
+        w.u32(len(q.returned) + q.banded)
+        items = (heapq.merge(sorted(q.returned, key=_heap_key), q.band_items(), key=_heap_key)
+                 if q.banded else q.returned)
+        for key, m in items:
             w.value(key)
             msgs.write(m)
+            w.maybe_flush()
         if msgs.version >= 5:
             _write_packed(w, q.ready, msgs)
         else:
@@ -563,6 +579,7 @@ def read_snapshot(data: bytes) -> tuple[BrokerState, RaftMeta]:
         quorum43 = state.machine_version >= QUORUM_SEMANTICS
         for q in state.queues.values():
             q.levels = uses_levels(q.arguments, quorum43)
+            q.unband_heap()
         rebuild_deadlines(state)
         if r.pos < len(data):  # from machine version 4 on
             _read_access(r.value(), state)
@@ -816,6 +833,7 @@ class _Reader:
             _expect(type(key) is int, "heap key")
             returned.append((key, self.message()))
         q.returned = returned
+        q.init_bands()
         if self.version >= 5:
             q.ready = self.packed()
             q.consumers = {}

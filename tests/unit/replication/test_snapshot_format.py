@@ -317,6 +317,8 @@ def _only(v: object, allowed: tuple[type, ...], seen: set[int]) -> None:
             x = getattr(v, name, None)
             if name == "ready":
                 x = list(x)
+            elif name == "bands":
+                x = {b: list(f) for b, f in x.items()}
             _only(x, allowed, seen)
 
 
