@@ -76,7 +76,8 @@ class StreamPublisher(threading.Thread):
     def __init__(self, tag: str, queue: str, nodes: Callable[[], list[Any]], total: int | None,
                  window: int = 200, size: int = 1024, persistent: bool = True,
                  stall_timeout: float = 20.0, deadline: float = 240.0,
-                 max_size: int | None = None, seed: int | str | None = None) -> None:
+                 max_size: int | None = None, seed: int | str | None = None,
+                 priorities: int = 0) -> None:
         super().__init__(name=f"publisher-{tag}", daemon=True)
         self.tag = tag
         self.queue = queue
@@ -87,6 +88,7 @@ class StreamPublisher(threading.Thread):
         self.bodies = RandomBodies(size, max_size, seed=seed)
         self.body_bytes = 0  # bytes of bodies sent (republishes included)
         self.persistent = persistent
+        self.priorities = priorities  # > 0: message id mid goes with priority mid % (priorities + 1)
         self.stall_timeout = stall_timeout
         self.deadline = time.monotonic() + deadline
         self.confirmed: set[int] = set()
@@ -171,9 +173,12 @@ class StreamPublisher(threading.Thread):
         return self._stop_ev.is_set()
 
     def _run(self) -> None:
-        props = spec.Basic.Properties(delivery_mode=2 if self.persistent else 1)
+        mode = 2 if self.persistent else 1
+        levels = self.priorities + 1
+        props = [spec.Basic.Properties(delivery_mode=mode, priority=p if self.priorities else None)
+                 for p in range(levels)]
         method = pframe.marshal(spec.Basic.Publish(exchange="", routing_key=self.queue), 1)
-        headers: dict[int, bytes] = {}  # body size -> marshalled content header
+        headers: dict[tuple[int, int], bytes] = {}  # (body size, priority) -> marshalled content header
         while time.monotonic() < self.deadline:
             try:
                 conn, node = self._connect()
@@ -198,10 +203,11 @@ class StreamPublisher(threading.Thread):
                         if mid is None:
                             break
                         body = self.bodies.make(self.tag, mid)
-                        header = headers.get(len(body))
+                        hk = (len(body), mid % levels)
+                        header = headers.get(hk)
                         if header is None:
-                            header = headers[len(body)] = pframe.marshal(
-                                pheader.ContentHeader(0, len(body), props), 1)
+                            header = headers[hk] = pframe.marshal(
+                                pheader.ContentHeader(0, len(body), props[hk[1]]), 1)
                         seq += 1
                         outstanding[seq] = mid
                         self.body_bytes += len(body)

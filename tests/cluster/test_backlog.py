@@ -15,9 +15,12 @@
   others pass through it (published and consumed at once): every node's data
   directory stays within a few segments (compaction moves the held entry out
   of its segment), sampled throughout; the held message is intact.
+- An x-max-priority queue of 300,000 messages of 11 priorities: the same
+  memory bound (one packed FIFO per priority), and after a kill -9 all of
+  them intact, highest priority first.
 
-MIRRORQ_BACKLOG_MESSAGES, MIRRORQ_BACKLOG_CLUSTER_MESSAGES and
-MIRRORQ_PASS_THROUGH_MESSAGES scale them. Figures are printed for the
+MIRRORQ_BACKLOG_MESSAGES, MIRRORQ_BACKLOG_CLUSTER_MESSAGES,
+MIRRORQ_PASS_THROUGH_MESSAGES and MIRRORQ_PRIORITY_BACKLOG_MESSAGES scale them. Figures are printed for the
 closing note."""
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ from tests.support.memory import rss
 N = int(os.environ.get("MIRRORQ_BACKLOG_MESSAGES", "2000000"))
 N_CLUSTER = int(os.environ.get("MIRRORQ_BACKLOG_CLUSTER_MESSAGES", "2000000"))
 N_PASS = int(os.environ.get("MIRRORQ_PASS_THROUGH_MESSAGES", "1000000"))
+N_PRIORITY = int(os.environ.get("MIRRORQ_PRIORITY_BACKLOG_MESSAGES", "300000"))
 # resident memory per queued 1 KiB message, above an idle node's: the packed
 # index (node/broker/fifo.py), never the bodies. Measured 53-63 B full and
 # after a restart; one Python object per message (before the packed index)
@@ -112,6 +116,46 @@ def test_one_node_holds_two_million_messages_restarts_and_drains_them_intact(
           f"RSS {rss(node) / 1e6:.0f} MB")
     wait_for(lambda: rss(node) < idle + DRAINED_SLACK, timeout=90,
              what=f"RSS within {DRAINED_SLACK >> 20} MB of the idle node's {idle >> 20} MB after the drain")
+
+
+def test_a_priority_queue_backlog_is_packed_and_drains_in_priority_order_after_a_restart(
+        cluster_factory: Callable[..., Cluster]) -> None:
+    """An x-max-priority 10 queue with 300,000 random 1 KiB messages of
+    priorities 0-10 (no consumer): one packed FIFO per priority, so the same
+    memory bound per message as a plain queue (before: every message an
+    object in a heap, measured 452 B each against 98 B); after a kill -9 every
+    one comes back intact, highest priority first, FIFO within a priority."""
+    c = cluster_factory(1)
+    c.start()
+    node = c.leader()
+    q = uniq_queue("prio-backlog")
+    declare(node, q, arguments={"x-max-priority": 10})
+    idle = rss(node)
+    pub = StreamPublisher("pq", q, lambda: [node], total=N_PRIORITY, window=10_000, size=1024,
+                          deadline=900, stall_timeout=60, priorities=10)
+    t0 = time.monotonic()
+    pub.start()
+    pub.join(900)
+    fill = time.monotonic() - t0
+    assert not pub.is_alive() and pub.error is None and pub.nacked == 0, pub.summary()
+    assert len(pub.confirmed) == N_PRIORITY and pub.republished == 0, pub.summary()
+    full = rss(node)
+    print(f"\npriority backlog {N_PRIORITY}: filled in {fill:.1f}s ({N_PRIORITY / fill:,.0f} msg/s); RSS idle "
+          f"{idle / 1e6:.0f} MB, full {full / 1e6:.0f} MB ({(full - idle) / N_PRIORITY:.0f} B/message)")
+    assert full - idle < FIXED + N_PRIORITY * BYTES_PER_MESSAGE, f"{(full - idle) / N_PRIORITY:.0f} B per message"
+
+    node.kill9()
+    node.start(wait=True, timeout=300)
+    restarted = rss(node)
+    got = drain_checked(node, q, N_PRIORITY, timeout=900)
+    print(f"RSS after the restart {restarted / 1e6:.0f} MB; drained {got.count} in {got.seconds:.1f}s, "
+          f"damaged {got.damaged}")
+    assert got.damaged == 0
+    ids = got.ids.get("pq", [])
+    assert len(ids) == N_PRIORITY and set(ids) == pub.confirmed
+    order = [(-(mid % 11), mid) for mid in ids]  # the publisher's priority: id % 11
+    assert order == sorted(order), "not highest priority first, FIFO within a priority"
+    assert restarted - idle < FIXED + N_PRIORITY * BYTES_PER_MESSAGE
 
 
 def _disk_bytes(node: ClusterNode) -> int:
