@@ -241,6 +241,29 @@ class Queue:
             self.ready.append(m)
         self.ready_bytes += m.size
 
+    def push_plain(self, exchange: str, routing_key: str, loc: int, size: int, priority: int,
+                   persistent: bool, expires_at: float | None) -> bool:
+        """push() of a never-delivered message in the log, from its fields,
+        with no Message made (a backlog's publish); False when its record
+        cannot be packed (then push() the object)."""
+        pal = loc & 0xFFFFFFFFFFFFFFFF
+        if pal >> 63 or not 0 <= priority < 256:
+            return False
+        if self.levels or self.max_priority is not None:
+            b = self._band(priority)
+            if b == self._default_band():
+                f = self.ready
+            else:
+                f = self._band_fifo(b)
+                self.banded += 1
+        else:
+            f = self.ready
+        f.append_plain(self.next_seq, exchange, routing_key, loc >> 64, pal, size, priority,
+                       persistent, expires_at)
+        self.next_seq += 1
+        self.ready_bytes += size
+        return True
+
     def _band_fifo(self, b: int) -> PackedFifo:
         f = self.bands.get(b)
         if f is None:

@@ -317,3 +317,35 @@ def test_a_packed_record_with_a_negative_field_is_refused(h: LogHarness) -> None
         with pytest.raises(SnapshotFormatError, match="negative field"):
             read_snapshot(encode_snapshot(h.state, META))
         chunk.nums[4 * 3 + field] = kept
+
+
+@pytest.mark.parametrize("args", [{"x-max-priority": 5}, {"x-queue-type": "quorum"}],
+                         ids=["x-max-priority", "quorum-levels"])
+def test_priority_publishes_from_the_log_are_packed_and_served_by_priority(
+        h: LogHarness, args: dict[str, Any]) -> None:
+    """A publish in the log goes into its priority's packed FIFO with no
+    Message kept; deliveries come highest priority first, each with its own
+    properties and body read from the log, and the counts return to zero."""
+    h.state.machine_version = MACHINE_VERSION  # quorum levels from version 3 on
+    h.run(ChannelOpen(C))
+    h.run(qdecl(C, "pq", durable=True, arguments=args))
+    prios = [0, 3, None, 5, 9, 1, 3, None, 5, 0]
+    h.run(*[pub(C, "pq", b"m%d" % i, props={} if p is None else {"priority": p})
+            for i, p in enumerate(prios)])
+    q = _queue(h, "pq")
+    assert q.ready_count() == 10 and not q.returned and q.banded
+    assert all(type(r) is tuple for f in [q.ready, *q.bands.values()] for c in f._chunks for r in c.refs)
+    assert sum(h.state.live.values()) == 10 and h.state.message_bytes == sum(len(b"m%d" % i) for i in range(10))
+
+    def level(p: int | None) -> int:
+        if "x-max-priority" in args:
+            return min(p or 0, 5)
+        return 4 if p is None else min(p, 31)
+
+    want = sorted(range(10), key=lambda i: (-level(prios[i]), i))
+    fx = h.run(consume(C, "pq", "c1"))
+    got = [h.read(d) for d in fx if isinstance(d, Deliver)]
+    assert [b for _p, b in got] == [b"m%d" % i for i in want]
+    assert [p.get("priority") for p, _b in got] == [prios[i] for i in want]
+    h.run(ack(C, 10, multiple=True))
+    assert h.state.live == {} and h.state.message_bytes == 0 and not q.bands
