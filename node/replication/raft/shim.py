@@ -447,6 +447,7 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         self._dump_path = os.path.join(data_dir, "raft.dump")
         self._snap_pid: int | None = None
         self._loaded: tuple[str, BrokerState, RaftMeta] | None = None
+        self._from_leader = False
         self._snap_started = 0.0
         self._flushed_index = 0
         self._mirrored = 0  # follower: as told by the leader

@@ -302,6 +302,7 @@ class SnapshotMixin:
     damaged_snapshots: int
     # a snapshot read ahead (at start, or received whole): (path, state, position)
     _loaded: tuple[str, BrokerState, RaftMeta] | None
+    _from_leader: bool  # _loaded is the leader's snapshot, accepted to be installed
     # log buckets the latest snapshot's messages are in (its segments are kept),
     # and those of the one being written (they replace them once it is in place)
     snapshot_buckets: frozenset[int] = frozenset()
@@ -432,8 +433,11 @@ class SnapshotMixin:
                 raise
         so = self._so
         index = meta.prev[1]
-        applied = int(so.raftLastApplied) if so is not None else 0
-        if applied:  # from the leader, not our own dump at start
+        # the leader's (accepted just before), not our own at start: pysyncobj
+        # starts raftLastApplied at 1, so that cannot tell them apart
+        if self._from_leader:
+            self._from_leader = False
+            applied = int(so.raftLastApplied) if so is not None else 0
             self.installed_snapshots += 1
             log.warning("installing the leader's snapshot at index %d (applied here: %d)", index, applied)
         self.snapshot_buckets = frozenset(state.live)
@@ -462,6 +466,7 @@ class SnapshotMixin:
                       "leader sends it again", exc)
             return False
         self._loaded = (dump_path, state, meta)
+        self._from_leader = True
         return True
 
     def load_own_snapshot(self, journal: SegmentLog, repairable: bool) -> None:
