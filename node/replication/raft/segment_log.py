@@ -268,6 +268,7 @@ class SegmentLog:
         self._cache: OrderedDict[int, Entry] = OrderedDict()
         self._cache_bytes = 0
         self._cache_cap = cache_bytes
+        self._cache_mark = 0  # age_cache: the last index at its last call
         self._meta_storer = FsyncMetaStorer(meta_path)
         self._meta: dict[str, Any] = self._meta_storer.getMeta()
         self._meta_saved = True
@@ -857,6 +858,18 @@ class SegmentLog:
         while self._cache_bytes > self._cache_cap and len(cache) > 1:
             _k, old = cache.popitem(last=False)
             self._cache_bytes -= len(old[0])
+
+    def age_cache(self) -> int:
+        """Called now and then (every CACHE_IDLE_CHECK s): the cached entries
+        appended before the last call go, whatever their bytes (an idle or
+        drained node holds only what the last seconds appended, not up to
+        `cache_bytes` of old entries). Returns how many went."""
+        mark, self._cache_mark = self._cache_mark, self.last_index()
+        cache = self._cache
+        old = [k for k in cache if k <= mark]
+        for k in old:
+            self._cache_bytes -= len(cache.pop(k)[0])
+        return len(old)
 
     def _forget(self, lo: int, hi: int) -> None:
         for k in [k for k in self._cache if lo <= k <= hi]:

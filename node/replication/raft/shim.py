@@ -388,6 +388,7 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
 
 
 _NO_ENTRIES = encode([])
+CACHE_IDLE_CHECK = 10.0  # s: the log's cached entries older than this go (SegmentLog.age_cache)
 
 
 class _Flow:
@@ -465,6 +466,7 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         self._last_pin_check = 0.0
         self.snapshot_done_at = clock()  # the latest snapshot written or loaded
         self._last_release = 0.0
+        self._last_cache_check = 0.0
         self._iteration_began = 0.0
         self._fail_names = {v: k.lower() for k, v in vars(FAIL_REASON).items()
                             if k.isupper() and k != "SUCCESS"}
@@ -829,6 +831,9 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         if journal.hidden and clock() - self._last_release >= 1.0:
             self._last_release = clock()
             journal.release()  # retained segments whose messages are all gone
+        if clock() - self._last_cache_check >= CACHE_IDLE_CHECK:
+            self._last_cache_check = clock()
+            journal.age_cache()  # an idle or drained node holds no old entries in memory
         if self._restore_timeouts is not None and so._getLeader() is not None:
             conf = so._getConf()
             conf.raftMinTimeout, conf.raftMaxTimeout = self._restore_timeouts

@@ -278,3 +278,20 @@ def test_mostly_dead_retained_segments_are_compacted_into_their_live_records(tmp
     again.release()  # nothing live: every retained segment goes
     assert not list((tmp_path / "log").glob("*.lseg"))
     again._destroy()
+
+
+def test_the_entry_cache_keeps_only_what_was_appended_since_the_last_aging(tmp_path: Path) -> None:
+    """A drained or idle node does not keep up to cache_bytes of old entries:
+    each age_cache() call (every 10 s on the raft thread) drops the entries
+    appended before the previous one; what is read after comes from disk, intact."""
+    j = _open(tmp_path)
+    written = _fill(j, 200)
+    assert j._cache_bytes > 0 and len(j._cache) == 200
+    assert j.age_cache() == 0  # the first call only marks where the log ends
+    more = _fill(j, 20, first=201, seed=2)
+    assert j.age_cache() == 200  # entries 1..200 are older than the last mark
+    assert sorted(j._cache) == list(range(201, 221))
+    assert j._cache_bytes == sum(len(e[0]) for e in more)
+    assert j.age_cache() == 20 and not j._cache and j._cache_bytes == 0
+    assert _all(j) == written + more  # read back from the segments
+    j._destroy()
