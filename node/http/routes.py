@@ -175,6 +175,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", "/api/health/checks/is-in-service",                health.health_is_in_service),
     ("GET", "/api/health/checks/ready-to-serve-clients",       health.health_ready),
     ("GET", "/api/health/checks/below-node-connection-limit",  health.health_connection_limit),
+    ("GET", "/api/health/checks/reached-target-cluster-size",  health.health_target_cluster_size),
     ("GET", "/api/health/checks/metadata-store/initialized",   health.health_metadata_store),
     ("GET", "/api/health/checks/metadata-store/initialized/with-data",
      health.health_metadata_store_data),

@@ -203,6 +203,12 @@ def test_cluster_metadata_survives_a_snapshot_and_kill9(node: NodeProcess) -> No
     assert api(node, "DELETE", "/api/global-parameters/cluster_name").status_code == 204
 
 
+def test_reached_target_cluster_size_is_ok_with_the_default_hint_of_one(
+        node: NodeProcess) -> None:
+    assert api(node, "GET", "/api/health/checks/reached-target-cluster-size").json() == {
+        "status": "ok"}
+
+
 def test_at_machine_version_5_the_changes_are_refused_with_503(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A node running as a version-5 build (the rolling upgrade's test hook)
