@@ -1,5 +1,6 @@
 """The admin operations on a cluster: users, vhosts, permissions, policies,
-limits, topic permissions, drain, membership.
+limits, topic permissions, global parameters (the cluster name), vhost
+deletion protection, drain, membership.
 
 Each is validated against the node's read model (the replicated state as of
 its last Raft tick) and carried out as commands through the log (the raft
@@ -14,13 +15,16 @@ from typing import Any, Protocol
 
 from node.app.config import is_loopback
 from node.broker.limit import VHOST, limit_error, topic_pattern_error
+from node.broker.parameter import CLUSTER_NAME, global_parameter_error
 from node.broker.password import hash_password, password_hash_ok
 from node.broker.permission import check_patterns
 from node.broker.policy import policy_error
-from node.broker.vhost import vhost_name_error
+from node.broker.vhost import ProtectedFromDeletion, vhost_name_error
 from node.replication.command import (
     Command,
     DropMember,
+    GlobalParameterClear,
+    GlobalParameterSet,
     LimitClear,
     LimitSet,
     PermissionClear,
@@ -34,9 +38,10 @@ from node.replication.command import (
     UserDelete,
     UserPut,
     VhostDelete,
+    VhostProtection,
     VhostPut,
 )
-from node.replication.machine.version import LIMITS
+from node.replication.machine.version import CLUSTER_METADATA, LIMITS
 from node.replication.read_model import ReadModel
 from node.replication.status import NodeStatus
 
@@ -188,10 +193,65 @@ class Administrator:
             await self.replica.commit(commands, timeout)
 
     async def delete_vhost(self, name: str, timeout: float = 30.0) -> None:
+        """KeyError for an unknown vhost; ProtectedFromDeletion for one
+        protected from deletion (apply keeps it too: a protection committed
+        between the check and the delete wins)."""
         async with self._changing:
-            if name not in self.read_model().vhosts:
+            model = self.read_model()
+            if name not in model.vhosts:
                 raise KeyError(f"no vhost {name!r}")
+            if name in model.protected_vhosts:
+                raise ProtectedFromDeletion(name)
             await self.replica.commit([VhostDelete(name)], timeout)
+            if name in self.read_model().protected_vhosts:
+                raise ProtectedFromDeletion(name)
+
+    async def set_vhost_protection(self, name: str, protected: bool,
+                                   timeout: float = 30.0) -> None:
+        """Protect a vhost from deletion or lift it (RabbitMQ 4.x's
+        enable/disable_protection_from_deletion); KeyError for an unknown
+        vhost. Setting what is already set is no error."""
+        async with self._changing:
+            model = self.read_model()
+            if name not in model.vhosts:
+                raise KeyError(f"no vhost {name!r}")
+            if (name in model.protected_vhosts) != protected:
+                self._metadata_on()
+                await self.replica.commit([VhostProtection(name, protected)], timeout)
+
+    # -------------------------------------------------------- global parameters
+    def _metadata_on(self) -> None:
+        if not self.read_model().cluster_metadata_on:
+            raise RuntimeError(f"global parameters and vhost deletion protection need machine "
+                               f"version {CLUSTER_METADATA}: a member of this cluster runs an "
+                               "older build")
+
+    async def set_global_parameter(self, name: str, value: Any, timeout: float = 30.0) -> bool:
+        """Create or replace a global runtime parameter (RabbitMQ's
+        set_global); True when it is new. ValueError for a name or value the
+        log cannot carry (node/broker/parameter.py)."""
+        async with self._changing:
+            why = global_parameter_error(name, value)
+            if why is not None:
+                raise ValueError(why)
+            self._metadata_on()
+            new = name not in self.read_model().global_parameters
+            await self.replica.commit([GlobalParameterSet(name, value)], timeout)
+            return new
+
+    async def clear_global_parameter(self, name: str, timeout: float = 30.0) -> None:
+        """KeyError when it is not set (RabbitMQ's "Parameter does not exist")."""
+        async with self._changing:
+            if name not in self.read_model().global_parameters:
+                raise KeyError(f"no global parameter {name!r}")
+            await self.replica.commit([GlobalParameterClear(name)], timeout)
+
+    async def set_cluster_name(self, name: str, timeout: float = 30.0) -> None:
+        """RabbitMQ's rabbit_nodes:set_cluster_name: the global parameter
+        "cluster_name"."""
+        if not isinstance(name, str):
+            raise ValueError("the cluster name must be a string")
+        await self.set_global_parameter(CLUSTER_NAME, name, timeout)
 
     async def set_permissions(self, user: str, vhost: str, configure: str, write: str, read: str,
                               timeout: float = 30.0) -> None:

@@ -59,6 +59,10 @@ class HttpConfig:
     idle_timeout: float = 10.0
     max_connections: int = 512
     max_connections_per_address: int = 64
+    # how many members the cluster should have online
+    # (/api/health/checks/reached-target-cluster-size; RabbitMQ's
+    # cluster_formation.target_cluster_size_hint, default 1)
+    target_cluster_size_hint: int = 1
 
     def plain_port(self) -> int | None:
         """Where plain HTTP listens. Without tls_port, [http] tls_cert makes
@@ -495,7 +499,7 @@ def _read_file_token(value: Any, path: str) -> str:
 
 
 _HTTP_KEYS = {"port", "tls_port", "tls_only", "tls_cert", "tls_key", "tls_client_ca", "member_urls", "idle_timeout",
-              "max_connections", "max_connections_per_address"}
+              "max_connections", "max_connections_per_address", "target_cluster_size_hint"}
 
 
 def _http_config(table: Any, path: str) -> HttpConfig:
@@ -521,6 +525,9 @@ def _http_config(table: Any, path: str) -> HttpConfig:
     for key in ("max_connections", "max_connections_per_address"):
         if key in table:
             setattr(http, key, _int(f"http.{key}", table[key], 1, 1_000_000))
+    if "target_cluster_size_hint" in table:
+        http.target_cluster_size_hint = _int("http.target_cluster_size_hint",
+                                             table["target_cluster_size_hint"], 1, 1000)
     if "member_urls" in table:
         urls = table["member_urls"]
         if not isinstance(urls, dict) or not all(

@@ -26,7 +26,8 @@ class NodeBackend:
                  configured_users: Mapping[str, str], loopback_users: list[str],
                  token: str | None, listeners: list[dict[str, Any]],
                  member_urls: Mapping[str, str] | None = None,
-                 tls_files: list[dict[str, Any]] | None = None) -> None:
+                 tls_files: list[dict[str, Any]] | None = None,
+                 target_cluster_size: int = 1) -> None:
         self.node_id = node_id
         self.raft = raft
         self.amqp = amqp
@@ -38,6 +39,7 @@ class NodeBackend:
         self._listeners = listeners
         self._member_urls = dict(member_urls or {})
         self._tls_files = list(tls_files or [])
+        self._target_cluster_size = target_cluster_size
 
     @property
     def administrator(self) -> Administrator:
@@ -63,6 +65,10 @@ class NodeBackend:
 
     def status(self) -> NodeStatus:
         return replace(self._status(), member_addresses=dict(self.raft.read_model().members))
+
+    def target_cluster_size(self) -> int:
+        """[http] target_cluster_size_hint (RabbitMQ's cluster_formation one)."""
+        return self._target_cluster_size
 
     def member_urls(self) -> dict[str, str]:
         """Members' management URLs where known (its own; others configured)."""

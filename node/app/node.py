@@ -110,7 +110,8 @@ class Node:
                                             cfg.wire.users, cfg.wire.loopback_users,
                                             cfg.admin.token, listeners,
                                             member_urls=_member_urls(cfg),
-                                            tls_files=tls_files),
+                                            tls_files=tls_files,
+                                            target_cluster_size=cfg.http.target_cluster_size_hint),
                                 throttle=self.throttle)
             self.http = ([(p, HttpServer(api, tls, admit=api.admit,
                                          idle_timeout=cfg.http.idle_timeout,

@@ -37,3 +37,26 @@ def vhost_name_error(name: str) -> str | None:
     if len(name.encode()) > 255:
         return "a vhost name is at most 255 bytes"
     return None
+
+
+def deletion_refused(name: str) -> str:
+    """RabbitMQ 4.x's answer to deleting a vhost protected from deletion
+    (rabbit_mgmt_wm_vhost: 412 precondition_failed with this reason)."""
+    return f"Refusing to delete virtual host '{name}' because it is protected from deletion"
+
+
+def protection_of_missing(name: str, enable: bool) -> str:
+    """rabbit_mgmt_wm_vhost_deletion_protection's 404 reason for a vhost
+    that does not exist."""
+    what = "enable" if enable else "disable"
+    return (f"Cannot {what} deletion protection of virtual host '{name}' because it does "
+            "not exist")
+
+
+class ProtectedFromDeletion(RuntimeError):
+    """A vhost protected from deletion was asked to be deleted (its text is
+    deletion_refused's)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(deletion_refused(name))
+        self.vhost = name

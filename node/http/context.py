@@ -7,6 +7,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from node.broker.parameter import cluster_name
 from node.http.auth import Principal, require_vhost, visible_vhosts
 from node.http.errors import amqp_error
 from node.http.server import HttpError, Request, Response
@@ -68,5 +69,6 @@ class Context:
         return cluster_json(st, self.latency, time.monotonic(), self.b.member_urls())
 
     def cluster_name(self) -> str:
-        members = self.nodes()
-        return f"mirrorq@{members[0]}" if members else "mirrorq"
+        """The "cluster_name" global parameter, else the name derived from
+        the members (node/broker/parameter.py)."""
+        return cluster_name(self.model().global_parameters, self.nodes())

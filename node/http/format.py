@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from node.broker.parameter import exported
 from node.replication.read_model import (
     Management,
     MBinding,
@@ -68,7 +69,8 @@ def message_stats(totals: Iterable[int], rates: Iterable[float]) -> dict[str, An
     return out
 
 
-def queue_json(q: MQueue, rates: tuple[float, ...] | None = None) -> dict[str, Any]:
+def queue_json(q: MQueue, rates: tuple[float, ...] | None = None,
+               counted: tuple[int, ...] | None = None) -> dict[str, Any]:
     """A queue as RabbitMQ 3.10 shows it (the figures it has; no memory/GC
     internals)."""
     qtype = q.arguments.get("x-queue-type", "classic")
@@ -113,8 +115,9 @@ def queue_json(q: MQueue, rates: tuple[float, ...] | None = None) -> dict[str, A
         out["message_bytes"] += b
     if q.owner is not None:
         out["owner_pid_details"] = {"name": conn_name(*q.owner)}
-    if any(q.stats):
-        out["message_stats"] = message_stats(q.stats, rates or (0.0,) * 4)
+    stats = q.stats if counted is None else counted  # since a reset (RateSampler.counted)
+    if any(stats):
+        out["message_stats"] = message_stats(stats, rates or (0.0,) * 4)
     return out
 
 
@@ -228,16 +231,27 @@ def permission_json(user: str, vhost: str, p: tuple[str, str, str]) -> dict[str,
     return {"user": user, "vhost": vhost, "configure": p[0], "write": p[1], "read": p[2]}
 
 
-def vhost_json(name: str, queues: Iterable[MQueue], nodes: Iterable[str]) -> dict[str, Any]:
+def vhost_metadata(name: str, protected: bool) -> dict[str, Any]:
+    """A vhost's `metadata` (RabbitMQ 4.x: protected_from_deletion is in it
+    once protection was enabled)."""
+    description = "Default virtual host" if name == "/" else ""
+    out: dict[str, Any] = {"description": description, "tags": []}
+    if protected:
+        out["protected_from_deletion"] = True
+    return out
+
+
+def vhost_json(name: str, queues: Iterable[MQueue], nodes: Iterable[str],
+               protected: bool = False) -> dict[str, Any]:
     ready = unacked = 0
     for q in queues:
         if q.vhost == name:
             ready += q.ready
             unacked += q.unacked
-    description = "Default virtual host" if name == "/" else ""
-    return {"name": name, "description": description, "tags": [], "tracing": False,
-            "default_queue_type": "undefined",
-            "metadata": {"description": description, "tags": []},
+    metadata = vhost_metadata(name, protected)
+    return {"name": name, "description": metadata["description"], "tags": [],
+            "tracing": False, "default_queue_type": "undefined",
+            "protected_from_deletion": protected, "metadata": metadata,
             "cluster_state": {n: "running" for n in nodes},
             "messages": ready + unacked, "messages_details": rate(0),
             "messages_ready": ready, "messages_ready_details": rate(0),
@@ -250,23 +264,29 @@ def definitions(users: Mapping[str, tuple[str, tuple[str, ...]]], vhosts: Iterab
                 vhost_limits: Mapping[str, Mapping[str, int]] | None = None,
                 user_limits: Mapping[str, Mapping[str, int]] | None = None,
                 topic_permissions: Mapping[tuple[str, str, str], tuple[str, str]] | None = None,
+                global_parameters: Mapping[str, Any] | None = None,
+                protected_vhosts: Iterable[str] = (),
                 ) -> dict[str, Any]:
     """RabbitMQ's definitions export: no amq.* or default exchanges, no
     exclusive queues, no implicit default-exchange bindings; `policies` (not
     operator policies: RabbitMQ exports only these); limits in the vhosts'
-    and users' `limits`, topic permissions in `topic_permissions`."""
+    and users' `limits`, topic permissions in `topic_permissions`; the set
+    global parameters but internal ones (the cluster name once set: not the
+    derived one), each vhost's `metadata` (protected_from_deletion in it)."""
     vl, ul, tp = vhost_limits or {}, user_limits or {}, topic_permissions or {}
+    protected = set(protected_vhosts)
     return {
         "rabbit_version": RABBIT_VERSION, "rabbitmq_version": RABBIT_VERSION,
         "product_name": "mirrorq", "product_version": product_version,
         "users": [{"name": n, "password_hash": e[0], "hashing_algorithm": HASHING,
                    "tags": list(e[1]), "limits": dict(ul.get(n) or {})}
                   for n, e in users.items()],
-        "vhosts": [{"name": v, "limits": dict(vl.get(v) or {})} for v in vhosts],
+        "vhosts": [{"name": v, "limits": dict(vl.get(v) or {}),
+                    "metadata": vhost_metadata(v, v in protected)} for v in vhosts],
         "permissions": [permission_json(u, v, p) for (u, v), p in permissions.items()],
         "topic_permissions": [{"user": u, "vhost": v, "exchange": x, "write": p[0],
                                "read": p[1]} for (u, v, x), p in tp.items()],
-        "parameters": [], "global_parameters": [],
+        "parameters": [], "global_parameters": exported(global_parameters or {}),
         "policies": [{"vhost": p.vhost, "name": p.name, "pattern": p.pattern,
                       "apply-to": p.apply_to, "priority": p.priority,
                       "definition": dict(p.definition)} for p in policies],

@@ -162,3 +162,13 @@ def certificate_expiration(listeners: Sequence[Mapping[str, Any]], now: float,
     if out:
         return failed("Certificates expiring", expired=out)
     return OK
+
+
+def reached_target_cluster_size(online: int, target: int) -> Check:
+    """RabbitMQ's rabbit_mgmt_wm_health_check_reached_target_cluster_size:
+    are at least `target` members ([http] target_cluster_size_hint) online
+    (this node and the members it is linked to)?"""
+    if online >= target:
+        return OK
+    return failed(f"target cluster size not reached: {online} of {target} nodes are online",
+                  online=online, target=target)

@@ -26,6 +26,7 @@ from node.http.resources import (
     policies,
     queues,
     quorum_status,
+    reset,
     topic_permissions,
     users,
     vhosts,
@@ -34,6 +35,7 @@ from node.http.resources import (
 ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", "/api/overview",     overview.overview),
     ("GET", "/api/cluster-name", overview.cluster_name),
+    ("PUT", "/api/cluster-name", overview.cluster_name_put),
 
     ("GET", "/api/nodes",        nodes.nodes),
     ("GET", "/api/nodes/{node}", nodes.node),
@@ -52,6 +54,8 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", "/api/parameters/{component}/{vhost}/{name}",   parameters.parameter),
     ("GET", "/api/global-parameters",                       parameters.global_parameters),
     ("GET", "/api/global-parameters/{name}",                parameters.global_parameter),
+    ("PUT", "/api/global-parameters/{name}",                parameters.global_parameter_put),
+    ("DELETE", "/api/global-parameters/{name}",             parameters.global_parameter_delete),
 
     ("GET", "/api/queues",                            queues.queues),
     ("GET", "/api/queues/detailed",                   queues.queues),  # before {vhost}
@@ -102,6 +106,9 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", "/api/vhosts/{vhost}",    vhosts.vhost),
     ("PUT", "/api/vhosts/{vhost}",    vhosts.vhost_put),
     ("DELETE", "/api/vhosts/{vhost}", vhosts.vhost_delete),
+    ("GET", "/api/vhosts/{vhost}/deletion/protection",    vhosts.protection_get),
+    ("POST", "/api/vhosts/{vhost}/deletion/protection",   vhosts.protection_post),
+    ("DELETE", "/api/vhosts/{vhost}/deletion/protection", vhosts.protection_delete),
 
     ("GET", "/api/vhosts/{vhost}/permissions", permissions.vhost_permissions),
 
@@ -168,6 +175,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", "/api/health/checks/is-in-service",                health.health_is_in_service),
     ("GET", "/api/health/checks/ready-to-serve-clients",       health.health_ready),
     ("GET", "/api/health/checks/below-node-connection-limit",  health.health_connection_limit),
+    ("GET", "/api/health/checks/reached-target-cluster-size",  health.health_target_cluster_size),
     ("GET", "/api/health/checks/metadata-store/initialized",   health.health_metadata_store),
     ("GET", "/api/health/checks/metadata-store/initialized/with-data",
      health.health_metadata_store_data),
@@ -186,6 +194,8 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", "/api/healthchecks/node/{node}",                   health.healthchecks_node),
 
     ("POST", "/api/rebalance/queues", members.rebalance_queues),
+    ("DELETE", "/api/reset",          reset.reset),
+    ("DELETE", "/api/reset/{node}",   reset.reset),
 
     ("GET", "/api/mirrorq/cluster",           members.mirrorq_cluster),
     ("PUT", "/api/mirrorq/members/{name}",    members.member_add),

@@ -183,6 +183,32 @@ class RateSampler:
     def __init__(self) -> None:
         self.prev: tuple[float, dict[tuple[str, str], tuple[int, ...]], int] | None = None
         self.cur: tuple[float, dict[tuple[str, str], tuple[int, ...]], int] | None = None
+        # the counters at the last reset (DELETE /api/reset): what is shown
+        # counts from there
+        self.base: dict[tuple[str, str], tuple[int, ...]] = {}
+        self.base_confirmed = 0
+
+    def reset(self, m: Management, confirmed: int = 0) -> None:
+        """RabbitMQ's rabbit_mgmt_storage:reset: the statistics start over.
+        The rates are 0 until two new samples are taken, and the message
+        counters (each queue's and the overview's, this node's confirms) count
+        from the values they have now (the replicated counters themselves
+        are not changed: every node keeps its own baseline)."""
+        self.prev = self.cur = None
+        self.base = {(q.vhost, q.name): q.stats for q in m.queues}
+        self.base_confirmed = int(confirmed)
+
+    def counted(self, key: tuple[str, str], stats: tuple[int, ...]) -> tuple[int, ...]:
+        """A queue's counters since the last reset (a counter below its
+        baseline: the queue was deleted and declared again since; its own)."""
+        base = self.base.get(key)
+        if base is None or any(n < b for n, b in zip(stats, base, strict=True)):
+            return stats
+        return tuple(n - b for n, b in zip(stats, base, strict=True))
+
+    def confirmed(self, n: int) -> int:
+        """This node's confirms since the last reset."""
+        return n - self.base_confirmed if n >= self.base_confirmed else n
 
     def add(self, now: float, m: Management, confirmed: int = 0) -> None:
         self.prev = self.cur

@@ -68,6 +68,7 @@ RECORDS: tuple[type, ...] = (
     cmd.SetMachineVersion,
     cmd.ConnectionOpen, cmd.LimitSet, cmd.LimitClear, cmd.TopicPermissionSet,
     cmd.TopicPermissionClear,
+    cmd.GlobalParameterSet, cmd.GlobalParameterClear, cmd.VhostProtection,
 )
 _RECORD_ID: dict[type, int] = {t: i for i, t in enumerate(RECORDS)}
 _N_RECORDS = len(RECORDS)

@@ -441,6 +441,33 @@ class TopicPermissionClear(NamedTuple):
     exchange: str
 
 
+class GlobalParameterSet(NamedTuple):
+    """Create or replace a global runtime parameter (RabbitMQ's
+    set_global): `value` is any JSON value (an object as a dict). The
+    cluster name is the parameter "cluster_name" (RabbitMQ's
+    rabbit_nodes:set_cluster_name). Proposed from machine version 6 on
+    (machine/version.py CLUSTER_METADATA)."""
+
+    name: str
+    value: Any
+
+
+class GlobalParameterClear(NamedTuple):
+    """Forget a global runtime parameter (RabbitMQ's clear_global); from
+    machine version 6 on."""
+
+    name: str
+
+
+class VhostProtection(NamedTuple):
+    """Protect a vhost from deletion or lift the protection (RabbitMQ 4.x's
+    vhost metadata `protected_from_deletion`): VhostDelete of a protected
+    vhost changes nothing. From machine version 6 on."""
+
+    name: str
+    protected: bool
+
+
 Command = (
     ChannelOpen | ChannelClose | ChannelFlow | ConnectionClose | ExchangeDeclare |
     ExchangeDelete | ExchangeBind | ExchangeUnbind | QueueDeclare | QueueBind | QueueUnbind |
@@ -449,7 +476,8 @@ Command = (
     NodeUp | NodeDown | MarkOutOfSync | MarkInSync | SetMember | DropMember | SetDraining |
     UserPut | UserDelete | VhostPut | VhostDelete | PermissionSet | PermissionClear |
     PolicySet | PolicyClear | SetMachineVersion | ConnectionOpen | LimitSet | LimitClear |
-    TopicPermissionSet | TopicPermissionClear
+    TopicPermissionSet | TopicPermissionClear | GlobalParameterSet | GlobalParameterClear |
+    VhostProtection
 )
 
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from node.broker.policy import effective_definition, matching, queue_type
 from node.broker.vhost import split_key
-from node.replication.machine.version import LIMITS, QUORUM_SEMANTICS
+from node.replication.machine.version import CLUSTER_METADATA, LIMITS, QUORUM_SEMANTICS
 
 if TYPE_CHECKING:
     from node.replication.machine import BrokerState
@@ -84,12 +84,24 @@ class ReadModel:
     # only (machine/limit.py: "vhost"/"user" connections, "chan" channels)
     counts: Mapping[tuple[str, str, str], int] = field(default_factory=_empty)
     machine_version: int = 1  # the cluster's, as applied here
+    # global runtime parameters (name -> JSON value: apply replaces a value,
+    # never changes it in place, so it is shared, not copied; readers must not
+    # change it) and the vhosts protected from deletion, in order (machine
+    # version 6 on)
+    global_parameters: Mapping[str, Any] = field(default_factory=_empty)
+    protected_vhosts: tuple[str, ...] = ()
 
     @property
     def limits_on(self) -> bool:
         """The cluster's machine version carries limits, topic permissions
         and ConnectionOpen: nodes may propose them."""
         return self.machine_version >= LIMITS
+
+    @property
+    def cluster_metadata_on(self) -> bool:
+        """The cluster's machine version carries global parameters and vhost
+        deletion protection: nodes may propose them."""
+        return self.machine_version >= CLUSTER_METADATA
 
     @property
     def quorum_semantics(self) -> bool:
@@ -100,11 +112,11 @@ class ReadModel:
     def __post_init__(self) -> None:
         for name in ("users", "vhosts", "permissions", "members", "policies",
                      "operator_policies", "vhost_limits", "user_limits", "topic_permissions",
-                     "counts"):
+                     "counts", "global_parameters"):
             value = getattr(self, name)
             if not isinstance(value, MappingProxyType):
                 object.__setattr__(self, name, _frozen(value))
-        for name in ("in_sync", "draining"):
+        for name in ("in_sync", "draining", "protected_vhosts"):
             value = getattr(self, name)
             if not isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(value))
@@ -148,7 +160,9 @@ def build(state: BrokerState, prev: ReadModel | None = None, full: bool = False)
         return ReadModel(prev.users, prev.vhosts, prev.permissions, prev.members, prev.in_sync,
                          prev.draining, prev.policies, prev.operator_policies, message_bytes,
                          queue_count, cv, prev.version + 1, prev.vhost_limits, prev.user_limits,
-                         prev.topic_permissions, prev.counts, machine)
+                         prev.topic_permissions, prev.counts, machine,
+                         global_parameters=prev.global_parameters,
+                         protected_vhosts=prev.protected_vhosts)
     users = _keep_or_copy(prev.users if prev else None, state.users)
     vhosts = _keep_or_copy(prev.vhosts if prev else None, state.vhosts)
     permissions = _keep_or_copy(prev.permissions if prev else None, state.permissions)
@@ -161,9 +175,21 @@ def build(state: BrokerState, prev: ReadModel | None = None, full: bool = False)
     ulimits = _keep_or_copy(prev.user_limits if prev else None, _limits(state.user_limits))
     topic = _keep_or_copy(prev.topic_permissions if prev else None, state.topic_permissions)
     counts = _keep_or_copy(prev.counts if prev else None, _counts(state))
+    params = _keep_params(prev.global_parameters if prev else None, state.global_parameters)
+    protected = _keep_or_tuple(prev.protected_vhosts if prev else None, state.protected_vhosts)
     return ReadModel(users, vhosts, permissions, members, in_sync, draining, policies, ops,
                      message_bytes, queue_count, cv, (prev.version + 1) if prev else 1,
-                     vlimits, ulimits, topic, counts, machine)
+                     vlimits, ulimits, topic, counts, machine, params, protected)
+
+
+def _keep_params(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Global parameters: the same values are the same objects (apply replaces
+    a value; JSON's 1, 1.0 and true are == but not the same value)."""
+    if old is not None and len(old) == len(new) and all(
+            k1 == k2 and v1 is v2 for (k1, v1), (k2, v2) in zip(old.items(), new.items(),
+                                                              strict=True)):
+        return old
+    return MappingProxyType(dict(new))
 
 
 def _limits(table: Mapping[str, Mapping[str, int]]) -> dict[str, Mapping[str, int]]:

@@ -57,6 +57,9 @@ After that, from machine version 5 on, the dead-letter section: the
 messages queues keep for at-least-once dead-lettering (state.dead_letters),
 one codec value naming the stores and their entries' reasons and settled
 targets, then the messages in the message format: absent, there are none.
+After that, from machine version 6 on, the cluster section: the global
+parameters (the cluster name among them) and the vhosts protected from
+deletion: absent, there are none.
 """
 from __future__ import annotations
 
@@ -75,6 +78,7 @@ from node.broker.dead_letter import DeadLetter, DeadLetterStore
 from node.broker.exchange import Binding, Exchange, split_topic
 from node.broker.fifo import CHUNK, PackedFifo
 from node.broker.ids import ChanId, ConnId
+from node.broker.parameter import json_error
 from node.broker.policy import Policy
 from node.broker.queue import Message, Queue, raw_priority, uses_levels
 from node.replication.codec import CodecError, decode_from, encode_into
@@ -82,6 +86,7 @@ from node.replication.machine.limit import rebuild_counts
 from node.replication.machine.policy import rebuild_policy_ae
 from node.replication.machine.state import BrokerState, rebuild_deadlines
 from node.replication.machine.version import (
+    CLUSTER_METADATA,
     COUNTED_RECORDS,
     DEAD_LETTER_STORE,
     LIMITS,
@@ -150,12 +155,14 @@ QUEUE_FIELDS_5 = ("rejecting",)
 POLICY_FIELDS = ("policies", "operator_policies")
 # and in the access section (after the machine section)
 ACCESS_FIELDS = ("vhost_limits", "user_limits", "topic_permissions", "connections")
+# and in the cluster section (after the dead-letter section)
+CLUSTER_FIELDS = ("global_parameters", "protected_vhosts")
 # slots not in the field lists: written another way (references, messages) or derived
 DERIVED = {
     "BrokerState": ("exchanges", "queues", "channels", "live", "fetch_props", "policy_ae",
                     "deadline_chans", "dead_letters",
                     "machine_version", "runs_version", *POLICY_FIELDS, *ACCESS_FIELDS,
-                    "counts"),
+                    *CLUSTER_FIELDS, "counts"),
     "Exchange": ("bindings", "_topic_cache"),
     "Queue": ("returned", "ready", "consumers", "exclusive_consumer", "levels", "bands",
               "band_order", "banded", *QUEUE_FIELDS_5),
@@ -278,6 +285,7 @@ def write_snapshot(sink: IO[bytes], state: BrokerState, raft: RaftMeta) -> int:
     _write_machine(w, state)
     _write_access(w, state)
     _write_dead_letters(w, state, msgs)
+    _write_cluster(w, state)
     w.flush()
     end = sink.tell()
     sink.seek(start)
@@ -585,6 +593,8 @@ def read_snapshot(data: bytes) -> tuple[BrokerState, RaftMeta]:
             _read_access(r.value(), state)
         if r.pos < len(data):  # from machine version 5 on
             _read_dead_letters(r, state)
+        if r.pos < len(data):  # from machine version 6 on
+            _read_cluster(r.value(), state)
         rebuild_counts(state)
     except (CodecError, struct.error, UnicodeDecodeError, IndexError, TypeError, ValueError) as e:
         if isinstance(e, SnapshotFormatError):
@@ -692,6 +702,33 @@ def _read_dead_letters(r: _Reader, state: BrokerState) -> None:
             _expect(m.props is not None, "a dead letter without its properties")
             store.add(DeadLetter(m, reason, dict.fromkeys(settled)))
         state.dead_letters[key] = store
+
+
+# ---------------------------------------------------------- cluster section
+# ("cluster", section version, {global parameter name: JSON value}, [protected
+# vhost, ...]), after the dead-letter section, written from machine version 6
+# on only (a version-5 build refuses trailing bytes); absent: none of either.
+_CLUSTER_SECTION = "cluster"
+_CLUSTER_SECTION_VERSION = 1
+
+
+def _write_cluster(w: _Writer, state: BrokerState) -> None:
+    if state.machine_version >= CLUSTER_METADATA:
+        w.value((_CLUSTER_SECTION, _CLUSTER_SECTION_VERSION, state.global_parameters,
+                 list(state.protected_vhosts)))
+
+
+def _read_cluster(v: Any, state: BrokerState) -> None:
+    tag, version, params, protected = _tuple(v, 4, "cluster section")
+    _expect(tag == _CLUSTER_SECTION, f"unknown section {tag!r}")
+    _expect(version == _CLUSTER_SECTION_VERSION, f"cluster section version {version!r}")
+    for name, value in _dict(params, "global parameters").items():
+        _expect(type(name) is str and json_error(value, 0) is None, "global parameter")
+    _expect(type(protected) is list
+            and all(type(n) is str and n in state.vhosts for n in protected),
+            "protected vhosts")
+    state.global_parameters = params
+    state.protected_vhosts = dict.fromkeys(protected)
 
 
 def _expect(ok: bool, what: str) -> None:

@@ -16,12 +16,14 @@ from tests.broker_proc import NodeProcess, start_http_node, uniq, wait_for
 from tests.support.http_api import T, amqp, api, user
 
 MAX_CONNECTIONS = 2
+TARGET_SIZE = 3  # [http] target_cluster_size_hint: one node of three is online
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
     n = start_http_node(tmp_path_factory.mktemp("http-routes") / "n1",
-                        config=f"max_connections = {MAX_CONNECTIONS}\n")
+                        config=f"max_connections = {MAX_CONNECTIONS}\n"
+                               f"[http]\ntarget_cluster_size_hint = {TARGET_SIZE}\n")
     try:
         yield n
     finally:
@@ -49,9 +51,10 @@ def test_parameters_are_empty_and_global_parameters_hold_the_cluster_name(
     assert api(node, "GET", "/api/global-parameters/cluster_name").json() == {
         "name": "cluster_name", "value": name}
     assert api(node, "GET", "/api/global-parameters/nope").status_code == 404
-    # read-only here: writes are not routed
-    assert api(node, "PUT", "/api/global-parameters/cluster_name",
-               json={"value": "x"}).status_code == 405
+    # writes (machine version 6): tests/integration/test_http_cluster_metadata.py;
+    # global parameters are for policymakers
+    assert api(node, "PUT", "/api/global-parameters/cluster_name", auth=user(node, "management"),
+               json={"value": "x"}).status_code == 403
     # RabbitMQ: parameters are for policymakers
     mgmt = user(node, "management")
     assert api(node, "GET", "/api/parameters", auth=mgmt).status_code == 403
@@ -118,6 +121,14 @@ def test_listener_and_service_health_checks(node: NodeProcess) -> None:
         r = api(node, "GET", f"/api/health/checks/{check}")
         assert (r.status_code, r.json()) == (200, ok), check
     assert api(node, "GET", "/api/health/checks/is-in-service", auth=None).status_code == 401
+
+
+def test_reached_target_cluster_size_fails_while_fewer_members_are_online(
+        node: NodeProcess) -> None:
+    r = api(node, "GET", "/api/health/checks/reached-target-cluster-size")
+    assert r.status_code == 503
+    assert r.json() == {"status": "failed", "reason": "target cluster size not reached: 1 of "
+                        f"{TARGET_SIZE} nodes are online", "online": 1, "target": TARGET_SIZE}
 
 
 def test_connection_limit_health_checks_fail_at_max_connections(node: NodeProcess) -> None:

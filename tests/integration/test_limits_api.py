@@ -335,7 +335,8 @@ def test_definitions_carry_limits_and_topic_permissions_in_rabbitmqs_format(api:
     api.ok("PUT", f"/api/topic-permissions/{q(v)}/{u}",
            json={"exchange": "amq.topic", "write": "^w", "read": "^r"})
     d = api.get("/api/definitions")
-    assert {"name": v, "limits": {"max-queues": 4}} in d["vhosts"]
+    assert {"name": v, "limits": {"max-queues": 4},
+            "metadata": {"description": "", "tags": []}} in d["vhosts"]
     assert next(x for x in d["users"] if x["name"] == u)["limits"] == {"max-channels": 5}
     assert {"user": u, "vhost": v, "exchange": "amq.topic", "write": "^w",
             "read": "^r"} in d["topic_permissions"]

@@ -36,7 +36,8 @@ async def definitions_get(ctx: Context, _r: Request, params: dict[str, str],
         return json_response(d)
     return json_response(definitions(m.users, list(m.vhosts), m.permissions, rows,
                                      ctx.b.product_version, m.policies.values(),
-                                     m.vhost_limits, m.user_limits, m.topic_permissions))
+                                     m.vhost_limits, m.user_limits, m.topic_permissions,
+                                     m.global_parameters, m.protected_vhosts))
 
 
 async def definitions_post(ctx: Context, req: Request, _p: dict[str, str],
@@ -55,7 +56,7 @@ async def definitions_vhost_post(ctx: Context, req: Request, params: dict[str, s
     if vhost not in ctx.model().vhosts:
         raise not_found()
     d = _json_body(req)
-    for key in ("users", "vhosts", "permissions", "topic_permissions"):
+    for key in ("users", "vhosts", "permissions", "topic_permissions", "global_parameters"):
         d.pop(key, None)
     for section in ("queues", "exchanges", "bindings", "policies"):
         for item in d.get(section) or []:
@@ -75,7 +76,8 @@ def _json_body(req: Request) -> dict[str, Any]:
 
 
 async def import_definitions(ctx: Context, d: dict[str, Any], p: Principal) -> None:
-    """RabbitMQ's import order: users, vhosts, permissions, policies,
+    """RabbitMQ's import order: users, vhosts (their metadata's
+    protected_from_deletion too), permissions, global parameters, policies,
     exchanges, queues, bindings. The first failure answers 400 with its reason."""
     admin = ctx.b.administrator
 
@@ -109,6 +111,14 @@ async def import_definitions(ctx: Context, d: dict[str, Any], p: Principal) -> N
             await admin.put_vhost(name)
         except ValueError as exc:
             raise bad_request(str(exc)) from None
+        metadata = v.get("metadata")
+        protected = metadata.get("protected_from_deletion") if isinstance(metadata, dict) \
+            else None
+        if isinstance(protected, bool):  # RabbitMQ's add_vhost: update_metadata, known keys
+            try:
+                await admin.set_vhost_protection(name, protected)
+            except RuntimeError as exc:
+                raise bad_request(f"vhost {name}: {exc}") from None
     for scope, key in ((VHOST, "vhosts"), (USER, "users")):  # RabbitMQ's `limits` of each
         for owner in items(key):
             await _import_limits(admin, scope, str(owner["name"]), owner.get("limits"))
@@ -126,6 +136,12 @@ async def import_definitions(ctx: Context, d: dict[str, Any], p: Principal) -> N
                                               perm["read"])
         except (KeyError, ValueError, RuntimeError) as exc:
             raise bad_request(f"topic permission {perm}: {exc}") from None
+    for param in items("global_parameters"):  # RabbitMQ's add_global_parameter
+        name = param.get("name")
+        try:
+            await admin.set_global_parameter(name, param.get("value"))
+        except (ValueError, RuntimeError) as exc:
+            raise bad_request(f"global parameter {name}: {exc}") from None
     for pol in items("policies"):  # before the queues, as RabbitMQ imports them
         name, vhost = pol.get("name"), pol.get("vhost", "/")
         if not isinstance(name, str) or not name:

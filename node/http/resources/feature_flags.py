@@ -19,6 +19,8 @@ MACHINE_VERSIONS = {
     2: "records and snapshots carry their field counts",
     3: "RabbitMQ 4.3's quorum-queue semantics (delivery limit 20, acquired count)",
     4: "vhost and user limits, topic permissions, the connection table",
+    5: "packed snapshots, at-least-once dead-lettering, quorum-queue overflow",
+    6: "global parameters (a settable cluster name), vhost deletion protection",
 }
 
 

@@ -91,6 +91,17 @@ async def health_is_in_service(ctx: Context, _r: Request, _p: dict[str, str],
     return _answer(hc.is_in_service(st.has_quorum, st.leader))
 
 
+async def health_target_cluster_size(ctx: Context, _r: Request, _p: dict[str, str],
+                                     p: Principal) -> Response:
+    """Online: this node and the members it has a Raft link to (as
+    /api/nodes' `running`)."""
+    st = ctx.b.status()
+    members = set(st.members or [ctx.b.node_id])
+    online = 1 + sum(1 for peer in st.peers
+                     if peer.connected and peer.member in members and peer.member != st.node_id)
+    return _answer(hc.reached_target_cluster_size(online, ctx.b.target_cluster_size()))
+
+
 async def health_connection_limit(ctx: Context, _r: Request, _p: dict[str, str],
                                   p: Principal) -> Response:
     return _answer(hc.below_connection_limit(*ctx.b.connection_use()))

@@ -1,10 +1,12 @@
 """/api/overview, /api/cluster-name, /api/extensions, /api/whoami, /api/version."""
 from __future__ import annotations
 
-from node.http.auth import Principal
+from node.http.auth import Principal, require_admin
+from node.http.body import json_object
 from node.http.context import Context
+from node.http.errors import bad_request
 from node.http.format import EXCHANGE_TYPES, RABBIT_VERSION, message_stats, rate
-from node.http.server import Request, Response, json_response
+from node.http.server import HttpError, Request, Response, json_response
 
 
 async def overview(ctx: Context, req: Request, _p: dict[str, str], p: Principal) -> Response:
@@ -14,7 +16,8 @@ async def overview(ctx: Context, req: Request, _p: dict[str, str], p: Principal)
     ready = sum(q.ready for q in queues)
     unacked = sum(q.unacked for q in queues)
     st = ctx.b.status()
-    totals = [sum(q.stats[i] for q in queues) for i in range(4)]
+    counted = [ctx.sampler.counted((q.vhost, q.name), q.stats) for q in queues]
+    totals = [sum(c[i] for c in counted) for i in range(4)]
     # publish, deliver_get, redeliver, ack: cluster-wide, as RabbitMQ's overview
     # (the replicated per-queue counters summed over the visible queues; a message
     # routed to k queues counts k publishes, an unroutable one none)
@@ -22,7 +25,7 @@ async def overview(ctx: Context, req: Request, _p: dict[str, str], p: Principal)
     # confirm: this node's (confirms are not replicated: one leaves the node
     # its publisher is connected to; sum the nodes' overviews for the cluster)
     hist_count = int((st.confirm_latency or {}).get("count") or 0)
-    stats["confirm"] = int(st.confirmed or hist_count)
+    stats["confirm"] = ctx.sampler.confirmed(int(st.confirmed or hist_count))
     stats["confirm_details"] = rate(ctx.sampler.confirm_rate())
     return json_response({
         "management_version": RABBIT_VERSION, "rabbitmq_version": RABBIT_VERSION,
@@ -55,6 +58,26 @@ async def overview(ctx: Context, req: Request, _p: dict[str, str], p: Principal)
 
 async def cluster_name(ctx: Context, _r: Request, _p: dict[str, str], p: Principal) -> Response:
     return json_response({"name": ctx.cluster_name()})
+
+
+async def cluster_name_put(ctx: Context, req: Request, _p: dict[str, str],
+                           p: Principal) -> Response:
+    """RabbitMQ's rabbit_mgmt_wm_cluster_name PUT: administrators,
+    {"name": "..."} (400 without it), the global parameter "cluster_name"
+    (replicated), 204."""
+    require_admin(p)
+    body = json_object(req.json())
+    if "name" not in body or body["name"] is None:
+        raise bad_request("key_missing: name")
+    if not isinstance(body["name"], str):
+        raise bad_request("name must be a string")
+    try:
+        await ctx.b.administrator.set_cluster_name(body["name"])
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+    except RuntimeError as exc:
+        raise HttpError(503, "service_unavailable", str(exc)) from None
+    return Response(204)
 
 
 async def extensions(ctx: Context, _r: Request, _p: dict[str, str], p: Principal) -> Response:

@@ -16,13 +16,18 @@ if TYPE_CHECKING:
     from node.replication.read_model import Management, MQueue
 
 
+def _queue_json(ctx: Context, q: MQueue) -> dict[str, Any]:
+    key = (q.vhost, q.name)
+    return queue_json(q, ctx.sampler.rates(key), ctx.sampler.counted(key, q.stats))
+
+
 async def queues(ctx: Context, req: Request, params: dict[str, str], p: Principal) -> Response:
     vhost = params.get("vhost")
     if vhost is not None:
         ctx.need_vhost(p, vhost)
     vis = ctx.vhosts_for(p)
     rows = await ctx.rows()
-    out = [queue_json(q, ctx.sampler.rates((q.vhost, q.name))) for q in rows.queues
+    out = [_queue_json(ctx, q) for q in rows.queues
            if q.vhost in vis and (vhost is None or q.vhost == vhost)]
     return filter_sort_page(req, out)
 
@@ -39,7 +44,7 @@ async def find_queue(ctx: Context, p: Principal, vhost: str,
 
 async def queue(ctx: Context, _r: Request, params: dict[str, str], p: Principal) -> Response:
     q, rows = await find_queue(ctx, p, params["vhost"], params["name"])
-    out = queue_json(q, ctx.sampler.rates((q.vhost, q.name)))
+    out = _queue_json(ctx, q)
     locals_ = ctx.b.local_connections()
     numbers = {(c.node, c.conn, c.serial): c.number for c in rows.channels}
     out["consumer_details"] = [

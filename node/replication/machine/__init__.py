@@ -16,6 +16,10 @@ Where things are (after RabbitMQ's rabbit_fifo):
   delivery.py    consumers, delivering, requeue, get, acks, expiry (Tick)
   publish.py     routing, enqueue, dead-lettering, tx.commit
   policy.py      policies and operator policies, applied to queues and exchanges
+  limit.py       vhost and user limits, topic permissions, the connection table
+  dead_letter.py at-least-once dead-lettering (kept dead letters)
+  cluster.py     global parameters (the cluster name), vhost deletion protection
+  version.py     machine versions (SetMachineVersion)
   arguments.py   x-argument and queue-type validation
   errors.py      channel/connection errors and their texts
   outcomes.py    batch verdicts, failure_effects, skipped_effects

@@ -50,8 +50,8 @@ class AccessHandlers(ApplierBase):
     def vhost_delete(self, cmd: VhostDelete) -> None:
         s = self.s
         vhost = cmd.name
-        if vhost not in s.vhosts:
-            return
+        if vhost not in s.vhosts or vhost in s.protected_vhosts:
+            return  # a protected vhost stays (RabbitMQ 4.x's protected_from_deletion)
         del s.vhosts[vhost]
         for k in [k for k in s.permissions if k[1] == vhost]:
             del s.permissions[k]

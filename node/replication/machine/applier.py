@@ -1,8 +1,8 @@
 """apply_batch: fold one batch of commands into the state.
 
 The Applier is one object whose handlers live in one mixin per concern
-(sessions, membership, access, topology, delivery, publish, policy, limit); each handler is
-registered for its command by `handler.handles`.
+(sessions, membership, access, topology, delivery, publish, policy, limit,
+cluster); each handler is registered for its command by `handler.handles`.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from node.replication.command import (
 )
 from node.replication.effect import ChannelError, ConnectionFailure, Effect
 from node.replication.machine.access import AccessHandlers
+from node.replication.machine.cluster import ClusterHandlers
 from node.replication.machine.dead_letter import DeadLetterHandlers
 from node.replication.machine.delivery import DeliveryHandlers
 from node.replication.machine.errors import _ChanErr, _ConnErr
@@ -37,7 +38,7 @@ from node.replication.machine.version import VersionHandlers
 
 class Applier(SessionHandlers, MembershipHandlers, AccessHandlers, TopologyHandlers,
               DeliveryHandlers, PublishHandlers, DeadLetterHandlers, PolicyHandlers, LimitHandlers,
-              VersionHandlers):
+              VersionHandlers, ClusterHandlers):
     """Applies the commands of one batch; collects effects and the queues
     whose delivery may have become possible."""
 

@@ -1,7 +1,7 @@
 """The one command registry and the base of every handler mixin.
 
 Each command handler is a method of a mixin (sessions, membership, access,
-topology, delivery, publish, policy, limit) marked `@handles(SomeCommand, reply=...)`: that
+topology, delivery, publish, policy, limit, cluster) marked `@handles(SomeCommand, reply=...)`: that
 decorator is the only place a command is bound to its handler and to the
 reply ids its channel waits for (failure_effects fails that channel with 541
 when the batch cannot be committed). tests/unit/replication/machine/test_command_registry.py

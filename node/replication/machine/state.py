@@ -32,7 +32,7 @@ class BrokerState:
                  "config_version", "live", "fetch_props", "policies", "operator_policies",
                  "policy_ae", "machine_version", "runs_version", "deadline_chans", "vhost_limits",
                  "user_limits", "topic_permissions", "connections", "counts",
-                 "dead_letters")
+                 "dead_letters", "global_parameters", "protected_vhosts")
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -108,6 +108,13 @@ class BrokerState:
         # at-least-once (machine version 5 on; node/broker/dead_letter.py).
         # Snapshotted in the dead-letter section
         self.dead_letters: dict[str, DeadLetterStore] = {}
+        # global runtime parameters: name -> JSON value (the cluster name is
+        # "cluster_name"; node/broker/parameter.py) and the vhosts protected
+        # from deletion (ordered set), from machine version 6 on (config: they
+        # bump config_version). A value is replaced, never changed in place (the
+        # read model shares it). Snapshotted in the cluster section
+        self.global_parameters: dict[str, Any] = {}
+        self.protected_vhosts: dict[str, None] = {}
 
 
 def rebuild_deadlines(s: BrokerState) -> None:

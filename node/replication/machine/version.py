@@ -38,6 +38,12 @@ Versions:
      queue's reject-publish is rabbit_fifo's latch (over the limit: refuse
      until back at 80%, node/broker/overflow.py) and its reject-publish-dlx
      is drop-head; declare arguments of another queue type are refused
+  6  cluster metadata (issue 28, the management API's "not yet" routes):
+     global runtime parameters, the cluster name among them
+     (GlobalParameterSet/Clear), and vhosts protected from deletion
+     (VhostProtection; VhostDelete of a protected vhost changes nothing):
+     records a version-5 build cannot decode, so no node proposes them
+     before; the snapshot's cluster section
 """
 from __future__ import annotations
 
@@ -45,7 +51,7 @@ from node.broker.queue import uses_levels
 from node.replication.command import SetMachineVersion
 from node.replication.machine.handler import ApplierBase, handles
 
-MACHINE_VERSION = 5
+MACHINE_VERSION = 6
 FIRST_VERSION = 1  # a state that never applied SetMachineVersion
 # what switches at which version (apply code compares state.machine_version with these)
 COUNTED_RECORDS = 2  # the log and snapshots are written with field counts
@@ -56,6 +62,7 @@ PACKED_SNAPSHOTS = 5  # snapshots may be written in format 5 (ready messages as 
 DEAD_LETTER_STORE = 5  # at-least-once dead-lettering (machine/dead_letter.py)
 QUORUM_OVERFLOW = 5  # a quorum queue's reject-publish latch (node/broker/overflow.py, S32)
 TYPE_ARGUMENTS = 5  # another queue type's declare arguments are refused
+CLUSTER_METADATA = 6  # global parameters, vhost deletion protection may be proposed
 
 
 class MachineVersionError(RuntimeError):

@@ -200,6 +200,15 @@ def test_peer_common_name() -> None:
     assert peer_common_name({}) is None and peer_common_name(None) is None
 
 
+def test_http_target_cluster_size_hint_defaults_to_one_as_rabbitmq(tmp_path: Path) -> None:
+    assert cfg_from(tmp_path, '[http]\nport = 15672\n').http.target_cluster_size_hint == 1
+    cfg = cfg_from(tmp_path, '[http]\ntarget_cluster_size_hint = 3\n')
+    assert cfg.http.target_cluster_size_hint == 3
+    for bad in ("0", '"3"', "true"):
+        with pytest.raises(ConfigError, match="target_cluster_size_hint"):
+            cfg_from(tmp_path, f'[http]\ntarget_cluster_size_hint = {bad}\n')
+
+
 def test_http_member_urls(tmp_path: Path) -> None:
     cfg = cfg_from(tmp_path, '[http]\nport = 15672\n'
                              'member_urls = { n2 = "http://h2:15672/", n3 = "https://h3:15672/" }\n')

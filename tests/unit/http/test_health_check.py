@@ -57,6 +57,14 @@ def test_metadata_store_initialized_once_an_entry_is_applied() -> None:
     assert hc.metadata_store_with_data(3, 0)[0] == 503
 
 
+def test_target_cluster_size_is_reached_once_enough_members_are_online() -> None:
+    assert hc.reached_target_cluster_size(1, 1) == hc.OK
+    assert hc.reached_target_cluster_size(3, 2) == hc.OK
+    assert hc.reached_target_cluster_size(1, 3) == (503, {
+        "status": "failed", "reason": "target cluster size not reached: 1 of 3 nodes are online",
+        "online": 1, "target": 3})
+
+
 def test_machine_versions_listed_as_flags_enabled_up_to_the_clusters() -> None:
     rows = flag_rows(cluster_version=3, runs_version=4)
     assert [r["name"] for r in rows] == [f"mirrorq_machine_version_{v}" for v in (1, 2, 3, 4)]

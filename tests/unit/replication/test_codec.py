@@ -60,6 +60,10 @@ def _all_commands() -> list[object]:
         cmd.LimitClear("user", "u", ""),
         cmd.TopicPermissionSet("u", "/", "amq.topic", "^a\\.", ""),
         cmd.TopicPermissionClear("u", "/", ""),
+        cmd.GlobalParameterSet("cluster_name", "prod"),
+        cmd.GlobalParameterSet("p", {"a": [1, 2.5, None, True, "x"], "b": {"c": 2 ** 70}}),
+        cmd.GlobalParameterClear("p"),
+        cmd.VhostProtection("v", True),
     ]
 
 

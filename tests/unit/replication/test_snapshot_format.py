@@ -253,8 +253,20 @@ def test_random_bytes_wrong_version_unknown_records_and_trailing_bytes_are_refus
                                + encode(("dead-letters", 1, [("/\x00gone", [])]))))
     dead = encode(("dead-letters", 1, []))
     read_snapshot(_reframe(body + machine + access + dead))
-    with pytest.raises(SnapshotFormatError, match="trailing"):
+    # after the dead-letter section only the cluster section (machine version 6),
+    # nothing after it
+    with pytest.raises(SnapshotFormatError, match="cluster section"):
         read_snapshot(_reframe(body + machine + access + dead + encode(None)))
+    with pytest.raises(SnapshotFormatError, match="protected vhosts"):
+        read_snapshot(_reframe(body + machine + access + dead
+                               + encode(("cluster", 1, {}, ["no-such-vhost"]))))
+    with pytest.raises(SnapshotFormatError, match="global parameter"):
+        read_snapshot(_reframe(body + machine + access + dead
+                               + encode(("cluster", 1, {"p": b"bytes"}, []))))
+    cluster = encode(("cluster", 1, {"cluster_name": "c"}, []))
+    read_snapshot(_reframe(body + machine + access + dead + cluster))
+    with pytest.raises(SnapshotFormatError, match="trailing"):
+        read_snapshot(_reframe(body + machine + access + dead + cluster + encode(None)))
     # an unknown record id / an unknown tag where the raft position should be
     for bad in (b"R\xfe", b"\x07", b"Z"):
         _loads_or_raises(_reframe(body[:8] + bad + body[8:]))
