@@ -90,6 +90,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
 
     ("GET", "/api/connections",                 connections.connections),
     ("GET", "/api/connections/username/{username}", connections.user_connections),
+    ("DELETE", "/api/connections/username/{username}", connections.user_connections_delete),
     ("GET", "/api/connections/{name}",          connections.connection),
     ("DELETE", "/api/connections/{name}",       connections.connection_delete),
     ("GET", "/api/connections/{name}/channels", connections.connection_channels),

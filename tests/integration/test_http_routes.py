@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import pika
 import pytest
 
 from node.broker.password import check_password
@@ -102,6 +103,38 @@ def test_connections_by_username(node: NodeProcess) -> None:
         assert api(node, "GET", f"/api/connections/username/{other[0]}").json() == []
     finally:
         conn.close()
+
+
+def test_deleting_a_users_connections_closes_those_only(node: NodeProcess) -> None:
+    who = user(node, "management")
+    other = user(node, "management")
+    mine, theirs = amqp(node, who), amqp(node, other)
+    try:
+        wait_for(lambda: api(node, "GET", f"/api/connections/username/{who[0]}").json() or None,
+                 timeout=T, what="the user's connection listed")
+        # another non-administrator may not; the user itself or an administrator may
+        assert api(node, "DELETE", f"/api/connections/username/{who[0]}", auth=other).status_code == 403
+        r = api(node, "DELETE", f"/api/connections/username/{who[0]}", headers={"X-Reason": "bye"})
+        assert r.status_code == 204
+
+        why: list[str] = []
+
+        def closed() -> bool:
+            try:
+                mine.process_data_events(0)
+            except pika.exceptions.ConnectionClosedByBroker as exc:  # the broker's close
+                why.append(str(exc))
+            return mine.is_closed
+        wait_for(closed, timeout=T, what="the user's connection closed by the broker")
+        assert why and "320" in why[0] and "bye" in why[0], why
+        assert api(node, "GET", f"/api/connections/username/{who[0]}").json() == []
+        theirs.process_data_events(0)
+        assert theirs.is_open  # another user's connection stays
+        assert api(node, "DELETE", f"/api/connections/username/{who[0]}").status_code == 204  # none: still 204
+    finally:
+        for c in (mine, theirs):
+            if c.is_open:
+                c.close()
 
 
 def test_listener_and_service_health_checks(node: NodeProcess) -> None:

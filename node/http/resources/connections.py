@@ -61,6 +61,22 @@ async def user_connections(ctx: Context, req: Request, params: dict[str, str],
                                   if r.get("user") == user])
 
 
+async def user_connections_delete(ctx: Context, req: Request, params: dict[str, str],
+                                  p: Principal) -> Response:
+    """DELETE /api/connections/username/{username}: closes the user's
+    connections that GET lists (this node's: only it knows their users),
+    with the X-Reason header's text; 204 even when there are none, as
+    RabbitMQ (its handler closes them wherever they are)."""
+    user = params["username"]
+    if not p.administrator and p.name != user:
+        raise HttpError(403, "not_authorised", "Not administrator user")
+    reason = req.headers.get("x-reason", "Closed via management plugin")
+    for row in conn_rows(ctx, await ctx.rows(), p):
+        if row.get("user") == user and row["node"] == ctx.b.node_id:
+            await ctx.b.close_connection(int(row["name"].rpartition(".")[2]), reason)
+    return Response(204)
+
+
 async def connection(ctx: Context, _r: Request, params: dict[str, str], p: Principal) -> Response:
     for row in conn_rows(ctx, await ctx.rows(), p):
         if row["name"] == params["name"]:
