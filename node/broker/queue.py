@@ -158,11 +158,11 @@ class Queue:
         return 0 if mp is None else mp
 
     def _key(self, m: Message) -> int:
-        """Heap order: sequence, or (max - priority, sequence) in a priority queue."""
-        mp = self.max_priority
-        if mp is None:
+        """A returned message's heap key: its sequence (a plain queue; a quorum
+        queue's returned ones come before every level), else (band, sequence)."""
+        if self.levels or self.max_priority is None:
             return m.seq
-        return ((mp - min(m.priority, mp)) << 64) | m.seq
+        return (self._band(m.priority) << 64) | m.seq
 
     def ready_count(self) -> int:
         return len(self.returned) + len(self.ready) + self.banded
@@ -274,7 +274,7 @@ class Queue:
     def requeue(self, m: Message) -> None:
         # levels: a returned message goes before every level (rabbit_fifo's
         # returns queue), at its original place among the returned (S04)
-        heapq.heappush(self.returned, (m.seq if self.levels else self._key(m), m))
+        heapq.heappush(self.returned, (self._key(m), m))
         self.ready_bytes += m.size
 
     def band_items(self) -> Iterator[tuple[int, Message]]:
