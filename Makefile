@@ -38,7 +38,7 @@ integration: $(STAMP)
 	$(VENV)/bin/pytest -q tests/integration
 
 test: lint k8s-build
-	$(VENV)/bin/pytest -q -p no:cacheprovider tests
+	$(VENV)/bin/pytest -q -p no:cacheprovider --durations=25 tests
 
 # release-fixture: tests/data/release-<commit>.tar.gz, the node/ package of the previous
 # release that tests/cluster/test_rolling_upgrade.py rolls a cluster from (it replaces the

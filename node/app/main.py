@@ -34,6 +34,7 @@ from node.app.config import (
     read_admin_token_file,
     validate,
 )
+from node.app.memory import fix_mmap_threshold
 from node.replication.config import SHORT_RAFT_PASSWORD
 from node.replication.machine.version import MACHINE_VERSION
 from node.replication.raft.segment_log import LogDamaged
@@ -300,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     from node.replication.snapshot_format import SnapshotFormatError
     try:
         tune_gc()
+        fix_mmap_threshold()
         asyncio.run(serve(cfg))
     except LogDamaged as exc:  # damage this node cannot repair: refuse, one line
         sys.stderr.write(f"mirrorq: error: raft log damaged: {exc}\n")

@@ -91,6 +91,30 @@ def _libc_trim() -> Callable[[], object] | None:
     return lambda: fn(0)
 
 
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+MMAP_THRESHOLD = 128 << 10
+
+
+def fix_mmap_threshold(size: int = MMAP_THRESHOLD) -> bool:
+    """Pin glibc's mmap threshold (its start value) so it stops adapting. By
+    default every freed mmap'd block raises it (up to 32 MiB): after a backlog's
+    multi-MiB buffers (snapshot chunks, log reads) the batches that follow come
+    from the heap, interleave with long-lived objects, and a drained node kept
+    ~10-17 MB more than a fresh one that malloc_trim could not hand back. With
+    the threshold pinned they are mmap'd and unmapped when freed. Left alone
+    when MALLOC_MMAP_THRESHOLD_ is set (glibc has applied it) or outside
+    glibc. True when set."""
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_"):
+        return False
+    name = ctypes.util.find_library("c")
+    try:
+        fn = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(fn(_M_MMAP_THRESHOLD, size))
+
+
 class ProcessMemory:
     """The figure the memory alarm compares with the watermark: the resident
     set, read at most once per `interval`. While over the watermark, free
