@@ -123,8 +123,11 @@ def test_one_node_holds_two_million_messages_restarts_and_drains_them_intact(
     wait_for(lambda: node.status()["log_segments"] <= 2, timeout=180, what="at most 2 log segments after the drain")
     print(f"after the drain: {node.status()['log_segments']} segments, {_log_bytes(node) / 1e6:.0f} MB, "
           f"RSS {rss(node) / 1e6:.0f} MB")
-    wait_for(lambda: rss(node) < idle + DRAINED_SLACK, timeout=90,
-             what=f"RSS within {DRAINED_SLACK >> 20} MB of the idle node's {idle >> 20} MB after the drain")
+    # issue 27's bound: within 20% of the fresh node's RSS (measured +4 MB
+    # over 59 MB at 1M with the pinned mmap threshold, +10-17 MB without)
+    wait_for(lambda: rss(node) < idle * 1.2, timeout=90,
+             what=f"RSS within 20% of the idle node's {idle >> 20} MB after the drain")
+    print(f"RSS back to {rss(node) / 1e6:.0f} MB (idle {idle / 1e6:.0f} MB)")
 
 
 def test_a_priority_queue_backlog_is_packed_and_drains_in_priority_order_after_a_restart(
