@@ -144,9 +144,15 @@ def _damage(node: ClusterNode, kind: str, fault: str, rng: random.Random, region
     if fault == "rollback":
         assert old is not None
         path, offset, data = old
-        if not path.exists():  # replaced meanwhile (snapshot, meta: atomic renames): the new file
-            raise RuntimeError(f"{path} is gone: nothing to roll back")
-        return {"file": str(path), "fault": fault, **write_chunk(path, offset, data)}
+        out: dict[str, Any] = {"file": str(path), "fault": fault}
+        if not path.exists():  # released meanwhile (a segment below a snapshot): a misdirected write
+            files = files_of(node.data_dir, kind)
+            if not files:
+                raise RuntimeError(f"{path} is gone and {node.node_id} has no other {kind} file")
+            path = files[-1]
+            offset = min(offset, max(path.stat().st_size - len(data), 0))
+            out.update(file=str(path), misdirected_from=str(old[0]))
+        return {**out, **write_chunk(path, offset, data)}
     files = files_of(node.data_dir, kind)
     if not files:
         raise RuntimeError(f"{node.node_id} has no {kind} file to damage")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from chaosmirrorq import corruption, suite
 
+from harness.process import ClusterNode
 from tests.support.chaos_env import short_env
 
 
@@ -75,6 +76,17 @@ def test_truncation_and_a_rolled_back_chunk(tmp_path: Path) -> None:
     seg = corruption.files_of(d, "segment")[1]
     assert corruption.truncate_file(seg, 1234) == {"size_before": 3000, "size_after": 1234}
     assert seg.stat().st_size == 1234
+
+
+def test_a_rollback_into_a_released_segment_lands_in_the_newest_one(tmp_path: Path) -> None:
+    d = _data_dir(tmp_path)
+    node = ClusterNode("n9", d)  # (not started: only its data dir is used)
+    gone = d / "log" / f"{3:020d}.seg"
+    old = (gone, 2990, random.Random(1).randbytes(100))  # copied before the node released it
+    got = corruption._damage(node, "segment", "rollback", random.Random(0), 0, 1, 8, old)
+    newest = d / "log" / f"{500:020d}.seg"
+    assert got["file"] == str(newest) and got["misdirected_from"] == str(gone)
+    assert got["offset"] == 2900 and newest.read_bytes()[2900:] == old[2]
 
 
 def test_corrupt_stopped_follower_segment_end_to_end(tmp_path: Path) -> None:
