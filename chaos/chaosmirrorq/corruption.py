@@ -12,7 +12,7 @@ raft.journal.meta (term, vote, commit index).
   seconds later: a lost or misdirected write). `mode` `stopped`: SIGTERM, damage,
   start; `running`: damage under the live process, watch it `observe` s (a node
   that exits on a checksum failure is started again, as its supervisor would),
-  then restart it so its start meets whatever is still damaged. Then: healthy
+  then SIGKILL and start it so its start meets whatever is still damaged. Then: healthy
   (repaired from its peers) or refused, with the log line naming file and offset.
 - `helix(kinds, faults, rounds, regions)`: round i damages member i mod N in region
   i mod `regions` of the concatenated files of its kind (different nodes, different
@@ -268,7 +268,8 @@ def corrupt_file(target: str = "follower", kind: str = "segment", fault: str = "
         while time.monotonic() < end and node.alive():
             time.sleep(0.1)
         out["exited_while_running"] = None if node.alive() else node.proc and node.proc.returncode
-        node.stop()  # (a no-op when it exited on the damage)
+        # a crash, not a stop: a clean stop's snapshot may release the damaged segment unread
+        node.kill9()  # (a no-op when it exited on the damage)
     out["file_left_at_start"] = os.path.exists(out["damage"]["file"])  # (or released meanwhile)
     judged = _start_and_judge(node, mark)
     if judged["outcome"] == "refused":

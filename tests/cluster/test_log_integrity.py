@@ -249,3 +249,28 @@ def test_a_record_damaged_under_a_running_leader_is_never_sent(cluster: Cluster)
     assert "raft log damaged" in leader.tail_log(400)
     got = drain(behind, q)
     assert _hashes(got) == sent, f"{sum(sent.values())} sent, {len(got)} received on {behind.node_id}"
+
+
+def test_a_follower_whose_meta_file_is_damaged_votes_only_after_a_leader_repaired_it(cluster: Cluster) -> None:
+    """The meta file (term, vote, commit index) fails its checksum (issue 29's chaos
+    corruption): the vote the member cast is unknown, so it grants none until a
+    leader has brought it up to its log's end again; then it votes as before."""
+    leader = cluster.leader()
+    follower = cluster.followers()[0]
+    q = uniq_queue("metaflip")
+    declare(leader, q)
+    sent = _publish(leader, q, 20, seed=4)
+    cluster.wait_healthy(30)
+    follower.stop()
+    meta = follower.data_dir / "raft.journal.meta"
+    data = bytearray(meta.read_bytes())
+    data[len(data) // 2] ^= 0x20
+    meta.write_bytes(bytes(data))
+    follower.start(wait=False)
+    follower.wait_serving(60)
+    cluster.wait_healthy(60)
+    wait_for(lambda: "voting again" in follower.tail_log(400), timeout=30, what="the member voting again")
+    text = follower.tail_log(400)
+    assert "journal meta" in text and "unreadable (checksum mismatch)" in text, text
+    assert "no votes from this member until it has applied index" in text, text
+    assert _hashes(drain(leader, q)) == sent

@@ -34,6 +34,7 @@ class FsyncMetaStorer(MetaStorer):  # type: ignore[misc]
     thread stalled it for hundreds of ms under write load."""
 
     _durable: tuple[Any, Any] | None = None
+    damaged = False  # getMeta found the file unreadable: the vote this node cast is unknown
 
     def storeMeta(self, meta: dict[str, Any]) -> None:  # noqa: N802 - pysyncobj's name
         path = self.getPath()
@@ -72,6 +73,7 @@ class FsyncMetaStorer(MetaStorer):  # type: ignore[misc]
         except ValueError as exc:
             # what pysyncobj does with a meta file it cannot read (start from term 0),
             # but said
+            self.damaged = True
             log.error("journal meta %s unreadable (%s): starting from term 0, no vote",
                       self.getPath(), exc)
             return {}

@@ -706,6 +706,11 @@ class SegmentLog:
     def _last(self) -> int:
         return self._segs[-1].last if self._segs else self._start - 1
 
+    @property
+    def meta_damaged(self) -> bool:
+        """The meta file was unreadable at open: term 0, and the vote cast is unknown."""
+        return bool(self._meta_storer.damaged)
+
     def first_index(self) -> int:
         return self._start
 

@@ -541,6 +541,12 @@ class RaftShim(ElectionMixin, SnapshotMixin):
             log.critical("%s", exc)
             journal._destroy()
             raise
+        if journal.meta_damaged and repairable and len(journal):
+            # its vote is lost: granting one now could be a second vote in a term
+            # it already voted in; none until a leader has brought it this far
+            self.repair_until = max(self.repair_until, journal.last_index())
+            log.error("journal meta damaged: no votes from this member until it has applied index %d "
+                      "from a leader", self.repair_until)
         self._so = _BrokerLog(self, self.address, list(c.peers.values()), conf, journal)
         if quiet is None:
             # no peers and not joining: a node alone elects itself at its first

@@ -100,3 +100,18 @@ def test_every_flipped_bit_in_the_meta_file_is_detected(tmp_path: Path) -> None:
 def test_a_meta_file_of_the_previous_version_without_checksum_is_read(tmp_path: Path) -> None:
     meta = {"currentTerm": 9, "votedForNodeId": None, "raftCommitIndex": 77}
     assert decode_meta(META_MAGIC_V1 + encode(meta)) == meta
+
+
+def test_a_log_whose_meta_file_is_damaged_says_so(tmp_path: Path) -> None:
+    """(the shim then takes no votes from the member until a leader has repaired it)"""
+    meta = tmp_path / "raft.journal.meta"
+    j = SegmentLog(str(tmp_path / "log"), str(meta))
+    j.setCurrentTerm(5, "n2")
+    j._destroy()
+    assert not SegmentLog(str(tmp_path / "log"), str(meta)).meta_damaged
+    data = bytearray(meta.read_bytes())
+    data[len(META_MAGIC) + 2] ^= 0x04
+    meta.write_bytes(bytes(data))
+    k = SegmentLog(str(tmp_path / "log"), str(meta))
+    assert k.meta_damaged and k.getCurrentTerm() == 0
+    k._destroy()
