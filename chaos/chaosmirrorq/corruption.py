@@ -39,7 +39,7 @@ from chaosmirrorq import actions
 from chaosmirrorq.fault import STATE, as_bool, as_float, cluster, pick, record_fault, wait_healthy
 from harness.process import ClusterNode, port_open
 
-__all__ = ["corrupt_file", "helix", "replace_damaged_member", "files_of", "locate", "flip_bits",
+__all__ = ["corrupt_file", "helix", "replace_damaged_member", "damage_leader_snapshot_then_add_member", "files_of", "locate", "flip_bits",
            "truncate_file", "read_chunk", "write_chunk", "KINDS", "FAULTS"]
 
 KINDS = ("segment", "lseg", "index", "start", "snapshot", "meta")
@@ -318,3 +318,26 @@ def replace_damaged_member(kind: str = "segment", fault: str = "bitflip", seed: 
     added = actions.add_member()
     record_fault(damaged["fault_name"], damaged["start_ts"], time.time())
     return {"damaged": damaged, "removed": removed, "added": added}
+
+
+def damage_leader_snapshot_then_add_member(bits: int = 8, seed: int | None = None,
+                                           timeout: float = 60.0) -> dict[str, Any]:
+    """Flip bits in the running leader's snapshot file (waiting up to `timeout` s for
+    one), then AddMember a fresh node: it needs that snapshot. The leader checks the
+    file before sending and writes a new one; the member catches up."""
+    rng = random.Random(None if seed in (None, "") else int(seed))  # type: ignore[arg-type]
+    leader = pick("leader")
+    dump = leader.data_dir / "raft.dump"
+    deadline = time.monotonic() + as_float(timeout)
+    while not dump.exists() or (leader.data_dir / "raft.dump.part").exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{leader.node_id} wrote no snapshot within {timeout} s")
+        time.sleep(0.1)
+    mark = _log_size(leader)
+    t0 = time.time()
+    name = f"corrupt-bitflip-snapshot-leader {leader.node_id}"
+    damage = {"file": str(dump), "flips": flip_bits(dump, rng.randrange(dump.stat().st_size), int(bits), rng)}
+    added = actions.add_member()
+    record_fault(name, t0, time.time())
+    said = [ln for ln in _log_since(leader, mark).splitlines() if "own snapshot" in ln]
+    return {"leader": leader.node_id, "damage": damage, "added": added, "leader_lines": said[-2:]}
