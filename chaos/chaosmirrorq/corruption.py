@@ -20,6 +20,8 @@ raft.journal.meta (term, vote, commit index).
   never on more than one node (a minority) at once.
 - `replace_damaged_member(kind, fault)`: damage a stopped follower, leave it down,
   RemoveMember it and AddMember a fresh node (membership under damage).
+- `damage_leader_snapshot_then_add_member()`: bits flipped in the running leader's
+  raft.dump, then AddMember: the new member needs that snapshot.
 
 Every touched byte is recorded (file, offset, bits, before/after), in the result
 and in the fault's name window (faults.jsonl). Rollback of the experiment:
