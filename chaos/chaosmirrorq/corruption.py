@@ -241,7 +241,8 @@ def corrupt_file(target: str = "follower", kind: str = "segment", fault: str = "
     if fault not in FAULTS or mode not in ("stopped", "running") or kind not in KINDS:
         raise ValueError(f"fault {fault!r} mode {mode!r} kind {kind!r}")
     rng = random.Random(None if seed in (None, "") else int(seed))  # type: ignore[arg-type]
-    node = pick(target)
+    node = (rng.choice(sorted(cluster().followers(timeout=30), key=lambda n: n.node_id))
+            if target == "follower" else pick(target))  # (the seed picks the follower too)
     name = f"corrupt-{fault}-{kind}-{mode} {node.node_id}"
     t0 = time.time()
     out: dict[str, Any] = {"node": node.node_id, "kind": kind, "fault": fault, "mode": mode,
