@@ -37,7 +37,9 @@ ORDER = ["leader-kill-loop", "follower-kill", "leader-pause", "minority-partitio
          "leader-in-minority", "full-restart", "rolling-restart", "scale-out-in",
          "network-delay", "packet-loss", "one-way-partition", "bridge-partition",
          "follower-long-pause", "kill-during-snapshot", "membership-during-partition",
-         "follower-disk-full", "follower-slow-disk", "clock-step", "mixed"]
+         "follower-disk-full", "follower-slow-disk", "clock-step", "mixed",
+         "corrupt-follower-segment", "corrupt-running", "corrupt-helix", "corrupt-membership",
+         "corrupt-leader-snapshot"]
 SUBSETS = {
     "all": ORDER,
     "ci": ["leader-kill-loop", "minority-partition", "full-restart", "one-way-partition"],

@@ -536,6 +536,25 @@ def check(data: bytes | memoryview) -> int:
     return HEADER_SIZE
 
 
+def check_file(f: IO[bytes], size: int) -> None:
+    """check() of the snapshot at the start of `f` (`size` bytes: snapshot_size),
+    its CRC computed 4 MiB at a time (a leader checks what it is about to send)."""
+    head = f.read(HEADER_SIZE)
+    _magic, version, _reserved, length, crc = _HEADER.unpack_from(head, 0)
+    if version not in READ_VERSIONS:
+        raise SnapshotFormatError(f"snapshot format version {version}: this build reads "
+                                  f"versions {', '.join(map(str, READ_VERSIONS))}")
+    left, got = size - HEADER_SIZE, 0
+    while left > 0:
+        chunk = f.read(min(left, 4 << 20))
+        if not chunk:
+            raise SnapshotFormatError(f"body cut short: {size - HEADER_SIZE - left} of {length} bytes")
+        got = zlib.crc32(chunk, got)
+        left -= len(chunk)
+    if got != crc:
+        raise SnapshotFormatError("checksum mismatch: the snapshot is damaged")
+
+
 def snapshot_size(head: bytes) -> int:
     """The whole snapshot's size in bytes, from its first HEADER_SIZE bytes
     (the snapshot a leader sends is followed by the log entries it needs)."""

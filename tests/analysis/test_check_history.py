@@ -85,6 +85,16 @@ def corrupted_events(run: str) -> list[dict]:
     ]
 
 
+def corruption_fault_events(run: str) -> list[dict]:
+    """Two corruption windows (issue 29's names); a confirmed body delivered damaged
+    only, inside the first."""
+    evs: list[dict] = [fault(run, "corrupt-bitflip-segment-stopped n3", T + 10, T + 20),
+                       fault(run, "corrupt-rollback-snapshot-running n2", T + 30, T + 40)]
+    for i in range(45):
+        evs += [pub(run, f"ok{i}", T + i), dlv(run, f"ok{i}", T + i + 0.5)]
+    return evs + [pub(run, "bad", T + 12.2), dlv(run, "bad", T + 13, corrupted=True), drain(run, T + 60)]
+
+
 def phase_events(run: str) -> list[dict]:
     """Faults [10, 20] (+ an overlapping [12, 15]) and [30, 40]; publishes span [0, 60]."""
     evs: list[dict] = [
@@ -133,6 +143,7 @@ def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "metrics": write_run(base, "metrics", {"pub-1.jsonl": p, "cons-1.jsonl": c}),
         "phases": write_run(base, "phases", {"all.jsonl": phase_events("phases")}),
         "corrupted": write_run(base, "corrupted", {"w.jsonl": corrupted_events("corrupted")}),
+        "corruptfaults": write_run(base, "corruptfaults", {"w.jsonl": corruption_fault_events("corruptfaults")}),
         "nofault": write_run(base, "nofault", {"w.jsonl": [pub("nofault", "x", T), pub("nofault", "y", T + 4, lat=0.003),
                                                           dlv("nofault", "x", T + 1), dlv("nofault", "y", T + 5)]},
                              meta=False),
@@ -155,7 +166,8 @@ def parquet_run(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def report(spark: Any, runs_dir: dict[str, str], parquet_run: str) -> dict[str, Any]:
     """One Spark analysis of all the hand-written runs together (multi-run input)."""
-    dirs = [runs_dir[k] for k in ("clean", "metrics", "phases", "nofault", "corrupted")] + [parquet_run]
+    dirs = [runs_dir[k] for k in ("clean", "metrics", "phases", "nofault", "corrupted",
+                                         "corruptfaults")] + [parquet_run]
     rep, chart = ch.analyze(spark, dirs)
     rep["_chart"] = chart
     return rep
@@ -510,3 +522,23 @@ def test_dead_lettered_copy_is_not_a_duplicate_but_two_plain_first_deliveries_ar
     r = rep["runs"][run]
     assert (r["lost"], r["duplicates"], r["unexpected"]) == (0, 2, 0)
     assert r["ok"]
+
+
+def test_corruption_faults_get_verdicts_and_rows_of_their_own(report: dict) -> None:
+    """Issue 29's kinds (chaosmirrorq.corruption names its windows `corrupt-<fault>-<file
+    kind>-<mode> <node>`): a body damaged inside such a window is `corrupted` (and lost:
+    no intact copy) in that window's verdicts, fails the run, and the per-kind table
+    has a row for each kind."""
+    r = report["runs"]["corruptfaults"]
+    zero = dict.fromkeys(ch.VERDICTS, 0)
+    assert [f["verdicts"] for f in r["faults"]] == [zero | {"corrupted": 1, "lost": 1}, zero]
+    assert r["corrupted_ids"] == ["bad"] and not r["ok"] and not report["ok"]
+    one = {"runs": {"corruptfaults": r}}
+    lines = lr.fault_table(one).splitlines()
+    head = [x.strip() for x in lines[0].strip("|").split("|")]
+    rows = {cells[0]: dict(zip(head, cells, strict=True))
+            for cells in ([x.strip() for x in ln.strip("|").split("|")] for ln in lines[2:])}
+    assert set(rows) == {"corrupt-bitflip-segment-stopped", "corrupt-rollback-snapshot-running"}
+    bitflip = rows["corrupt-bitflip-segment-stopped"]
+    assert (bitflip["windows"], bitflip["corrupted"], bitflip["lost"]) == ("1", "1", "1")
+    assert rows["corrupt-rollback-snapshot-running"]["corrupted"] == "0"

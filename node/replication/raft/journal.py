@@ -17,6 +17,7 @@ import os
 import pickletools
 from typing import Any
 
+from crc32c import crc32c
 from pysyncobj.journal import MetaStorer
 
 from node.replication.codec import CodecError, decode, encode
@@ -33,6 +34,7 @@ class FsyncMetaStorer(MetaStorer):  # type: ignore[misc]
     thread stalled it for hundreds of ms under write load."""
 
     _durable: tuple[Any, Any] | None = None
+    damaged = False  # getMeta found the file unreadable: the vote this node cast is unknown
 
     def storeMeta(self, meta: dict[str, Any]) -> None:  # noqa: N802 - pysyncobj's name
         path = self.getPath()
@@ -71,22 +73,32 @@ class FsyncMetaStorer(MetaStorer):  # type: ignore[misc]
         except ValueError as exc:
             # what pysyncobj does with a meta file it cannot read (start from term 0),
             # but said
+            self.damaged = True
             log.error("journal meta %s unreadable (%s): starting from term 0, no vote",
                       self.getPath(), exc)
             return {}
 
 
-META_MAGIC = b"MQMETA1\n"
+# version 2 ends with a CRC32C of what precedes it: a flipped bit in version 1
+# decoded as a term of 7e16 (adopted by the whole cluster) or could raise the
+# commit index past what was committed (chaos corruption, issue 29)
+META_MAGIC = b"MQMETA2\n"
+META_MAGIC_V1 = b"MQMETA1\n"  # (read: written by an older build)
 _META_KEYS = ("currentTerm", "votedForNodeId", "raftCommitIndex")
 
 
 def encode_meta(meta: dict[str, Any]) -> bytes:
-    return META_MAGIC + encode({k: meta[k] for k in _META_KEYS if k in meta})
+    body = META_MAGIC + encode({k: meta[k] for k in _META_KEYS if k in meta})
+    return body + crc32c(body).to_bytes(4, "little")
 
 
 def decode_meta(data: bytes) -> dict[str, Any]:
-    """The meta file's dict; ValueError if it is not one."""
+    """The meta file's dict; ValueError if it is not one (or fails its checksum)."""
     if data.startswith(META_MAGIC):
+        if len(data) < len(META_MAGIC) + 4 or crc32c(data[:-4]) != int.from_bytes(data[-4:], "little"):
+            raise ValueError("checksum mismatch")
+        data = data[:-4]
+    if data.startswith(META_MAGIC) or data.startswith(META_MAGIC_V1):
         try:
             meta = decode(data, len(META_MAGIC))
         except CodecError as exc:

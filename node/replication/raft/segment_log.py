@@ -459,7 +459,10 @@ class SegmentLog:
                 return None, None
             return None, (path, 0, "header cut short")
         magic, version, hsize, flags, first, hcrc, _p = _HEADER.unpack(head)
-        if magic == MAGIC and version > FORMAT_VERSION:  # written by a newer build: never drop it
+        # a newer build's header has a valid CRC; with a bad one the version is
+        # damage like any other (a flipped bit there refused to start a member
+        # that could re-fetch the segment)
+        if magic == MAGIC and version > FORMAT_VERSION and hcrc == crc32c(head[:24]):  # never drop it
             os.close(fd)
             raise LogDamaged(f"{path}: segment format version {version}, this build reads up to {FORMAT_VERSION}")
         if magic != MAGIC or hcrc != crc32c(head[:24]) or hsize != HEADER_SIZE \
@@ -702,6 +705,11 @@ class SegmentLog:
     # ------------------------------------------------------------- reads
     def _last(self) -> int:
         return self._segs[-1].last if self._segs else self._start - 1
+
+    @property
+    def meta_damaged(self) -> bool:
+        """The meta file was unreadable at open: term 0, and the vote cast is unknown."""
+        return bool(self._meta_storer.damaged)
 
     def first_index(self) -> int:
         return self._start

@@ -219,6 +219,7 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
         receiver = self._SyncObj__serializer
         receiver.__class__ = SnapshotReceiver  # a leader's snapshot: private, checked before it is ours
         receiver.accept = owner._accept_snapshot
+        receiver.own_damaged = owner._own_snapshot_damaged
         receiver.journal = journal
 
     def propose(self, batch: Batch, callback: Callable[[Any, int], None]) -> None:
@@ -541,6 +542,12 @@ class RaftShim(ElectionMixin, SnapshotMixin):
             log.critical("%s", exc)
             journal._destroy()
             raise
+        if journal.meta_damaged and repairable and len(journal):
+            # its vote is lost: granting one now could be a second vote in a term
+            # it already voted in; none until a leader has brought it this far
+            self.repair_until = max(self.repair_until, journal.last_index())
+            log.error("journal meta damaged: no votes from this member until it has applied index %d "
+                      "from a leader", self.repair_until)
         self._so = _BrokerLog(self, self.address, list(c.peers.values()), conf, journal)
         if quiet is None:
             # no peers and not joining: a node alone elects itself at its first
@@ -924,6 +931,18 @@ class RaftShim(ElectionMixin, SnapshotMixin):
     def _on_mirrored(self, index: int) -> None:
         if index > self._mirrored:
             self._mirrored = index
+
+    def _own_snapshot_damaged(self, why: str) -> None:
+        """Our snapshot file failed its check when about to be sent (raft thread):
+        write a new one (once per compaction_min_gap), which replaces it."""
+        so = self._so
+        now = clock()
+        if so is None or self._snap_pid is not None or now - self._last_forced_compaction < self.config.compaction_min_gap:
+            return
+        self._last_forced_compaction = now
+        self.forced_compactions += 1
+        log.error("own snapshot %s damaged (%s): writing a new one", self._dump_path, why)
+        self._tasks.append(so.forceLogCompaction)
 
     def _check_journal_bytes(self, so: _BrokerLog) -> None:
         c = self.config

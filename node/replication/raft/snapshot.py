@@ -57,6 +57,7 @@ from node.replication.raft.segment_log import (
 from node.replication.snapshot_format import (
     RaftMeta,
     SnapshotFormatError,
+    check_file,
     read_entries,
     read_snapshot,
     snapshot_size,
@@ -131,6 +132,7 @@ class SnapshotReceiver(Serializer):  # type: ignore[misc]
     sends it again from its first chunk)."""
 
     accept: Callable[[str, str], bool]  # (received file, dump path) -> install it?
+    own_damaged: Callable[[str], None]  # (why) our snapshot file fails its check: write a new one
     journal: SegmentLog  # where the entries a snapshot needs are read from
     _incoming: IO[bytes] | None = None
     _outgoing: dict[Any, _Outgoing]
@@ -151,6 +153,10 @@ class SnapshotReceiver(Serializer):  # type: ignore[misc]
             if out is not None:
                 out.close()
             log.error("cannot send the snapshot to %s: %s", transmissionID, exc)
+            if isinstance(exc, SnapshotFormatError):
+                # the follower would refuse every copy of this file, until the next
+                # snapshot (minutes): write one now (chaos corruption, issue 29)
+                self.own_damaged(str(exc))
             return None
         last = not chunk
         if last:
@@ -220,6 +226,10 @@ class _Outgoing:
         self.f = open(path, "rb")  # noqa: SIM115 - closed by close()
         try:
             self.left = snapshot_size(self.f.read(64))
+            self.f.seek(0)
+            # checked before the first byte goes out: damage found by the
+            # receiver only was sent again and again
+            check_file(self.f, self.left)
             self.f.seek(0)
             entries = read_entries(self.f)
             self.f.seek(0)

@@ -288,6 +288,20 @@ def test_truncated_and_bit_flipped_snapshots_are_refused() -> None:
             read_snapshot(bytes(flipped))
 
 
+def test_check_file_streams_the_crc_of_what_a_leader_is_about_to_send() -> None:
+    data = encode_snapshot(rich_state().state, META)
+    sf.check_file(io.BytesIO(data + b"entries follow"), sf.snapshot_size(data[:HEADER_SIZE]))
+    rnd = random.Random(8)
+    for _ in range(100):  # past the magic (snapshot_size refuses those first) and the reserved field
+        i = rnd.choice([8, 9, *range(12, len(data))])
+        flipped = bytearray(data)
+        flipped[i] ^= 1 << rnd.randrange(8)
+        with pytest.raises(SnapshotFormatError):
+            sf.check_file(io.BytesIO(bytes(flipped)), sf.snapshot_size(bytes(flipped[:HEADER_SIZE])))
+    with pytest.raises(SnapshotFormatError, match="cut short"):
+        sf.check_file(io.BytesIO(data[:-5]), len(data))
+
+
 def test_crafted_bodies_under_a_valid_checksum_build_only_broker_records() -> None:
     """A peer can send any bytes with a matching CRC: mutate the body, fix the
     checksum, and whatever loads holds nothing but the broker's records and

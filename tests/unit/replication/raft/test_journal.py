@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from node.replication.codec import encode
 from node.replication.raft.journal import (
     META_MAGIC,
+    META_MAGIC_V1,
     FsyncMetaStorer,
     decode_meta,
     legacy_meta,
@@ -79,3 +81,37 @@ def test_the_segment_log_reads_its_meta_through_our_storer(tmp_path: Path) -> No
     j = SegmentLog(str(tmp_path / "log"), path)
     assert (j.getCurrentTerm(), j.getVotedForNodeId(), j.getRaftCommitIndex()) == (9, "x:1", 1)  # empty log: clamped
     j._destroy()
+
+
+def test_every_flipped_bit_in_the_meta_file_is_detected(tmp_path: Path) -> None:
+    # chaos corruption (issue 29): a flip in the unchecked file read back as term 7e16
+    path = tmp_path / "raft.journal.meta"
+    meta = {"currentTerm": 7, "votedForNodeId": "10.0.0.2:25672", "raftCommitIndex": 12345}
+    FsyncMetaStorer(str(path)).storeMeta(meta)
+    data = path.read_bytes()
+    assert decode_meta(data) == meta
+    for bit in range(len(data) * 8):
+        bad = bytearray(data)
+        bad[bit // 8] ^= 1 << (bit % 8)
+        with pytest.raises(ValueError):
+            decode_meta(bytes(bad))
+
+
+def test_a_meta_file_of_the_previous_version_without_checksum_is_read(tmp_path: Path) -> None:
+    meta = {"currentTerm": 9, "votedForNodeId": None, "raftCommitIndex": 77}
+    assert decode_meta(META_MAGIC_V1 + encode(meta)) == meta
+
+
+def test_a_log_whose_meta_file_is_damaged_says_so(tmp_path: Path) -> None:
+    """(the shim then takes no votes from the member until a leader has repaired it)"""
+    meta = tmp_path / "raft.journal.meta"
+    j = SegmentLog(str(tmp_path / "log"), str(meta))
+    j.setCurrentTerm(5, "n2")
+    j._destroy()
+    assert not SegmentLog(str(tmp_path / "log"), str(meta)).meta_damaged
+    data = bytearray(meta.read_bytes())
+    data[len(META_MAGIC) + 2] ^= 0x04
+    meta.write_bytes(bytes(data))
+    k = SegmentLog(str(tmp_path / "log"), str(meta))
+    assert k.meta_damaged and k.getCurrentTerm() == 0
+    k._destroy()

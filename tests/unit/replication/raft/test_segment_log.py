@@ -10,6 +10,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from crc32c import crc32c
 
 from node.replication.raft.log_upgrade import old_records, open_log
 from node.replication.raft.segment_log import HEADER_SIZE, LogDamaged
@@ -151,16 +152,34 @@ def test_single_node_refuses_damage_below_its_commit_index(tmp_path: Path) -> No
     assert victim.exists()  # nothing dropped: the operator decides
 
 
+def _set_header_version(seg: Path, version: int, fix_crc: bool) -> None:
+    data = bytearray(seg.read_bytes())
+    data[8] = version
+    if fix_crc:  # as a newer build writes it
+        data[24:28] = crc32c(bytes(data[:24])).to_bytes(4, "little")
+    seg.write_bytes(bytes(data))
+
+
 def test_a_newer_format_is_refused_not_dropped(tmp_path: Path) -> None:
     j = _open(tmp_path)
     _fill(j, 10)
     j._destroy()
-    seg = _seg_files(tmp_path)[0]
-    data = bytearray(seg.read_bytes())
-    data[8] = 99  # version
-    seg.write_bytes(bytes(data))
+    _set_header_version(_seg_files(tmp_path)[0], 99, fix_crc=True)
     with pytest.raises(LogDamaged, match="version 99"):
         _open(tmp_path)
+
+
+def test_a_flipped_bit_in_the_header_version_is_damage_not_a_newer_format(tmp_path: Path) -> None:
+    # chaos corruption (issue 29): a member refused to start for good ("format version 3")
+    j = _open(tmp_path)
+    written = _fill(j, 200)
+    j._destroy()
+    segs = _seg_files(tmp_path)
+    assert len(segs) > 1
+    _set_header_version(segs[-1], 3, fix_crc=False)
+    j = _open(tmp_path)  # a member: dropped from there on, re-fetched from the leader
+    assert j.recovered and "bad segment header" in j.recovered[0]
+    assert _all(j) == written[:len(j)] and 0 < len(j) < len(written)
 
 
 def test_enospc_via_file_size_limit_appends_nothing(tmp_path: Path) -> None:
