@@ -1,0 +1,123 @@
+"""harness.lazyfs on its own (root, /dev/fuse, fusepy): a crash drop loses what
+was not synced, keeps what was, undoes names whose directory was not synced,
+and afterwards the mount is an ordinary passthrough again. A plain passthrough
+(slowfs) fails every assertion about what the drop took."""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.datafs import DataFs, fuse_unavailable_reason, mounted
+
+
+@pytest.fixture
+def lazy(tmp_path: Path) -> Iterator[DataFs]:
+    reason = fuse_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    fs = DataFs(tmp_path / "data", lazy=True)
+    fs.mount()
+    try:
+        yield fs
+    finally:
+        fs.unmount()
+
+
+def _write(path: Path, data: bytes, sync: bool) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _append(path: Path, data: bytes, sync: bool) -> None:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, data, os.fstat(fd).st_size)
+        if sync:
+            os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
+def _overwrite(path: Path, data: bytes, offset: int) -> None:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, data, offset)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def test_crash_drop_keeps_only_what_was_synced(lazy: DataFs) -> None:
+    d = lazy.data_dir
+    (d / "log").mkdir()
+    # durable: data fsync'd, name fsync'd
+    _write(d / "log" / "seg1", b"A" * 5000, sync=True)
+    _write(d / "meta", b"term=1", sync=True)
+    _write(d / "gone-later", b"keep me", sync=True)
+    _fsync_dir(d / "log")
+    _fsync_dir(d)
+    # not durable
+    _append(d / "log" / "seg1", b"B" * 3000, sync=False)  # unsynced tail of a synced file
+    _overwrite(d / "log" / "seg1", b"X" * 10, 100)  # unsynced overwrite inside the synced part
+    _write(d / "log" / "seg2", b"C" * 100, sync=False)  # new file, nothing synced
+    _write(d / "named-not-synced", b"D" * 100, sync=False)  # its name synced, its data not
+    _fsync_dir(d)
+    _write(d / "meta.tmp", b"term=2", sync=True)  # data synced, the rename not
+    os.replace(d / "meta.tmp", d / "meta")
+    _write(d / "synced-not-named", b"E", sync=True)  # data synced, the directory not
+    (d / "gone-later").unlink()  # an unlink without a directory fsync
+    assert (d / "log" / "seg1").stat().st_size == 8000  # (the live tree has it all until the crash)
+
+    report = lazy.crash_drop()
+
+    assert mounted(lazy.data_dir)
+    assert (d / "log" / "seg1").read_bytes() == b"A" * 5000
+    assert not (d / "log" / "seg2").exists()
+    assert (d / "named-not-synced").read_bytes() == b""
+    assert (d / "meta").read_bytes() == b"term=1"
+    assert not (d / "meta.tmp").exists()
+    assert not (d / "synced-not-named").exists()
+    assert (d / "gone-later").read_bytes() == b"keep me"
+    assert sorted(os.listdir(d)) == ["gone-later", "log", "meta", "named-not-synced"]
+    assert report["bytes_dropped"] >= 3000 + 10 + 100
+    assert "log/seg2" in report["names_removed"] and "gone-later" in report["names_restored"]
+
+
+def test_synced_rename_survives_and_the_mount_is_normal_after_the_drop(lazy: DataFs) -> None:
+    d = lazy.data_dir
+    _write(d / "meta", b"term=1", sync=True)
+    _fsync_dir(d)
+    _write(d / "meta.tmp", b"term=2", sync=True)
+    os.replace(d / "meta.tmp", d / "meta")
+    _fsync_dir(d)  # now the rename is durable
+    _write(d / "lost", b"x" * 10, sync=False)
+    lazy.crash_drop()
+    assert (d / "meta").read_bytes() == b"term=2"
+    assert sorted(os.listdir(d)) == ["meta"]
+    # an ordinary filesystem again: writes, reads, renames, removes, nothing hidden shows
+    _write(d / "a", b"1" * 70000, sync=False)
+    os.replace(d / "a", d / "b")
+    _append(d / "b", b"2", sync=False)
+    (d / "meta").unlink()
+    assert (d / "b").read_bytes() == b"1" * 70000 + b"2"
+    assert sorted(os.listdir(d)) == ["b"]
+    # a clean unmount (no drop) keeps the live tree as it is, attic gone
+    lazy.unmount()
+    assert not mounted(lazy.data_dir)
+    assert sorted(os.listdir(lazy.disk_dir)) == ["b"]
+    assert (lazy.disk_dir / "b").stat().st_size == 70001
