@@ -329,7 +329,7 @@ class LazyFs(SlowFs):
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description="a FUSE passthrough that drops unsynced writes on a crash")
     ap.add_argument("backing")
     ap.add_argument("mountpoint")
     ap.add_argument("--delay-file", default=None)

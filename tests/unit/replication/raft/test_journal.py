@@ -79,3 +79,22 @@ def test_the_segment_log_reads_its_meta_through_our_storer(tmp_path: Path) -> No
     j = SegmentLog(str(tmp_path / "log"), path)
     assert (j.getCurrentTerm(), j.getVotedForNodeId(), j.getRaftCommitIndex()) == (9, "x:1", 1)  # empty log: clamped
     j._destroy()
+
+
+def test_a_commit_index_alone_never_replaces_the_term_and_vote_file(tmp_path: Path) -> None:
+    """Replacing it with unsynced bytes let a later directory fsync (a snapshot's)
+    make the name durable before the data: after a power loss an empty file, term 0,
+    no vote (harness.lazyfs, power_cut). The commit index goes to a side file."""
+    path = tmp_path / "raft.journal.meta"
+    m = FsyncMetaStorer(str(path))
+    m.storeMeta({"currentTerm": 3, "votedForNodeId": "n2", "raftCommitIndex": 10})
+    before = (path.stat().st_ino, path.read_bytes())
+    m.storeMeta({"currentTerm": 3, "votedForNodeId": "n2", "raftCommitIndex": 900})
+    assert (path.stat().st_ino, path.read_bytes()) == before
+    assert not (tmp_path / "raft.journal.meta.tmp").exists()
+    assert FsyncMetaStorer(str(path)).getMeta() == {"currentTerm": 3, "votedForNodeId": "n2",
+                                                   "raftCommitIndex": 900}
+    side = tmp_path / "raft.journal.meta.commit"
+    for torn in (b"", side.read_bytes()[:-1], b"\0" * len(side.read_bytes())):
+        side.write_bytes(torn)  # what a crash can leave of an unsynced write
+        assert FsyncMetaStorer(str(path)).getMeta()["raftCommitIndex"] == 10
