@@ -285,10 +285,10 @@ class LazyFs(SlowFs):
             # 2. data back to its last sync
             rolled = dropped = 0
             for ino, f in self.files.items():
-                p = where.get(ino)
-                if p is None or os.path.islink(p):
+                path = where.get(ino)
+                if path is None or os.path.islink(path):
                     continue
-                fd = os.open(p, os.O_RDWR)
+                fd = os.open(path, os.O_RDWR)
                 try:
                     dropped += max(0, os.fstat(fd).st_size - f.synced_size)
                     for offset, old in reversed(f.undo):
