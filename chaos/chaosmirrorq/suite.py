@@ -41,7 +41,8 @@ ORDER = ["leader-kill-loop", "follower-kill", "leader-pause", "minority-partitio
          "power-cut", "clock-step", "mixed"]
 SUBSETS = {
     "all": ORDER,
-    "ci": ["leader-kill-loop", "minority-partition", "full-restart", "one-way-partition"],
+    # power-cut (~45 s): the cheapest kind that catches a build confirming before its fsync
+    "ci": ["leader-kill-loop", "minority-partition", "full-restart", "one-way-partition", "power-cut"],
 }
 SHORT = {  # make chaos: short faults
     "CHAOS_RATE": "60",  # per publisher, the workload default (chaosmirrorq.workload.DEFAULT_RATE)
