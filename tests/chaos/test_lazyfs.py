@@ -5,12 +5,19 @@ and afterwards the mount is an ordinary passthrough again. A plain passthrough
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from harness.datafs import DataFs, fuse_unavailable_reason, mounted
+from node.replication.raft.segment_log import SegmentLog
+from node.replication.raft.shim import RaftShim
+from node.replication.raft.snapshot import ENTRIES_MAGIC, ENTRIES_VERSION, SnapshotReceiver
+from node.replication.snapshot_format import encode_snapshot, read_snapshot
+from tests.support.machine import Harness, chan, pub, qdecl
+from tests.support.snapshot import META
 
 
 @pytest.fixture
@@ -121,3 +128,33 @@ def test_synced_rename_survives_and_the_mount_is_normal_after_the_drop(lazy: Dat
     assert not mounted(lazy.data_dir)
     assert sorted(os.listdir(lazy.disk_dir)) == ["b"]
     assert (lazy.disk_dir / "b").stat().st_size == 70001
+
+
+def test_a_snapshot_from_the_leader_survives_a_power_loss_whole(lazy: DataFs) -> None:
+    """The follower's receiver fsyncs the snapshot with the log entries that follow
+    it, then cuts them off and renames it into place (directory fsync'd). The cut
+    was not synced: after a power loss raft.dump had the entries section again,
+    "trailing bytes after the snapshot", and the member reset its log."""
+    d = lazy.data_dir
+    shim = RaftShim.__new__(RaftShim)
+    shim.owner = None  # type: ignore[assignment]
+    shim.data_dir, shim._dump_path = str(d), str(d / "raft.dump")
+    shim._loaded, shim._from_leader = None, False
+    shim.installed_snapshots = shim.damaged_snapshots = 0
+    journal = SegmentLog(str(d / "log"), str(d / "raft.journal.meta"))
+    shim._so = type("SO", (), {"_SyncObj__raftLog": journal})()  # type: ignore[assignment]
+    h = Harness()
+    c = h.open(chan())
+    h.run(qdecl(c, "q", durable=True), *[pub(c, "q", b"m%d" % i) for i in range(20)])
+    snapshot = encode_snapshot(h.state, META)
+    sent = snapshot + struct.pack("<8sHHQ", ENTRIES_MAGIC, ENTRIES_VERSION, 0, 0)  # no entries needed
+    receiver = SnapshotReceiver(shim._dump_path, 4096, False, None, None, None)
+    receiver.accept = shim._accept_snapshot
+    chunks = [sent[i:i + 4096] for i in range(0, len(sent), 4096)]
+    assert [receiver.setTransmissionData([b, i == 0, i == len(chunks) - 1])
+            for i, b in enumerate(chunks)][-1] is True
+    assert (d / "raft.dump").read_bytes() == snapshot
+    journal._destroy()
+    lazy.crash_drop()
+    assert (d / "raft.dump").read_bytes() == snapshot
+    read_snapshot((d / "raft.dump").read_bytes())  # (what the restarted node reads)
