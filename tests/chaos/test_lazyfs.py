@@ -4,6 +4,7 @@ and afterwards the mount is an ordinary passthrough again. A plain passthrough
 (slowfs) fails every assertion about what the drop took."""
 from __future__ import annotations
 
+import json
 import os
 import struct
 from collections.abc import Iterator
@@ -176,3 +177,13 @@ def test_term_and_vote_survive_a_power_loss_after_commit_index_writes(lazy: Data
     meta = FsyncMetaStorer(str(d / "raft.journal.meta")).getMeta()
     assert (meta["currentTerm"], meta["votedForNodeId"]) == (5, "n2")
     assert meta["raftCommitIndex"] in (10, 70)  # (an unsynced commit index may go back)
+
+
+def test_suite_registers_the_lost_writes_experiments() -> None:
+    from chaosmirrorq import suite
+
+    for name in ("follower-kill-lost-writes", "leader-kill-lost-writes", "power-cut"):
+        path = suite.EXPERIMENTS_DIR / f"{name}.json"
+        assert name in suite.ORDER and "fuse" in json.loads(path.read_text())["tags"]
+    # the only one of the three that a build confirming before its fsync fails (test_power_cut)
+    assert "power-cut" in suite.SUBSETS["ci"]
