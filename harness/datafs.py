@@ -137,7 +137,7 @@ class DataFs:
         tmp.write_text(f"{float(ms):g}\n")
         os.replace(tmp, self.delay_file)
 
-    def crash_drop(self, timeout: float = 30.0) -> dict[str, Any]:
+    def crash_drop(self, timeout: float = 60.0) -> dict[str, Any]:
         """The power loss of this node's disk: with the node already dead (SIGKILLed
         and reaped), unmount so that the lazyfs daemon rolls its backing dir back
         to what was synced, then mount again (all of it durable from there on).
@@ -149,18 +149,24 @@ class DataFs:
         report_path.unlink(missing_ok=True)
         self.drop_flag.write_text("drop\n")
         try:
-            deadline = time.monotonic() + timeout
+            t0 = time.monotonic()
+            deadline = t0 + timeout
             # a plain umount: a lazy one would let a straggler (the node's snapshot
             # child, dying) keep writing after the drop
-            while mounted(self.data_dir) and subprocess.run(["umount", str(self.data_dir)],
-                                                            capture_output=True).returncode != 0:
+            while mounted(self.data_dir):
+                done = subprocess.run(["umount", str(self.data_dir)], capture_output=True, text=True)
+                if done.returncode == 0:
+                    break
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"{self.data_dir} stays busy: cannot drop its unsynced writes")
+                    raise RuntimeError(f"{self.data_dir} stays busy: cannot drop its unsynced writes "
+                                       f"({done.stderr.strip()})")
                 time.sleep(0.1)
+            unmounted = time.monotonic()
             try:
-                self.fuse_proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+                self.fuse_proc.wait(timeout=max(5.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                raise RuntimeError(f"lazyfs of {self.data_dir} did not exit after its unmount") from None
+                raise RuntimeError(f"lazyfs of {self.data_dir} did not exit {time.monotonic() - unmounted:.1f} s "
+                                   f"after its unmount ({unmounted - t0:.1f} s)") from None
             self.fuse_proc = None
             if not report_path.exists():
                 raise RuntimeError(f"lazyfs of {self.data_dir} exited without dropping: "

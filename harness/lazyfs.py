@@ -341,7 +341,9 @@ def main(argv: list[str] | None = None) -> None:
     FUSE(fs, args.mountpoint, foreground=True, nothreads=False, allow_other=True, big_writes=True,
          max_write=131072)
     if os.path.exists(args.drop_flag):
+        t0 = time.monotonic()
         report = fs.drop_unsynced()
+        print(f"{time.strftime('%H:%M:%S')} dropped in {time.monotonic() - t0:.2f} s: {report}", flush=True)
         tmp = args.drop_flag + ".report.json.tmp"
         with open(tmp, "w") as out:
             json.dump(report, out)
