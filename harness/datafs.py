@@ -55,6 +55,35 @@ def umount(path: str | Path) -> None:
         subprocess.run(["umount", "-l", p], capture_output=True)
 
 
+def umount_elsewhere(path: Path) -> list[int]:
+    """Lazily unmount `path` in every other mount namespace that has it; returns
+    a pid of each. `ip netns exec` gives each node a copy of the mount table as
+    it was at its start, and with private propagation (/ here) an unmount in
+    ours does not reach those copies: the other nodes' namespaces would keep a
+    FUSE mount alive (its daemon running) after it is gone from ours."""
+    target = str(Path(path).resolve())
+    own = os.readlink("/proc/self/ns/mnt")
+    seen = {own}
+    done = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            ns = os.readlink(f"/proc/{entry}/ns/mnt")
+            if ns in seen:
+                continue
+            seen.add(ns)
+            with open(f"/proc/{entry}/mountinfo") as f:
+                has = any(line.split()[4] == target for line in f)
+        except (OSError, IndexError):
+            continue  # gone meanwhile, or not ours to read
+        if has:
+            subprocess.run(["nsenter", f"--mount=/proc/{entry}/ns/mnt", "umount", "-l", target],
+                           capture_output=True)
+            done.append(int(entry))
+    return done
+
+
 def fuse_unavailable_reason() -> str | None:
     if os.geteuid() != 0:
         return "not root (mounting a FUSE filesystem)"
@@ -153,6 +182,7 @@ class DataFs:
             deadline = t0 + timeout
             # a plain umount: a lazy one would let a straggler (the node's snapshot
             # child, dying) keep writing after the drop
+            umount_elsewhere(self.data_dir)
             while mounted(self.data_dir):
                 done = subprocess.run(["umount", str(self.data_dir)], capture_output=True, text=True)
                 if done.returncode == 0:

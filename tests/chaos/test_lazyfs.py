@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import struct
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -187,3 +189,23 @@ def test_suite_registers_the_lost_writes_experiments() -> None:
         assert name in suite.ORDER and "fuse" in json.loads(path.read_text())["tags"]
     # the only one of the three that a build confirming before its fsync fails (test_power_cut)
     assert "power-cut" in suite.SUBSETS["ci"]
+
+
+def test_crash_drop_with_the_mount_copied_into_another_namespace(lazy: DataFs) -> None:
+    """A node started after this mount (ip netns exec: its own copy of the mount
+    table, not a slave of ours under private propagation) holds the FUSE mount
+    open: the drop unmounts it there too, else the daemon would never exit."""
+    d = lazy.data_dir
+    holder = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "120"])
+    try:
+        own = os.readlink("/proc/self/ns/mnt")
+        deadline = time.monotonic() + 10
+        while os.readlink(f"/proc/{holder.pid}/ns/mnt") == own:
+            assert time.monotonic() < deadline, "unshare did not enter its namespace"
+            time.sleep(0.02)
+        _write(d / "unsynced", b"x", sync=False)
+        lazy.crash_drop(timeout=10)
+        assert not (d / "unsynced").exists()
+    finally:
+        holder.kill()
+        holder.wait()
