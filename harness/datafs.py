@@ -210,6 +210,7 @@ class DataFs:
 
     def unmount(self) -> None:
         if self.fuse:
+            umount_elsewhere(self.data_dir)  # (else its daemon lives on there: see umount_elsewhere)
             umount(self.data_dir)
             if self.fuse_proc is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
