@@ -22,7 +22,7 @@ from crc32c import crc32c
 from pysyncobj.journal import MetaStorer
 
 from node.replication.codec import CodecError, decode, encode
-from node.replication.raft.data_dir import open_private
+from node.replication.raft.data_dir import PRIVATE_FILE, open_private
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +65,14 @@ class FsyncMetaStorer(MetaStorer):  # type: ignore[misc]
     def _store_commit(self, commit: int) -> None:
         body = _COMMIT.pack(COMMIT_MAGIC, commit)
         try:
-            with os.fdopen(open_private(self.getPath() + ".commit"), "wb") as f:
-                f.write(body + struct.pack("<I", crc32c(body)))
+            # one pwrite over the old bytes, no truncation first: a kill between
+            # a truncate and the write would leave it empty (the commit index
+            # back to the meta file's, older)
+            fd = os.open(self.getPath() + ".commit", os.O_WRONLY | os.O_CREAT, PRIVATE_FILE)
+            try:
+                os.pwrite(fd, body + struct.pack("<I", crc32c(body)), 0)
+            finally:
+                os.close(fd)
         except OSError as exc:
             # once a second from pysyncobj's tick: on a full disk it was an
             # exception that cut every such tick short; skipping it is safe
