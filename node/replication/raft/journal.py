@@ -1,7 +1,7 @@
 """Helpers of the Raft log on disk (segment_log.py is the log itself):
 
 - FsyncMetaStorer: term and vote fsync'd before they are acted on (Raft §5.2),
-  the commit index stored without a sync in a side file; in our codec (pysyncobj pickles the
+  the commit index stored without a sync; in our codec (pysyncobj pickles the
   meta file; an older build's pickled one is parsed without unpickling:
   legacy_meta);
 - _fallocate: growth reserved with fallocate(2), so a full disk is an
@@ -15,14 +15,12 @@ import ctypes
 import logging
 import os
 import pickletools
-import struct
 from typing import Any
 
-from crc32c import crc32c
 from pysyncobj.journal import MetaStorer
 
 from node.replication.codec import CodecError, decode, encode
-from node.replication.raft.data_dir import PRIVATE_FILE, open_private
+from node.replication.raft.data_dir import open_private
 
 log = logging.getLogger(__name__)
 
@@ -32,61 +30,43 @@ class FsyncMetaStorer(MetaStorer):  # type: ignore[misc]
     a change of either is fsync'd (file and directory). pysyncobj also
     stores the commit index once a second; that needs no sync (a stale one
     is re-learned from the leader), and two fsyncs a second on the raft
-    thread stalled it for hundreds of ms under write load. So a change of the
-    commit index alone goes to a side file (`<path>.commit`, checksummed,
-    never synced) and never replaces the term/vote file: replacing it with
-    unsynced bytes, as before, let any later fsync of the directory (a
-    snapshot's) make the new name durable before its data, and a power loss
-    then left an empty meta file: term 0, no vote (harness.lazyfs showed it)."""
+    thread stalled it for hundreds of ms under write load. Its bytes are
+    fdatasync'd all the same (one small file, no directory sync): it replaces
+    the term/vote file, and any later fsync of the directory (a snapshot's)
+    makes that name durable; unsynced bytes behind it left an empty meta file
+    after a power loss: term 0, no vote (harness.lazyfs showed it)."""
 
     _durable: tuple[Any, Any] | None = None
 
     def storeMeta(self, meta: dict[str, Any]) -> None:  # noqa: N802 - pysyncobj's name
         path = self.getPath()
-        vote = (meta.get("currentTerm"), meta.get("votedForNodeId"))
-        if vote == self._durable:
-            self._store_commit(int(meta.get("raftCommitIndex", 0) or 0))
-            return
         tmp = path + ".tmp"
+        vote = (meta.get("currentTerm"), meta.get("votedForNodeId"))
+        sync = vote != self._durable
         try:
             with os.fdopen(open_private(tmp), "wb") as f:  # 0600: the data dir is private
                 f.write(encode_meta(meta))
                 f.flush()
-                os.fsync(f.fileno())
-        except OSError:
+                if sync:
+                    os.fsync(f.fileno())
+                else:
+                    os.fdatasync(f.fileno())
+        except OSError as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            raise  # a term/vote that is not durable must not be acted on
-        os.replace(tmp, path)
-        _fsync_dir(os.path.dirname(path) or ".")
-        self._durable = vote
-        self._store_commit(int(meta.get("raftCommitIndex", 0) or 0))  # (else a stale side file wins)
-
-    def _store_commit(self, commit: int) -> None:
-        body = _COMMIT.pack(COMMIT_MAGIC, commit)
-        try:
-            # one pwrite over the old bytes, no truncation first: a kill between
-            # a truncate and the write would leave it empty (the commit index
-            # back to the meta file's, older)
-            fd = os.open(self.getPath() + ".commit", os.O_WRONLY | os.O_CREAT, PRIVATE_FILE)
-            try:
-                os.pwrite(fd, body + struct.pack("<I", crc32c(body)), 0)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            # once a second from pysyncobj's tick: on a full disk it was an
-            # exception that cut every such tick short; skipping it is safe
-            # (a stale commit index is re-learned)
+            if sync:
+                raise  # a term/vote that is not durable must not be acted on
+            # only the commit index (once a second from pysyncobj's tick): on a
+            # full disk it was an exception that cut every such tick short;
+            # skipping it is safe (a stale commit index is re-learned)
             log.warning("journal meta: commit index not stored: %s", exc)
+            return
+        os.replace(tmp, path)
+        if sync:
+            _fsync_dir(os.path.dirname(path) or ".")
+            self._durable = vote
 
     def getMeta(self) -> dict[str, Any]:  # noqa: N802 - pysyncobj's name
-        meta = self._read_meta()
-        commit = self._read_commit()
-        if commit is not None:
-            meta["raftCommitIndex"] = commit
-        return meta
-
-    def _read_meta(self) -> dict[str, Any]:
         try:
             with open(self.getPath(), "rb") as f:
                 data = f.read()
@@ -101,23 +81,8 @@ class FsyncMetaStorer(MetaStorer):  # type: ignore[misc]
                       self.getPath(), exc)
             return {}
 
-    def _read_commit(self) -> int | None:
-        """The side file's commit index; None if missing or torn (a crash cut it:
-        the term/vote file's commit index is used, the rest re-learned)."""
-        try:
-            with open(self.getPath() + ".commit", "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
-            return None
-        if len(raw) != _COMMIT.size + 4 or struct.unpack("<I", raw[-4:])[0] != crc32c(raw[:-4]):
-            return None
-        magic, commit = _COMMIT.unpack(raw[:-4])
-        return int(commit) if magic == COMMIT_MAGIC else None
-
 
 META_MAGIC = b"MQMETA1\n"
-COMMIT_MAGIC = b"MQCOMMIT"
-_COMMIT = struct.Struct("<8sQ")  # magic, commit index; then a CRC32C of both
 _META_KEYS = ("currentTerm", "votedForNodeId", "raftCommitIndex")
 
 

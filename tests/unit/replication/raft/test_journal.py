@@ -81,20 +81,23 @@ def test_the_segment_log_reads_its_meta_through_our_storer(tmp_path: Path) -> No
     j._destroy()
 
 
-def test_a_commit_index_alone_never_replaces_the_term_and_vote_file(tmp_path: Path) -> None:
-    """Replacing it with unsynced bytes let a later directory fsync (a snapshot's)
-    make the name durable before the data: after a power loss an empty file, term 0,
-    no vote (harness.lazyfs, power_cut). The commit index goes to a side file."""
+
+def test_a_commit_index_alone_is_fdatasynced_before_it_replaces_the_meta_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It replaces the term/vote file, and a later fsync of the directory (a
+    snapshot's) makes the new name durable: with unsynced bytes behind it, a
+    power loss left an empty meta file, term 0, no vote (harness.lazyfs,
+    tests/chaos/test_lazyfs.py). Its own bytes only: no fsync, no directory sync."""
     path = tmp_path / "raft.journal.meta"
     m = FsyncMetaStorer(str(path))
     m.storeMeta({"currentTerm": 3, "votedForNodeId": "n2", "raftCommitIndex": 10})
-    before = (path.stat().st_ino, path.read_bytes())
+    datasynced: list[bytes] = []
+    fsynced: list[int] = []
+    real = os.fdatasync
+    tmp = tmp_path / "raft.journal.meta.tmp"  # (the fd is write-only: read what it synced by name)
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (real(fd), datasynced.append(tmp.read_bytes())))
+    monkeypatch.setattr(os, "fsync", lambda fd: fsynced.append(fd))
     m.storeMeta({"currentTerm": 3, "votedForNodeId": "n2", "raftCommitIndex": 900})
-    assert (path.stat().st_ino, path.read_bytes()) == before
-    assert not (tmp_path / "raft.journal.meta.tmp").exists()
-    assert FsyncMetaStorer(str(path)).getMeta() == {"currentTerm": 3, "votedForNodeId": "n2",
-                                                   "raftCommitIndex": 900}
-    side = tmp_path / "raft.journal.meta.commit"
-    for torn in (b"", side.read_bytes()[:-1], b"\0" * len(side.read_bytes())):
-        side.write_bytes(torn)  # what a crash can leave of an unsynced write
-        assert FsyncMetaStorer(str(path)).getMeta()["raftCommitIndex"] == 10
+    assert fsynced == []
+    assert datasynced == [path.read_bytes()]  # what is in place was synced, all of it
+    assert FsyncMetaStorer(str(path)).getMeta()["raftCommitIndex"] == 900
