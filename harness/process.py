@@ -362,17 +362,19 @@ class Cluster:
     def __init__(self, base_dir: Path, n: int = 3, hosts: list[str] | None = None,
                  netns: list[str] | None = None, extra_args: Iterable[str] = (),
                  config: str = "", loopback_users: list[str] | None = None,
-                 data_fs_mb: int | None = None, slow_fs: bool = False,
+                 data_fs_mb: int | None = None, slow_fs: bool = False, lazy_fs: bool = False,
                  mounts_registry: Path | None = None,
                  node_env: Callable[[str], dict[str, str]] | None = None) -> None:
         """Opt-ins for the disk and clock faults: `data_fs_mb` (each data dir on
         its own tmpfs of that size), `slow_fs` (each data dir a FUSE passthrough
-        mount with a switchable fsync delay), `mounts_registry` (where the mounts
+        mount with a switchable fsync delay), `lazy_fs` (the FUSE mount is
+        harness.lazyfs: unsynced writes are dropped by DataFs.crash_drop), `mounts_registry` (where the mounts
         are recorded for a clean-up after a crash), `node_env(node_id)` (extra
         environment of that node's process: chaosmirrorq.clock's hook)."""
         self.base_dir = Path(base_dir)
         self.data_fs_mb = data_fs_mb
         self.slow_fs = slow_fs
+        self.lazy_fs = lazy_fs
         self.mounts_registry = mounts_registry
         self.node_env = node_env
         self.base_dir.mkdir(parents=True, exist_ok=True)
@@ -395,9 +397,9 @@ class Cluster:
     def _new_node(self, node_id: str, host: str, netns: str | None) -> ClusterNode:
         node = ClusterNode(node_id, self.base_dir / node_id / "data", host=host, netns=netns,
                            config_path=self.config_path, extra_args=self.extra_args)
-        if self.data_fs_mb or self.slow_fs:
+        if self.data_fs_mb or self.slow_fs or self.lazy_fs:
             node.datafs = DataFs(node.data_dir, size_mb=self.data_fs_mb, slow=self.slow_fs,
-                                 registry=self.mounts_registry)
+                                 registry=self.mounts_registry, lazy=self.lazy_fs)
         if self.node_env is not None:
             node.env.update(self.node_env(node_id))
         return node

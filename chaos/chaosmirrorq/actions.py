@@ -78,7 +78,7 @@ def _lab_index(node: ClusterNode) -> int:
 def start_cluster(nodes: int = 3, netns: bool = True, base_dir: str | None = None,
                   experiment: str = "", config: str = "", baseline: bool = True,
                   spare: int = 2, data_fs_mb: int | str | None = None, slow_fs: bool | str = False,
-                  faketime: bool | str = False) -> dict[str, Any]:
+                  faketime: bool | str = False, lazy_fs: bool | str = False) -> dict[str, Any]:
     """Start `nodes` mirrorq processes (each in its own network namespace when
     netns=True, plus `spare` empty namespaces for add_member), wait until healthy,
     and open the run's history dir BASE_DIR/history. With baseline=True a short
@@ -87,7 +87,8 @@ def start_cluster(nodes: int = 3, netns: bool = True, base_dir: str | None = Non
 
     Opt-ins of the disk and clock faults (chaosmirrorq.disk, chaosmirrorq.clock):
     `data_fs_mb` puts each node's data dir on its own tmpfs of that many MiB,
-    `slow_fs` on a FUSE passthrough with a switchable fsync delay, `faketime`
+    `slow_fs` on a FUSE passthrough with a switchable fsync delay, `lazy_fs` on
+    harness.lazyfs (what was not fsync'd is lost by kill_with_loss / power_cut), `faketime`
     preloads libfaketime into every node with its own timestamp file (offset +0
     until step_clock). Mounts are recorded in BASE_DIR/mounts.json."""
     stop_cluster()
@@ -117,7 +118,8 @@ def start_cluster(nodes: int = 3, netns: bool = True, base_dir: str | None = Non
     if _b(faketime):
         node_env = faketime_env(base / "cluster")
     cluster = Cluster(base / "cluster", n=nodes, hosts=hosts, netns=ns_names, config=config,
-                      data_fs_mb=fs_mb, slow_fs=_b(slow_fs), mounts_registry=base / "mounts.json",
+                      data_fs_mb=fs_mb, slow_fs=_b(slow_fs), lazy_fs=_b(lazy_fs),
+                      mounts_registry=base / "mounts.json",
                       node_env=node_env)
     _STATE["cluster"] = cluster
     cluster.start(timeout=90)

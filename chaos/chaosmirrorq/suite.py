@@ -37,12 +37,14 @@ ORDER = ["leader-kill-loop", "follower-kill", "leader-pause", "minority-partitio
          "leader-in-minority", "full-restart", "rolling-restart", "scale-out-in",
          "network-delay", "packet-loss", "one-way-partition", "bridge-partition",
          "follower-long-pause", "kill-during-snapshot", "membership-during-partition",
-         "follower-disk-full", "follower-slow-disk", "clock-step", "mixed",
+         "follower-disk-full", "follower-slow-disk", "follower-kill-lost-writes", "leader-kill-lost-writes",
+         "power-cut", "clock-step", "mixed",
          "corrupt-follower-segment", "corrupt-running", "corrupt-helix", "corrupt-membership",
          "corrupt-leader-snapshot"]
 SUBSETS = {
     "all": ORDER,
-    "ci": ["leader-kill-loop", "minority-partition", "full-restart", "one-way-partition"],
+    # power-cut (~45 s): the cheapest kind that catches a build confirming before its fsync
+    "ci": ["leader-kill-loop", "minority-partition", "full-restart", "one-way-partition", "power-cut"],
 }
 SHORT = {  # make chaos: short faults
     "CHAOS_RATE": "60",  # per publisher, the workload default (chaosmirrorq.workload.DEFAULT_RATE)
@@ -82,7 +84,7 @@ def skip_reason(path: Path) -> str | None:
     if "tmpfs" in tags:  # follower-disk-full: a tmpfs per node
         from harness.datafs import tmpfs_unavailable_reason
         return tmpfs_unavailable_reason()
-    if "fuse" in tags:  # follower-slow-disk: a FUSE data dir per node
+    if "fuse" in tags:  # follower-slow-disk, the lost-writes kinds: a FUSE data dir per node
         from harness.datafs import fuse_unavailable_reason
         return fuse_unavailable_reason()
     if "faketime" in tags:  # clock-step: libfaketime preloaded

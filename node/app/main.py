@@ -179,6 +179,8 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
     cfg.insecure_dev = bool(args.insecure_dev)
     if os.environ.get("MIRRORQ_UNSAFE_EARLY_CONFIRM") == "1":
         cfg.raft.unsafe_early_confirm = True
+    if os.environ.get("MIRRORQ_UNSAFE_NO_FSYNC") == "1":
+        cfg.raft.unsafe_no_fsync = True
     cfg.raft.machine_version = machine_version_override(os.environ.get(MACHINE_VERSION_ENV))
     validate(cfg)
     check_cluster_password(cfg)
@@ -298,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.raft.unsafe_early_confirm:
         log.critical("MIRRORQ_UNSAFE_EARLY_CONFIRM=1: confirming publishes BEFORE replication; "
                      "confirmed messages WILL be lost on failures (chaos-suite self-test only)")
+    if cfg.raft.unsafe_no_fsync:
+        log.critical("MIRRORQ_UNSAFE_NO_FSYNC=1: the Raft log is NOT fdatasync'd before entries count as on "
+                     "disk; confirmed messages WILL be lost on a power loss (chaos-suite self-test only)")
     from node.replication.snapshot_format import SnapshotFormatError
     try:
         tune_gc()

@@ -53,6 +53,11 @@ class RaftConfig:
     # confirm publishes on receipt, before replication (env
     # MIRRORQ_UNSAFE_EARLY_CONFIRM=1). Never set it otherwise.
     unsafe_early_confirm: bool = False
+    # BROKEN ON PURPOSE, for the proof that a power loss is caught (chaos
+    # kill_with_loss / power_cut over harness.lazyfs): the log's flush skips
+    # its fdatasync and counts the entries as on disk, so they are acked and
+    # confirmed while only in the page cache (env MIRRORQ_UNSAFE_NO_FSYNC=1).
+    unsafe_no_fsync: bool = False
     # how long a peer name's address is trusted before it is looked up again
     # (only when dialling: a connected link keeps its socket)
     dns_cache_seconds: float = 2.0

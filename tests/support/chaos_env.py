@@ -15,7 +15,7 @@ def short_env(**extra: str) -> dict[str, str]:
     from chaosmirrorq.netns import netns_unavailable_reason
 
     env = dict(os.environ)
-    for k in [k for k in env if k.startswith("CHAOS_") or k == "MIRRORQ_UNSAFE_EARLY_CONFIRM"]:
+    for k in [k for k in env if k.startswith(("CHAOS_", "MIRRORQ_UNSAFE_"))]:
         del env[k]
     env.update(CHAOS_RATE="150", CHAOS_WARMUP_SECONDS="2", CHAOS_FAULT_SECONDS="4",
                CHAOS_KILLS="1", CHAOS_DOWN_SECONDS="2", CHAOS_INTERVAL_SECONDS="2")

@@ -696,10 +696,13 @@ class SegmentLog:
             seg.crc = crc32c(record, seg.crc)
         self._remember(idx, (data, idx, term))
 
+    sync_appends = True  # False only in the broken build (RaftConfig.unsafe_no_fsync)
+
     def flush(self) -> None:
         for seg in self._segs:
             if seg.dirty:
-                os.fdatasync(seg.fd)
+                if self.sync_appends:
+                    os.fdatasync(seg.fd)
                 seg.dirty = False
 
     # ------------------------------------------------------------- reads

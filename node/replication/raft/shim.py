@@ -536,6 +536,7 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         repairable = bool(c.peers) or c.join
         journal = open_log(self.data_dir, repairable=repairable, segment_bytes=c.segment_bytes,
                            retain=self._retains, granule=1 << BUCKET_SHIFT, verify_bytes=c.verify_at_open_bytes)
+        journal.sync_appends = not c.unsafe_no_fsync
         try:  # before the first tick, where pysyncobj would load it
             self.load_own_snapshot(journal, repairable)
         except SnapshotFormatError as exc:

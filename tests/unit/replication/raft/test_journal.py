@@ -115,3 +115,24 @@ def test_a_log_whose_meta_file_is_damaged_says_so(tmp_path: Path) -> None:
     k = SegmentLog(str(tmp_path / "log"), str(meta))
     assert k.meta_damaged and k.getCurrentTerm() == 0
     k._destroy()
+
+
+def test_a_commit_index_alone_is_fdatasynced_before_it_replaces_the_meta_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It replaces the term/vote file, and a later fsync of the directory (a
+    snapshot's) makes the new name durable: with unsynced bytes behind it, a
+    power loss left an empty meta file, term 0, no vote (harness.lazyfs,
+    tests/chaos/test_lazyfs.py). Its own bytes only: no fsync, no directory sync."""
+    path = tmp_path / "raft.journal.meta"
+    m = FsyncMetaStorer(str(path))
+    m.storeMeta({"currentTerm": 3, "votedForNodeId": "n2", "raftCommitIndex": 10})
+    datasynced: list[bytes] = []
+    fsynced: list[int] = []
+    real = os.fdatasync
+    tmp = tmp_path / "raft.journal.meta.tmp"  # (the fd is write-only: read what it synced by name)
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (real(fd), datasynced.append(tmp.read_bytes())))
+    monkeypatch.setattr(os, "fsync", lambda fd: fsynced.append(fd))
+    m.storeMeta({"currentTerm": 3, "votedForNodeId": "n2", "raftCommitIndex": 900})
+    assert fsynced == []
+    assert datasynced == [path.read_bytes()]  # what is in place was synced, all of it
+    assert FsyncMetaStorer(str(path)).getMeta()["raftCommitIndex"] == 900
