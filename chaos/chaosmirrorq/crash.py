@@ -117,13 +117,14 @@ def _open_faults() -> dict[str, tuple[str, float]]:
     return STATE.setdefault("open_faults", {})  # type: ignore[no-any-return]
 
 
-def crash_down(target: str = "follower") -> dict[str, Any]:
+def crash_down(target: str = "follower", role: str = "") -> dict[str, Any]:
     """SIGKILL `target`, drop its unsynced writes and leave it down: its fault
-    window stays open until restart_crashed (or the heal_all rollback)."""
+    window (named after `role`, else `target`) stays open until restart_crashed
+    (or the heal_all rollback)."""
     node = pick(target)
     fs = _lazy(node)
     t0 = time.time()
-    _open_faults()[node.node_id] = (f"kill-with-loss-{target} {node.node_id}", t0)
+    _open_faults()[node.node_id] = (f"kill-with-loss-{role or target} {node.node_id}", t0)
     node.kill9()
     return {"node": node.node_id, "dropped": fs.crash_drop(), "killed_ts": t0}
 
@@ -195,7 +196,7 @@ def crash_during(fault: str = "partition", seconds: float = 5.0, heal_first: str
         else:
             a.pause()
         time.sleep(0.2 * f)
-        crashed = crash_down(b.node_id)
+        crashed = crash_down(b.node_id, "leader" if b is leader else "follower")
         time.sleep(0.6 * f)
         if order == "crash":
             restart_crashed(b.node_id, healthy=False)
@@ -228,7 +229,7 @@ def membership_after_loss(seed: int | str | None = None, down_seconds: float = 2
     s = None if seed in (None, "") else int(seed)  # type: ignore[arg-type]
     c = cluster()
     b = random.Random(s).choice(sorted(c.followers(timeout=30), key=lambda n: n.node_id))
-    crashed = crash_down(b.node_id)
+    crashed = crash_down(b.node_id, "follower")
     time.sleep(as_float(down_seconds))
     t0 = time.time()
     host, ns = actions._spare_host()
