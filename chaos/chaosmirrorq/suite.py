@@ -40,7 +40,7 @@ ORDER = ["leader-kill-loop", "follower-kill", "leader-pause", "minority-partitio
          "follower-disk-full", "follower-slow-disk", "follower-kill-lost-writes", "leader-kill-lost-writes",
          "power-cut", "clock-step", "mixed",
          "corrupt-follower-segment", "corrupt-running", "corrupt-helix", "corrupt-membership",
-         "corrupt-leader-snapshot"]
+         "corrupt-leader-snapshot", "crash-during-partition", "crash-during-pause", "membership-lost-writes"]
 SUBSETS = {
     "all": ORDER,
     # power-cut (~45 s): the cheapest kind that catches a build confirming before its fsync

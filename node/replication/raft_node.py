@@ -489,6 +489,9 @@ class RaftNode:
         request(done)
         return await asyncio.wait_for(fut, timeout)
 
+    def add_member_refusal(self) -> str | None:
+        return self.shim.add_member_refusal()
+
     def peer_address(self, node_id: str) -> str | None:
         return self.read_model().members.get(node_id) or self.config.peers.get(node_id)
 

@@ -15,7 +15,8 @@ from tests.support.chaos_env import EXPERIMENTS
 FILES = sorted(EXPERIMENTS.glob("*.json")) + sorted((EXPERIMENTS / "k8s").glob("*.json"))
 NAMES = ["leader-kill-loop", "follower-kill", "leader-pause", "minority-partition",
          "leader-in-minority", "full-restart", "rolling-restart", "scale-out-in",
-         "network-delay", "packet-loss", "one-way-partition"]
+         "network-delay", "packet-loss", "one-way-partition",
+         "crash-during-partition", "crash-during-pause", "membership-lost-writes"]
 K8S_NAMES = ["leader-pod-kill", "scale-out-in"]  # run by tests/k8s/test_chaos_k8s.py
 
 

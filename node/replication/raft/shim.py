@@ -651,6 +651,28 @@ class RaftShim(ElectionMixin, SnapshotMixin):
 
         so.change_member(address, add, callback)
 
+    def add_member_refusal(self) -> str | None:
+        """Why adding a member now would stall the cluster (leader; any thread),
+        or None. etcd's strict reconfiguration check. Adding a member raises the quorum
+        at once (pysyncobj applies a config entry when it is appended), and the
+        new one counts only once it has caught up: with fewer members answering
+        than the new quorum, nothing commits, the change included, until it has,
+        or ever if it never starts (seen: one of three members down, AddMember
+        stalled every confirm 34 s and timed out). A single member may grow."""
+        so = self._so
+        if so is None or not so._isLeader() or not so.otherNodes:
+            return None
+        now = clock()
+        replies, lost = so.last_response(), so.transport().lost_at
+        answering = 1 + sum(1 for n in list(so.otherNodes)
+                            if n not in lost and now - replies.get(n, 0.0) < self.config.election_max)
+        total = len(so.otherNodes) + 2
+        quorum = total // 2 + 1
+        if answering >= quorum:
+            return None
+        return (f"{answering} of the {total - 1} members answer, below the quorum of {quorum} that "
+                f"{total} members need: bring the others back or remove the dead ones first")
+
     def transfer(self, address: str | None, done: Done) -> None:
         """TimeoutNow to `address` (or the most caught-up follower); `done`
         says whether it was sent ("request_denied": the target is not caught up)."""

@@ -36,6 +36,7 @@ class SlowRaft:
         self.log: list[tuple[str, str]] = []
         self.gates: dict[str, asyncio.Event] = {}
         self.changing: dict[str, asyncio.Event] = {}
+        self.refusal: str | None = None  # what add_member_refusal answers
 
     def add_drain_listener(self, _fn: Callable[[], None]) -> None:
         pass  # the AMQP server's; it is built but not started here
@@ -54,6 +55,9 @@ class SlowRaft:
 
     async def commit(self, cmds: list[Command], timeout: float = 30.0) -> None:
         self.log.append(("commit", getattr(cmds[0], "node", "")))
+
+    def add_member_refusal(self) -> str | None:
+        return self.refusal
 
     async def change_member(self, address: str, add: bool, timeout: float = 30.0) -> None:
         self.log.append(("change", address))
@@ -127,3 +131,15 @@ def test_http_and_grpc_membership_changes_on_one_node_are_serialized(
             await http_server.stop()
 
     asyncio.run(run())
+
+
+def test_a_refused_add_member_records_no_member() -> None:
+    """The quorum check (RaftShim.add_member_refusal; real processes: chaos
+    experiment membership-lost-writes) comes before SetMember: a refused add
+    leaves no out-of-sync member record that Raft never got."""
+    raft = SlowRaft("n1", "", None, None, None)
+    raft.refusal = "2 of the 3 members answer, below the quorum of 3 that 4 members need"
+    admin = Administrator(raft)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="membership change refused: 2 of the 3"):
+        asyncio.run(admin.add_member("n4", "127.0.0.1:4"))
+    assert raft.log == []
