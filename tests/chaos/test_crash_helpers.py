@@ -14,7 +14,9 @@ def test_seeded_heal_order_alternates_so_two_seeds_cover_both_orders() -> None:
 
 
 @pytest.mark.parametrize("kwargs", [{"fault": "kill"}, {"heal_first": "never"}])
-def test_bad_arguments_fail_before_any_fault(kwargs: dict[str, str]) -> None:
-    assert "cluster" not in fault.STATE  # so reaching for one would raise RuntimeError, not ValueError
+def test_bad_arguments_fail_before_any_fault(kwargs: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # no cluster (an earlier test in this process may have left one): reaching
+    # for it would raise RuntimeError, not ValueError
+    monkeypatch.delitem(fault.STATE, "cluster", raising=False)
     with pytest.raises(ValueError):
         crash.crash_during(**kwargs)  # type: ignore[arg-type]
