@@ -108,7 +108,11 @@ class SlowFs(Operations):  # type: ignore[misc]
         return os.open(self._p(path), flags)
 
     def create(self, path: str, mode: int, fi: Any = None) -> int:
-        return os.open(self._p(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        # O_RDWR whatever the caller asked: fusepy does not pass its flags, and
+        # the kernel reads a file created O_RDWR through this same handle (an
+        # O_WRONLY one failed the node's reads of a new log segment with EBADF,
+        # once its entry cache let go of them: raft ticks failed, links desynced)
+        return os.open(self._p(path), os.O_RDWR | os.O_CREAT | os.O_TRUNC, mode)
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         return os.pread(fh, size, offset)

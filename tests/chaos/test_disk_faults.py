@@ -29,7 +29,13 @@ import pytest
 from chaosmirrorq import actions, disk
 from chaosmirrorq.probes import cluster_status
 
-from harness.datafs import fuse_unavailable_reason, mounted, mounts_under, tmpfs_unavailable_reason
+from harness.datafs import (
+    DataFs,
+    fuse_unavailable_reason,
+    mounted,
+    mounts_under,
+    tmpfs_unavailable_reason,
+)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: mounts a tmpfs / FUSE fs per node")
 
@@ -253,3 +259,24 @@ def test_slow_disk_delays_fsync_on_the_follower_only(chaos_state: Path) -> None:
     assert mounts_under(chaos_state) == []
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or b"slowfs" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+@pytest.mark.skipif(fuse_unavailable_reason() is not None, reason=str(fuse_unavailable_reason()))
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_file_created_read_write_through_the_fuse_mount_reads_back(tmp_path: Path, lazy: bool) -> None:
+    """The node creates a log segment O_RDWR and reads it back through the same
+    fd. slowfs opened every created file O_WRONLY (fusepy does not pass the
+    flags): those reads failed with EBADF, the raft ticks with them."""
+    fs = DataFs(tmp_path / "data", slow=not lazy, lazy=lazy)
+    fs.mount()
+    try:
+        fd = os.open(fs.data_dir / "seg", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.pwrite(fd, b"record" * 1000, 0)
+            os.fsync(fd)  # past the kernel's page cache: the read goes to the daemon
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            assert os.pread(fd, 6000, 0) == b"record" * 1000
+        finally:
+            os.close(fd)
+    finally:
+        fs.unmount()
