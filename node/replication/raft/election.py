@@ -88,23 +88,28 @@ class ElectionMixin:
             self.fast_elections += 1
 
     # ---------------------------------------------- elections (raft thread)
-    def _gate_election(self, so: _BrokerLog, now: float) -> None:
+    def _gate_election(self, so: _BrokerLog, now: float) -> bool:
         """PreVote (Raft thesis §9.6): before pysyncobj may start an election
         (bump its term and ask for votes), ask the others whether they would
         vote: only with a majority's yes does the election go ahead. A member
         that is behind, slow or cut off thus never raises its term and
-        never disrupts a healthy leader."""
+        never disrupts a healthy leader.
+
+        True: pysyncobj may campaign in the coming tick. False: it must not,
+        even if its deadline passes before its check (the tick's first steps,
+        the meta file's once-a-second fsync, or the GIL can hold it up for
+        longer than any margin here): _run hides the deadline for the tick."""
         if so._SyncObj__raftState == _RAFT_STATE.LEADER or not so.otherNodes:  # type: ignore[attr-defined]
-            return
+            return True
         if so._SyncObj__transferInProgress:  # type: ignore[attr-defined]
             self._campaign_transfer = True  # the leader asked: no pre-vote
-            return
-        if so._SyncObj__raftElectionDeadline > now + 2 * self.config.idle_tick:  # type: ignore[attr-defined]
-            return
+            return True
         if self._prevote_won:
             self._prevote_won = False
             so._SyncObj__raftElectionDeadline = 0  # type: ignore[attr-defined]
-            return
+            return True
+        if so._SyncObj__raftElectionDeadline > now + 2 * self.config.idle_tick:  # type: ignore[attr-defined]
+            return False
         c = self.config
         # the next round: soon while the leader's link is known broken
         lo, hi = (0.15, 0.3) if self._leader_lost else (c.election_min, c.election_max)
@@ -117,6 +122,7 @@ class ElectionMixin:
         for node in list(so.otherNodes):
             transport.send_raw(node, {"type": PREVOTE, "term": self._prevote_term,
                                       "last_log_index": last_index, "last_log_term": last_term})
+        return False
 
     @staticmethod
     def _log_tail(so: _BrokerLog) -> tuple[int, int]:

@@ -389,6 +389,7 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
 
 
 _NO_ENTRIES = encode([])
+_NEVER = float("inf")  # an election deadline pysyncobj's check never passes
 CACHE_IDLE_CHECK = 10.0  # s: the log's cached entries older than this go (SegmentLog.age_cache)
 
 
@@ -810,9 +811,7 @@ class RaftShim(ElectionMixin, SnapshotMixin):
                 self._defer_election(so, now)
             prev = now
             try:
-                self._gate_election(so, now)
-                so.doTick(self.config.idle_tick)
-                self._campaign_transfer = False
+                self._tick(so, now)
             except LogDamaged as exc:  # found on a read: never applied nor sent; the restart repairs
                 if exc.path and so._SyncObj__raftLog.unchecked(exc.path):
                     self._on_scrub_damage(exc.path)  # what the start would have found: start again
@@ -826,6 +825,24 @@ class RaftShim(ElectionMixin, SnapshotMixin):
             except Exception:  # noqa: BLE001 - a bad tick must not kill replication
                 log.exception("raft tick failed")
                 time.sleep(0.05)
+
+    def _tick(self, so: _BrokerLog, now: float) -> None:
+        """One pysyncobj tick, campaigning only where the gate allows: else the
+        election deadline is out of reach for the tick (pysyncobj checks it
+        after steps that can run long) and comes back after it, unless the tick
+        set a new one (a heartbeat, a granted vote, a lost link)."""
+        if self._gate_election(so, now):
+            so.doTick(self.config.idle_tick)
+            self._campaign_transfer = False
+            return
+        deadline = so._SyncObj__raftElectionDeadline  # type: ignore[attr-defined]
+        so._SyncObj__raftElectionDeadline = _NEVER  # type: ignore[attr-defined]
+        try:
+            so.doTick(self.config.idle_tick)
+        finally:
+            self._campaign_transfer = False
+            if so._SyncObj__raftElectionDeadline == _NEVER:  # type: ignore[attr-defined]
+                so._SyncObj__raftElectionDeadline = deadline  # type: ignore[attr-defined]
 
     # ------------------------------------------------------ the tick (raft thread)
     def _on_tick(self) -> None:
