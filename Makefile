@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 RUN_STAMP := $(VENV)/.run-stamp
 AMQP_PORT ?= 5672
 
-.PHONY: run test lint unit integration bench clean release-fixture chaos chaos-long soak fuzz proto image spark-up spark-down spark-submit
+.PHONY: run test test-long lint unit integration bench clean release-fixture chaos chaos-long soak fuzz proto image spark-up spark-down spark-submit
 
 $(RUN_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +38,12 @@ integration: $(STAMP)
 	$(VENV)/bin/pytest -q tests/integration
 
 test: lint k8s-build
-	$(VENV)/bin/pytest -q -p no:cacheprovider --durations=25 tests
+	$(VENV)/bin/pytest -q -p no:cacheprovider --durations=40 -m "not long" tests
+
+# test-long: the tests marked `long` (minutes each, covered more cheaply in make test;
+# left out to keep CI within its time budget)
+test-long: lint k8s-build
+	$(VENV)/bin/pytest -q -p no:cacheprovider --durations=25 -m long tests
 
 # release-fixture: tests/data/release-<commit>.tar.gz, the node/ package of the previous
 # release that tests/cluster/test_rolling_upgrade.py rolls a cluster from (it replaces the
