@@ -213,6 +213,9 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
                  journal: SegmentLog) -> None:
         self._owner = owner
         self._flow: dict[Any, _Flow] = {}
+        # followers catching up from a snapshot we sent: since when (kept across
+        # a broken link: installing a large snapshot can outlast the link)
+        self._catch_up: dict[Any, float] = {}
         self._blobs: dict[tuple[int, int, int], bytes] = {}
         super().__init__(self_addr, others, conf, transportClass=_Transport)
         adopt(self, journal)  # in place of the MemoryJournal pysyncobj made (no journalFile)
@@ -259,6 +262,48 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
 
     def _SyncObj__sendAppendEntries(self) -> None:  # noqa: N802
         self._replicate()
+
+    def _SyncObj__tryLogCompaction(self) -> None:  # noqa: N802
+        if self._holds_compaction():
+            return
+        SyncObj._SyncObj__tryLogCompaction(self)
+
+    def _holds_compaction(self) -> bool:
+        """True: start no snapshot now, because a follower is catching up from
+        the one we sent it. A snapshot taken meanwhile drops the log up to it,
+        and the follower, done with the older one, is behind the new one:
+        another transfer, overtaken again for as long as the load lasts (with
+        a snapshot every second, chaos corruption experiments). Bounded: at
+        most SNAPSHOT_SEND_HOLD seconds per catch-up (then one snapshot goes
+        ahead and the next transfer holds again) and twice compaction_max_bytes
+        of log. A snapshot being written is always collected."""
+        if not self._isLeader():
+            self._catch_up.clear()
+            return False
+        if self._SyncObj__serializer._Serializer__pid != 0:
+            return False
+        now = clock()
+        applied = self.raftLastApplied
+        match = self._SyncObj__raftMatchIndex
+        hold = False
+        members = self._SyncObj__otherNodes
+        for node, since in list(self._catch_up.items()):
+            flow = self._flow.get(node)
+            if node not in members:
+                del self._catch_up[node]
+            elif (flow is None or flow.snapshot_index is None) and match.get(node, 0) >= applied:
+                del self._catch_up[node]  # holds what a snapshot would cut: caught up
+                log.info("%s caught up from a snapshot in %.1f s (index %d): snapshots resume",
+                         getattr(node, "address", node), now - since, applied)
+            elif now - since >= SNAPSHOT_SEND_HOLD:
+                del self._catch_up[node]  # too slow: let one snapshot go ahead
+                log.warning("a follower's catch-up from a snapshot took over %.0f s: "
+                            "taking a snapshot regardless", SNAPSHOT_SEND_HOLD)
+            else:
+                hold = True
+        if hold and self._SyncObj__raftLog.bytes_used() > 2 * self._owner.config.compaction_max_bytes:
+            return False
+        return hold
 
     def _replicate(self) -> None:
         """AppendEntries to every connected follower: entries in chunks of at
@@ -345,6 +390,11 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
             data = serializer.getTransmissionData(node)
             if data and data[1]:  # first chunk: the dump it reads is the one the journal starts at
                 flow.snapshot_index = int(journal[1][1] if len(journal) > 1 else journal[0][1])
+                if node not in self._catch_up:
+                    self._catch_up[node] = clock()
+                    log.info("sending %s the snapshot at index %d: no snapshot here until it has "
+                             "caught up (at most %.0f s)", getattr(node, "address", node), flow.snapshot_index,
+                             SNAPSHOT_SEND_HOLD)
             # every chunk names the index, so that a follower that has applied past
             # it drops it instead of rewinding its state (_snapshot_moves_forward)
             transport.send(node, {"type": "append_entries", "term": term, "commit_index": commit,
@@ -389,6 +439,8 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
 
 
 _NO_ENTRIES = encode([])
+# longest a leader holds its snapshots while a follower catches up from one (_holds_compaction)
+SNAPSHOT_SEND_HOLD = 120.0
 _NEVER = float("inf")  # an election deadline pysyncobj's check never passes
 CACHE_IDLE_CHECK = 10.0  # s: the log's cached entries older than this go (SegmentLog.age_cache)
 

@@ -23,6 +23,7 @@ from node.broker.ids import ConnId
 from node.replication.config import RaftConfig
 from node.replication.effect import ConnectionFailure
 from node.replication.machine import SKIPPED_TEXT, BrokerState, skipped_effects
+from node.replication.raft import shim as shim_mod
 from node.replication.raft.shim import RaftShim, _BrokerLog, _Flow
 from node.replication.raft_node import RaftNode
 from tests.support.machine import (
@@ -193,7 +194,8 @@ class _Window(_SentLog):
 
 
 def test_the_leader_names_the_transmitted_index_in_every_chunk_and_resumes_after_it() -> None:
-    leader = SimpleNamespace(_SyncObj__serializer=_Serializer([b"a", b"b"]), _SyncObj__raftNextIndex={"n3": 10})
+    leader = SimpleNamespace(_SyncObj__serializer=_Serializer([b"a", b"b"]), _SyncObj__raftNextIndex={"n3": 10},
+                             _catch_up={})
     flow, transport = _Flow(), _Window()
     journal = [(b"", 4996, 2), (b"", 4997, 2), (b"", 4998, 3)]
     _BrokerLog._send_snapshot(leader, "n3", flow, transport, 3, 5000, 1 << 20, journal)  # type: ignore[arg-type]
@@ -201,3 +203,44 @@ def test_the_leader_names_the_transmitted_index_in_every_chunk_and_resumes_after
     assert [m["serialized"][1:] for _n, m in transport.sent] == [[True, False], [False, False], [False, True]]
     assert leader._SyncObj__raftNextIndex["n3"] == 4998
     assert flow.snapshot_index is None  # the transmission is over
+    assert "n3" in leader._catch_up  # its catch-up is not: the leader holds its snapshots
+
+
+def _holder(*, leader: bool = True, pid: int = 0, applied: int = 100, match: int = 50,
+            sending: bool = False, since: float = 0.0, used: int = 0) -> Any:
+    """A leader with a follower n3 catching up from a snapshot since `since` (clock)."""
+    flow = _Flow()
+    flow.snapshot_index = 40 if sending else None
+    return SimpleNamespace(
+        _isLeader=lambda: leader, _SyncObj__serializer=SimpleNamespace(_Serializer__pid=pid),
+        raftLastApplied=applied, _SyncObj__raftMatchIndex={"n3": match}, _SyncObj__otherNodes={"n3"},
+        _flow={"n3": flow}, _catch_up={"n3": since},
+        _SyncObj__raftLog=SimpleNamespace(bytes_used=lambda: used),
+        _owner=SimpleNamespace(config=RaftConfig()))
+
+
+def test_the_leader_holds_its_snapshots_while_a_follower_catches_up_from_one_within_bounds() -> None:
+    from pysyncobj.monotonic import monotonic as clock
+    now = clock()
+    hold = _BrokerLog._holds_compaction
+    # sending the snapshot, then sending the entries after it: held
+    assert hold(_holder(sending=True, since=now, match=0))
+    assert hold(_holder(sending=False, since=now, match=99))
+    # it holds what a snapshot would cut: released, and forgotten
+    h = _holder(sending=False, since=now, match=100)
+    assert not hold(h) and h._catch_up == {}
+    # too slow: one snapshot goes ahead
+    h = _holder(sending=True, since=now - shim_mod.SNAPSHOT_SEND_HOLD - 1)
+    assert not hold(h) and h._catch_up == {}
+    # the log grew past twice the byte bound: snapshots go on, the catch-up is still known
+    h = _holder(sending=True, since=now, used=2 * RaftConfig().compaction_max_bytes + 1)
+    assert not hold(h) and "n3" in h._catch_up
+    # a snapshot being written is always collected
+    assert not hold(_holder(sending=True, since=now, pid=1234))
+    # no longer the leader: nothing held, nothing remembered
+    h = _holder(leader=False, sending=True, since=now)
+    assert not hold(h) and h._catch_up == {}
+    # a member removed meanwhile
+    h = _holder(sending=True, since=now)
+    h._SyncObj__otherNodes = set()
+    assert not hold(h) and h._catch_up == {}
