@@ -211,6 +211,7 @@ class PeerLink:
         self._tls_in: ssl.MemoryBIO | None = None
         self._tls_out: ssl.MemoryBIO | None = None
         self._rbuf = bytearray()
+        self._consumed = 0  # bytes of _rbuf checked and handed on by the parse under way
         self._wq: deque[bytes | memoryview] = deque()
         self._unsent = 0
         self._nonce = b""
@@ -442,7 +443,17 @@ class PeerLink:
 
     def _parse(self) -> None:
         buf = self._rbuf
-        off = 0
+        try:
+            self._parse_frames(buf)
+        finally:
+            # what was checked is consumed even if its handler raised (a failing
+            # raft tick): left in the buffer, it was checked again under the next
+            # sequence number ('bad MAC on frame 1') and the link closed
+            if self._sock is not None and buf is self._rbuf:
+                del buf[:self._consumed]
+
+    def _parse_frames(self, buf: bytearray) -> None:
+        off = self._consumed = 0
         while self._sock is not None and len(buf) - off >= 5:
             n, kind = _HDR.unpack_from(buf, off)
             limit = MAX_FRAME if self._authed else PRE_AUTH_MAX
@@ -468,13 +479,12 @@ class PeerLink:
                     return
                 self._recv_seq += 1
             off += 4 + n
+            self._consumed = off
             try:
                 self._on_frame(kind, payload)
             except CodecError as e:
                 self._reject(f"undecodable frame: {e}")
                 return
-        if self._sock is not None:
-            del buf[:off]
 
     @property
     def server_side(self) -> bool:

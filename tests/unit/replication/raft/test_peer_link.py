@@ -294,3 +294,34 @@ def test_flow_window_counts_unacknowledged_bytes_and_forgets_on_reset() -> None:
     assert f.inflight == 400 and list(f.chunks) == [(30, 400)]
     f.settle(match=20, next_index=21)  # the follower reset us back to 21: resend from there
     assert f.inflight == 0 and not f.chunks
+
+
+def test_a_message_whose_handling_raises_is_consumed_and_the_link_keeps_its_mac_sequence() -> None:
+    """A handler that raised (a failing raft tick: the exception leaves the poll)
+    left its frame in the read buffer after the MAC check had counted it: the
+    next read checked it again under the next sequence number, 'bad MAC on
+    frame 1', and the link closed, again on every new link while the failure
+    lasted. The frame is consumed before it is handled."""
+    sec = PeerSecurity.from_password(b"s3cret")
+    p = _Pair(sec, sec)
+    failures = [1]
+
+    def handle(message: Any) -> None:
+        if failures[0]:
+            failures[0] -= 1
+            raise OSError(9, "Bad file descriptor")  # what a segment read raised (slowfs, issue 29)
+        p.got.append(message)
+
+    try:
+        assert p.run_until(lambda: _connected(p)), p.rejects
+        p.server.setOnMessageReceivedCallback(handle)
+        p.client.send({"type": "append_entries", "n": 0})
+        with pytest.raises(OSError):
+            p.run_until(lambda: False, rounds=50)
+        for i in range(1, 4):
+            p.client.send({"type": "append_entries", "n": i})
+        assert p.run_until(lambda: len(p.got) == 3), p.rejects
+        assert [m["n"] for m in p.got] == [1, 2, 3]
+        assert not p.rejects and _connected(p)
+    finally:
+        p.close()
