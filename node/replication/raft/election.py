@@ -104,12 +104,14 @@ class ElectionMixin:
         if so._SyncObj__transferInProgress:  # type: ignore[attr-defined]
             self._campaign_transfer = True  # the leader asked: no pre-vote
             return True
+        if so._SyncObj__raftElectionDeadline > now + 2 * self.config.idle_tick:  # type: ignore[attr-defined]
+            # a win set the deadline to 0: pushed since, a leader was heard after it
+            self._prevote_won = False
+            return False
         if self._prevote_won:
             self._prevote_won = False
             so._SyncObj__raftElectionDeadline = 0  # type: ignore[attr-defined]
             return True
-        if so._SyncObj__raftElectionDeadline > now + 2 * self.config.idle_tick:  # type: ignore[attr-defined]
-            return False
         c = self.config
         # the next round: soon while the leader's link is known broken
         lo, hi = (0.15, 0.3) if self._leader_lost else (c.election_min, c.election_max)
