@@ -215,7 +215,8 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
         self._flow: dict[Any, _Flow] = {}
         # followers catching up from a snapshot we sent: since when (kept across
         # a broken link: installing a large snapshot can outlast the link)
-        self._catch_up: dict[Any, float] = {}
+        # (since when, the leader's applied index at the last look: what it must reach)
+        self._catch_up: dict[Any, tuple[float, int]] = {}
         self._blobs: dict[tuple[int, int, int], bytes] = {}
         super().__init__(self_addr, others, conf, transportClass=_Transport)
         adopt(self, journal)  # in place of the MemoryJournal pysyncobj made (no journalFile)
@@ -287,12 +288,14 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
         match = self._SyncObj__raftMatchIndex
         hold = False
         members = self._SyncObj__otherNodes
-        for node, since in list(self._catch_up.items()):
+        for node, (since, mark) in list(self._catch_up.items()):
             flow = self._flow.get(node)
             if node not in members:
                 del self._catch_up[node]
-            elif (flow is None or flow.snapshot_index is None) and match.get(node, 0) >= applied:
-                del self._catch_up[node]  # holds what a snapshot would cut: caught up
+            elif (flow is None or flow.snapshot_index is None) and match.get(node, 0) >= mark:
+                # it holds what we had applied at the last look (under load it never
+                # quite reaches the applied index of the moment): caught up
+                del self._catch_up[node]
                 log.info("%s caught up from a snapshot in %.1f s (index %d): snapshots resume",
                          getattr(node, "address", node), now - since, applied)
             elif now - since >= SNAPSHOT_SEND_HOLD:
@@ -301,6 +304,7 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
                             "taking a snapshot regardless", SNAPSHOT_SEND_HOLD)
             else:
                 hold = True
+                self._catch_up[node] = (since, applied)
         if hold and self._SyncObj__raftLog.bytes_used() > 2 * self._owner.config.compaction_max_bytes:
             return False
         return hold
@@ -391,7 +395,7 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
             if data and data[1]:  # first chunk: the dump it reads is the one the journal starts at
                 flow.snapshot_index = int(journal[1][1] if len(journal) > 1 else journal[0][1])
                 if node not in self._catch_up:
-                    self._catch_up[node] = clock()
+                    self._catch_up[node] = (clock(), flow.snapshot_index)
                     log.info("sending %s the snapshot at index %d: no snapshot here until it has "
                              "caught up (at most %.0f s)", getattr(node, "address", node), flow.snapshot_index,
                              SNAPSHOT_SEND_HOLD)

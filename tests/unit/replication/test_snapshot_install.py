@@ -203,18 +203,19 @@ def test_the_leader_names_the_transmitted_index_in_every_chunk_and_resumes_after
     assert [m["serialized"][1:] for _n, m in transport.sent] == [[True, False], [False, False], [False, True]]
     assert leader._SyncObj__raftNextIndex["n3"] == 4998
     assert flow.snapshot_index is None  # the transmission is over
-    assert "n3" in leader._catch_up  # its catch-up is not: the leader holds its snapshots
+    assert leader._catch_up["n3"][1] == 4997  # its catch-up is not: the leader holds its snapshots
 
 
 def _holder(*, leader: bool = True, pid: int = 0, applied: int = 100, match: int = 50,
-            sending: bool = False, since: float = 0.0, used: int = 0) -> Any:
-    """A leader with a follower n3 catching up from a snapshot since `since` (clock)."""
+            sending: bool = False, since: float = 0.0, used: int = 0, mark: int = 100) -> Any:
+    """A leader with a follower n3 catching up from a snapshot since `since` (clock),
+    which must reach `mark` (the leader's applied index at the previous look)."""
     flow = _Flow()
     flow.snapshot_index = 40 if sending else None
     return SimpleNamespace(
         _isLeader=lambda: leader, _SyncObj__serializer=SimpleNamespace(_Serializer__pid=pid),
         raftLastApplied=applied, _SyncObj__raftMatchIndex={"n3": match}, _SyncObj__otherNodes={"n3"},
-        _flow={"n3": flow}, _catch_up={"n3": since},
+        _flow={"n3": flow}, _catch_up={"n3": (since, mark)},
         _SyncObj__raftLog=SimpleNamespace(bytes_used=lambda: used),
         _owner=SimpleNamespace(config=RaftConfig()))
 
@@ -223,12 +224,16 @@ def test_the_leader_holds_its_snapshots_while_a_follower_catches_up_from_one_wit
     from pysyncobj.monotonic import monotonic as clock
     now = clock()
     hold = _BrokerLog._holds_compaction
-    # sending the snapshot, then sending the entries after it: held
-    assert hold(_holder(sending=True, since=now, match=0))
-    assert hold(_holder(sending=False, since=now, match=99))
-    # it holds what a snapshot would cut: released, and forgotten
-    h = _holder(sending=False, since=now, match=100)
+    # sending the snapshot, then sending the entries after it: held, and the
+    # mark moves to what the leader has applied meanwhile
+    h = _holder(sending=True, since=now, match=0, mark=40, applied=120)
+    assert hold(h) and h._catch_up["n3"] == (now, 120)
+    assert hold(_holder(sending=False, since=now, match=99, mark=100))
+    # it holds what the leader had applied at the last look: released, and forgotten
+    h = _holder(sending=False, since=now, match=100, mark=100, applied=130)
     assert not hold(h) and h._catch_up == {}
+    # ... but not while the transfer is still under way
+    assert hold(_holder(sending=True, since=now, match=100, mark=100))
     # too slow: one snapshot goes ahead
     h = _holder(sending=True, since=now - shim_mod.SNAPSHOT_SEND_HOLD - 1)
     assert not hold(h) and h._catch_up == {}
