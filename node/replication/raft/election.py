@@ -66,6 +66,7 @@ class ElectionMixin:
     _term_noticed: dict[Any, float]
     deferred_elections: int
     prevote_rounds: int
+    vote_floor: int
     fast_elections: int
     longest_leader_gap: float
 
@@ -110,6 +111,9 @@ class ElectionMixin:
             return False
         if self._prevote_won:
             self._prevote_won = False
+            if so.raftCurrentTerm + 1 <= self.vote_floor:
+                # nor does it vote for itself there: campaign in the term after
+                so._SyncObj__setCurrentTerm(self.vote_floor, None)  # type: ignore[attr-defined]
             so._SyncObj__raftElectionDeadline = 0  # type: ignore[attr-defined]
             return True
         c = self.config

@@ -166,6 +166,9 @@ class _Transport(PeerTransport):
         if kind in ("request_vote", PREVOTE) and owner.repair_until:
             owner.ignored_votes += 1  # forgot a damaged log: may lack entries it acknowledged
             return
+        if kind == "request_vote" and int(message.get("term", 0) or 0) <= owner.vote_floor:
+            owner.ignored_votes += 1  # a term it may have voted in before its meta file was damaged
+            return
         if kind == PREVOTE:
             owner._on_prevote(node, message)
             return
@@ -536,6 +539,8 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         self.deferred_elections = 0
         self.prevote_rounds = 0
         self.ignored_votes = 0
+        self.vote_floor = 0  # RequestVotes of terms up to this one are ignored (a lost meta file)
+        self._meta_lost = False
         self.encoded_appends = 0
         self.longest_stall = 0.0  # longest raft-thread loop iteration (s), idle poll included
         self.forced_compactions = 0
@@ -604,6 +609,7 @@ class RaftShim(ElectionMixin, SnapshotMixin):
             # its vote is lost: granting one now could be a second vote in a term
             # it already voted in; none until a leader has brought it this far
             self.repair_until = max(self.repair_until, journal.last_index())
+            self._meta_lost = True
             log.error("journal meta damaged: no votes from this member until it has applied index %d "
                       "from a leader", self.repair_until)
         self._so = _BrokerLog(self, self.address, list(c.peers.values()), conf, journal)
@@ -909,8 +915,15 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         while self._tasks:  # pysyncobj calls that touch Raft state directly
             self._tasks.popleft()()
         if self.repair_until and so.raftLastApplied >= self.repair_until:
-            log.warning("repaired from the leader up to index %d: voting again", self.repair_until)
             self.repair_until = 0
+            if self._meta_lost:
+                # the vote it cast before the damage is unknown, also one in a term
+                # past its log (a campaign the leader has not heard of): not in the
+                # next term either (one more election round at most)
+                self._meta_lost = False
+                self.vote_floor = int(so.raftCurrentTerm) + 1
+            log.warning("repaired from the leader up to index %d: voting again (in terms above %d)",
+                        so.raftLastApplied, self.vote_floor)
         last = so.last_log_index()
         transport = so.transport()
         flushed = True
