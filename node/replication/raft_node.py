@@ -451,7 +451,10 @@ class RaftNode:
         else:
             self._no_quorum_since = None
         leaderless = self._no_quorum_since is not None and now - self._no_quorum_since > self.config.block_after
-        self._blocked = "cluster unavailable: no quorum" if (w.stuck or leaderless) else None
+        # the reason clients see (connection.blocked): no majority reachable, or
+        # one is but nothing committed for block_after (a slow or stalled member)
+        self._blocked = "cluster unavailable: no quorum" if leaderless else \
+            f"replication stalled: nothing committed for {self.config.block_after:g} s" if w.stuck else None
         self._stuck = w.stuck
 
     def _propose_tick(self) -> None:
