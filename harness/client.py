@@ -106,6 +106,15 @@ def pika_conn(node: ClusterNode, **kw: Any) -> Any:
         credentials=pika.PlainCredentials(node.user, node.password), **kw))
 
 
+def queue_depth(node: ClusterNode, queue: str) -> int:
+    """Ready messages in `queue` on `node` (queue.declare passive, own connection)."""
+    conn = pika_conn(node)
+    try:
+        return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
+    finally:
+        conn.close()
+
+
 def publish_confirmed(node: ClusterNode, queue: str, n: int = 20) -> None:
     """`n` random 1 KiB bodies to `queue` through the default exchange, each
     confirmed (pika raises if one is nacked or unroutable)."""

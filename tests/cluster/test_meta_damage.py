@@ -17,16 +17,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from harness.client import declare, pika_conn, publish_confirmed, uniq_queue
-from harness.process import Cluster, ClusterNode, wait_for
-
-
-def _depth(node: ClusterNode, queue: str) -> int:
-    conn = pika_conn(node)
-    try:
-        return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
-    finally:
-        conn.close()
+from harness.client import declare, publish_confirmed, queue_depth, uniq_queue
+from harness.process import Cluster, wait_for
 
 
 def test_a_member_with_a_damaged_meta_file_votes_in_no_term_it_may_have_voted_in(
@@ -56,4 +48,4 @@ def test_a_member_with_a_damaged_meta_file_votes_in_no_term_it_may_have_voted_in
     new = c.leader(timeout=60, among=survivors)
     st = new.status()
     assert st["term"] >= term + 2, (term, st["term"], {n.node_id: n.status() for n in survivors})
-    assert _depth(new, q) == 100
+    assert queue_depth(new, q) == 100

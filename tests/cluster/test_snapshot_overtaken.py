@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-from harness.client import declare, pika_conn, publish_confirmed, uniq_queue
+from harness.client import declare, publish_confirmed, queue_depth, uniq_queue
 from harness.process import Cluster, ClusterNode
 from harness.publisher import StreamPublisher
 from tests.broker_proc import wait_for
@@ -30,16 +30,8 @@ SIZE = 4096
 CONFIG = "compaction_min_entries = 200\ncompaction_min_time = 1.0\nsegment_bytes = 4194304\n"
 
 
-def _depth(node: ClusterNode, queue: str) -> int:
-    conn = pika_conn(node)
-    try:
-        return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
-    finally:
-        conn.close()
-
-
 def _depth_is(node: ClusterNode, queue: str, want: int) -> bool:
-    return _depth(node, queue) == want
+    return queue_depth(node, queue) == want
 
 
 def test_follower_behind_the_snapshot_catches_up_under_load_with_a_snapshot_every_second(
