@@ -14,10 +14,11 @@ raft.journal.meta (term, vote, commit index).
   that exits on a checksum failure is started again, as its supervisor would),
   then SIGKILL and start it so its start meets whatever is still damaged. Then: healthy
   (repaired from its peers) or refused, with the log line naming file and offset.
-- `helix(kinds, faults, rounds, regions)`: round i damages member i mod N in region
-  i mod `regions` of the concatenated files of its kind (different nodes, different
-  regions), stopped; each round waits until healthy before the next, so damage is
-  never on more than one node (a minority) at once.
+- `helix(kinds, faults, rounds, regions, modes)`: round i damages member i mod N in
+  region i mod `regions` of the concatenated files of its kind (different nodes,
+  different regions), stopped or running by turns (`modes`); each round waits until
+  healthy before the next, so damage is never on more than one node (a minority) at
+  once.
 - `replace_damaged_member(kind, fault)`: damage a stopped follower, leave it down,
   RemoveMember it and AddMember a fresh node (membership under damage).
 - `damage_leader_snapshot_then_add_member()`: bits flipped in the running leader's
@@ -41,7 +42,7 @@ from chaosmirrorq import actions
 from chaosmirrorq.fault import STATE, as_bool, as_float, cluster, pick, record_fault, wait_healthy
 from harness.process import ClusterNode, port_open
 
-__all__ = ["corrupt_file", "helix", "replace_damaged_member", "damage_leader_snapshot_then_add_member", "files_of", "locate", "flip_bits",
+__all__ = ["corrupt_file", "helix", "helix_plan", "replace_damaged_member", "damage_leader_snapshot_then_add_member", "files_of", "locate", "flip_bits",
            "truncate_file", "read_chunk", "write_chunk", "KINDS", "FAULTS"]
 
 KINDS = ("segment", "lseg", "index", "start", "snapshot", "meta")
@@ -286,27 +287,42 @@ def corrupt_file(target: str = "follower", kind: str = "segment", fault: str = "
     return out
 
 
+def helix_plan(members: list[str], faults: list[str], modes: list[str],
+               rounds: int) -> list[tuple[str, str, str]]:
+    """Round i: (member i mod N, fault i mod F, mode i mod M) (the kind is the i-th
+    of the list, or the next one the member has): with 3 faults and 2 modes, six
+    rounds meet every fault once stopped and once running."""
+    return [(members[i % len(members)], faults[i % len(faults)], modes[i % len(modes)])
+            for i in range(rounds)]
+
+
 def helix(kinds: str = "segment,index,snapshot,meta", faults: str = "bitflip,truncate", rounds: int = 3,
-          regions: int = 3, bits: int = 8, seed: int | None = None, interval: float = 1.0) -> list[dict[str, Any]]:
+          regions: int = 3, bits: int = 8, seed: int | None = None, interval: float = 1.0,
+          modes: str = "stopped") -> list[dict[str, Any]]:
     """`rounds` corruptions, round i on member i mod N (in id order), region i mod
-    `regions`, kind and fault cycling through the lists; stopped mode, one node at a
-    time. A member that has no file of the kind (no snapshot yet) gets the next kind."""
+    `regions`, kind, fault and mode (stopped, running) cycling through their lists;
+    one node at a time (each round waits until healthy). A member that has no file of
+    the kind (no snapshot yet) gets the next kind."""
     kind_list = [k for k in str(kinds).split(",") if k]
     fault_list = [f for f in str(faults).split(",") if f]
+    mode_list = [m for m in str(modes).split(",") if m]
+    if not kind_list or not fault_list or not mode_list or set(mode_list) - {"stopped", "running"}:
+        raise ValueError(f"helix: kinds {kinds!r}, faults {faults!r}, modes {modes!r}")
     base = 0 if seed in (None, "") else int(seed)  # type: ignore[arg-type]
+    members = sorted(cluster().nodes, key=lambda n: n.node_id)
+    plan = helix_plan([n.node_id for n in members], fault_list, mode_list, int(rounds))
     out = []
-    for i in range(int(rounds)):
+    for i, (nid, fault, mode) in enumerate(plan):
         if i:
             time.sleep(as_float(interval))
-        members = sorted(cluster().nodes, key=lambda n: n.node_id)
-        node = members[i % len(members)]
+        node = next(n for n in cluster().nodes if n.node_id == nid)
         for j in range(len(kind_list)):
             kind = kind_list[(i + j) % len(kind_list)]
             if files_of(node.data_dir, kind):
                 break
         else:
             raise RuntimeError(f"{node.node_id} has none of the files {kind_list}")
-        out.append(corrupt_file(node.node_id, kind, fault_list[i % len(fault_list)], "stopped", bits=bits,
+        out.append(corrupt_file(node.node_id, kind, fault, mode, bits=bits,
                                 region=i % int(regions), regions=regions, seed=base + i))
     return out
 

@@ -51,6 +51,19 @@ def test_helix_regions_are_disjoint_and_seeded(tmp_path: Path) -> None:
     assert corruption.locate(segs, 1, 3, random.Random(5)) == corruption.locate(segs, 1, 3, random.Random(5))
 
 
+def test_helix_meets_every_fault_once_stopped_and_once_running_one_member_at_a_time() -> None:
+    plan = corruption.helix_plan(["n1", "n2", "n3"], ["bitflip", "truncate", "rollback"],
+                                 ["stopped", "running"], 6)
+    assert [nid for nid, _f, _m in plan] == ["n1", "n2", "n3", "n1", "n2", "n3"]
+    assert sorted((f, m) for _n, f, m in plan) == sorted(
+        (f, m) for f in ("bitflip", "truncate", "rollback") for m in ("stopped", "running"))
+    experiment = json.loads((Path(suite.__file__).parents[1] / "experiments" / "corrupt-helix.json").read_text())
+    (helix,) = [a for a in experiment["method"] if a["name"] == "helix"]
+    assert set(helix["provider"]["arguments"]["modes"].split(",")) == {"stopped", "running"}
+    with pytest.raises(ValueError):
+        corruption.helix(modes="paused")
+
+
 def test_bit_flips_change_exactly_the_recorded_bits(tmp_path: Path) -> None:
     seg = corruption.files_of(_data_dir(tmp_path), "segment")[0]
     before = seg.read_bytes()
