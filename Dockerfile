@@ -1,7 +1,10 @@
 # syntax=docker/dockerfile:1
-# mirrorq broker image. Multi-stage: build a wheel, install it into a venv in a
-# slim runtime that runs as uid 10001. Not built in this repository's CI (no
-# Docker engine there): see docs/kubernetes.md.
+# mirrorq image: the broker (`mirrorq`, the default entry point) and the operator
+# (`kopf run -m mirrorq_operator.handlers`, what the chart's operator Deployment
+# runs) in one image. Multi-stage: build the wheels, install them into a venv in a
+# slim runtime that runs as uid 10001 (a read-only root filesystem is fine: the
+# broker writes only /data, the operator only /tmp). `make image` builds it
+# without Docker (k8s/image.sh); docs/kubernetes.md shows pushing it.
 ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
@@ -11,9 +14,10 @@ COPY pyproject.toml README.md ./
 COPY node ./node
 COPY chaos/chaosmirrorq ./chaos/chaosmirrorq
 COPY harness ./harness
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+COPY operator/mirrorq_operator ./operator/mirrorq_operator
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[operator]"
 RUN python -m venv /opt/mirrorq \
- && /opt/mirrorq/bin/pip install --no-cache-dir /wheels/*.whl
+ && /opt/mirrorq/bin/pip install --no-cache-dir --no-index --find-links /wheels "mirrorq[operator]"
 
 FROM ${PYTHON_IMAGE}
 ENV PATH=/opt/mirrorq/bin:$PATH \

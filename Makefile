@@ -111,8 +111,10 @@ fuzz: $(STAMP)
 clean:
 	rm -rf $(VENV) data build *.egg-info
 
-# image: the broker's OCI image from the Dockerfile without Docker (k8s/image.sh:
-# mmdebstrap base + buildah, vfs storage; about 40 s). Not part of `make test`.
+# image: mirrorq's OCI image (broker + operator) from the Dockerfile without Docker
+# (k8s/image.sh: mmdebstrap base + buildah, vfs storage), tagged
+# localhost/mirrorq:<the chart's appVersion>, the chart's default; then both entry
+# points run in it. The Kubernetes tests build it themselves.
 image:
 	bash k8s/image.sh --check
 

@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# Build the broker's OCI image from the Dockerfile without Docker and without a
-# registry (issue 13): Debian's mmdebstrap makes a bookworm root filesystem with
+# Build mirrorq's OCI image (the broker, and the operator's `kopf run` beside it)
+# from the Dockerfile without Docker and without a registry (issues 13, 30):
+# Debian's mmdebstrap makes a bookworm root filesystem with
 # Python 3.11 (what python:3.11-slim-bookworm carries), podman imports it as the
 # base image, and buildah builds the Dockerfile on it (storage driver vfs,
 # chroot isolation, the host's network for pip). Needs root and the Debian
 # mirror and PyPI. Prints the image id and its size.
 #
-#   bash k8s/image.sh [TAG]          # default localhost/mirrorq:dev
-#   bash k8s/image.sh --check        # then runs `mirrorq --help` in it with podman
+#   bash k8s/image.sh [TAG]          # default localhost/mirrorq:<the chart's appVersion>
+#   bash k8s/image.sh --check        # then runs both entry points in it (runc)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TAG=localhost/mirrorq:dev
+# the chart's default image (values.yaml image.repository, tag = appVersion)
+APP_VERSION=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' helm/mirrorq/Chart.yaml)
+TAG=localhost/mirrorq:${APP_VERSION:?no appVersion in helm/mirrorq/Chart.yaml}
 CHECK=0
 for a in "$@"; do
   case "$a" in
@@ -68,12 +71,14 @@ if [ "$CHECK" = 1 ]; then
 import json
 c = json.load(open("config.json"))
 p = c["process"]
-p.update(args=["/opt/mirrorq/bin/mirrorq", "--help"], terminal=False,
-         user={"uid": 10001, "gid": 10001})
+# both entry points: the broker's, and the operator's handlers as `kopf run` imports them
+p.update(args=["/bin/sh", "-c", "mirrorq --help | head -3 && kopf --version && "
+               "python -c 'import mirrorq_operator.handlers; print(\"operator: importable\")'"],
+         terminal=False, user={"uid": 10001, "gid": 10001})
 p["env"] = p["env"] + ["PATH=/opt/mirrorq/bin:/usr/local/bin:/usr/bin:/bin"]
 p.pop("rlimits", None)
 c["root"]["readonly"] = True
 json.dump(c, open("config.json", "w"))
 PY
-  runc run "mirrorq-check-$$" | head -5)
+  runc run "mirrorq-check-$$")
 fi

@@ -52,8 +52,7 @@ Not done: pulling images (only the ones given), the image of a process-run pod
 (its command runs from this machine's venv, as the agent's user), resource
 limits and cgroups accounting, seccomp profiles (runc gets none),
 fsGroupChangePolicy (the volume is always walked), ClusterIP Services (no
-kube-proxy; clients use pod addresses), a DNS server, init containers,
-ConfigMap/Secret `items` modes.
+kube-proxy; clients use pod addresses), a DNS server, init containers.
 Needs root (namespaces, mounts, iptables, runc).
 """
 from __future__ import annotations
@@ -338,6 +337,7 @@ class PodWorker(threading.Thread):
                 self._write_volume(name, kind, obj, vol[kind])
             elif "emptyDir" in vol:
                 path.mkdir(parents=True, exist_ok=True)
+                os.chmod(path, 0o777)  # as the kubelet makes one: any user of the pod writes it
                 self._own(path)
             elif "persistentVolumeClaim" in vol:
                 claim = vol["persistentVolumeClaim"]["claimName"]
@@ -380,6 +380,10 @@ class PodWorker(threading.Thread):
             raw[k] = base64.b64decode(v)
         items = spec.get("items")
         files = {it["path"]: raw[it["key"]] for it in items if it["key"] in raw} if items else raw
+        # the file modes a kubelet writes: an item's mode, else the volume's defaultMode
+        # (the API server fills in 0644), so a non-root container can read its token
+        default_mode = int(spec.get("defaultMode", 0o644))
+        modes = {it["path"]: int(it.get("mode", default_mode)) for it in items or ()}
         if items and not optional:
             missing = [it["key"] for it in items if it["key"] not in raw]
             if missing:
@@ -389,12 +393,13 @@ class PodWorker(threading.Thread):
         changed = False
         for rel, content in files.items():
             target = path / rel
-            if target.exists() and target.read_bytes() == content:
+            if (target.exists() and target.read_bytes() == content
+                    and target.stat().st_mode & 0o777 == modes.get(rel, default_mode) & 0o777):
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = target.with_name(f".{target.name}.tmp")
             tmp.write_bytes(content)
-            os.chmod(tmp, 0o644 if kind == "configMap" else 0o640)
+            os.chmod(tmp, modes.get(rel, default_mode) & 0o777)
             if self.fs_group is not None:  # readable by the pod's group, as the kubelet does
                 os.chown(tmp, 0, self.fs_group)
             os.replace(tmp, target)  # the directory is what is bind-mounted: renames show

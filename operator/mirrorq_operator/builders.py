@@ -322,6 +322,8 @@ def build_statefulset(spec: Spec, name: str, namespace: str,
         "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
                             "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}},
     }
+    if spec.image_pull_policy:  # (absent: the pod template of older operators, no roll)
+        container["imagePullPolicy"] = spec.image_pull_policy
     pvc_spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"],
                                 "resources": {"requests": {"storage": spec.storage_size}}}
     if spec.storage_class:
@@ -350,6 +352,8 @@ def build_statefulset(spec: Spec, name: str, namespace: str,
             "volumes": volumes,
         },
     }
+    if spec.image_pull_secrets:
+        template["spec"]["imagePullSecrets"] = [{"name": n} for n in spec.image_pull_secrets]
     # the pods' config (the ConfigMap's files are read at start) and template in
     # one hash: a spec change changes it, and the StatefulSet controller then
     # restarts the pods one at a time (RollingUpdate)

@@ -44,6 +44,8 @@ class SpecError(ValueError):
 class Spec:
     replicas: int = 3
     image: str = "mirrorq:0.1.0"
+    image_pull_policy: str | None = None  # spec.imagePullPolicy (None: Kubernetes' default)
+    image_pull_secrets: tuple[str, ...] = ()  # spec.imagePullSecrets[].name
     resources: Mapping[str, Any] = field(default_factory=dict)
     storage_class: str | None = None
     storage_size: str = "10Gi"
@@ -105,9 +107,18 @@ class Spec:
         if not isinstance(enabled, bool):
             raise SpecError(f"spec.networkPolicy.enabled must be true or false, got {enabled!r}")
         client_from = _peers(np, "clientFrom")
+        pull_policy = spec.get("imagePullPolicy")
+        if pull_policy is not None and pull_policy not in ("Always", "IfNotPresent", "Never"):
+            raise SpecError(f"spec.imagePullPolicy must be Always, IfNotPresent or Never, got {pull_policy!r}")
+        pull_secrets = spec.get("imagePullSecrets") or []
+        if not isinstance(pull_secrets, list) or not all(
+                isinstance(s, Mapping) and isinstance(s.get("name"), str) and s["name"] for s in pull_secrets):
+            raise SpecError(f"spec.imagePullSecrets must be a list of {{name: SECRET}}, got {pull_secrets!r}")
         return cls(
             replicas=int(spec.get("replicas", 3)),
             image=str(spec.get("image", cls.image)),
+            image_pull_policy=pull_policy,
+            image_pull_secrets=tuple(str(s["name"]) for s in pull_secrets),
             resources=dict(spec.get("resources") or {}),
             storage_class=persistence.get("storageClassName"),
             storage_size=str(persistence.get("size", "10Gi")),

@@ -41,8 +41,8 @@ def env(tmp_path_factory: pytest.TempPathFactory, broker_image: Any) -> Iterator
     cp = up(work / "k8s")
     agent: NodeAgent | None = None
     try:
-        # broker pods: runc containers of the image built from the Dockerfile;
-        # the operator's pod (no image of it exists): a process of the venv
+        # broker and operator pods: runc containers of the image built from the
+        # Dockerfile (the chart names it for both)
         agent = NodeAgent.for_control_plane(cp, work / "agent",
                                             {broker_image.ref: broker_image}).start()
         e = Env(cp, agent, work)

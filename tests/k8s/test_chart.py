@@ -144,7 +144,9 @@ def test_mirrorqcluster_from_defaults(helm: str) -> None:
     assert cr["apiVersion"] == "mirrorq.io/v1alpha1"
     assert cr["metadata"] == {**cr["metadata"], "name": "mirrorq", "namespace": "mq"}
     spec = cr["spec"]
-    assert spec["replicas"] == 3 and spec["image"] == "ghcr.io/mirrorq/mirrorq:0.1.0"
+    # what `make image` tags (k8s/image.sh): localhost/mirrorq:<appVersion>
+    assert spec["replicas"] == 3 and spec["image"] == "localhost/mirrorq:0.1.0"
+    assert spec["imagePullPolicy"] == "IfNotPresent" and "imagePullSecrets" not in spec
     assert spec["persistence"] == {"size": "8Gi"}          # no storageClassName: the default class
     assert spec["service"] == {"type": "ClusterIP"}
     assert spec["resources"]["limits"]["memory"] == "1Gi"
@@ -166,7 +168,7 @@ def test_mirrorqcluster_from_values(helm: str) -> None:
                                "--set", "config.raft.election_max=3"]),
                     "MirrorqCluster")
     spec = cr["spec"]
-    assert spec["image"] == "ghcr.io/mirrorq/mirrorq:9.9"
+    assert spec["image"] == "localhost/mirrorq:9.9"
     assert spec["persistence"] == {"size": "50Gi", "storageClassName": "fast-ssd"}
     assert spec["tls"] == {"secretName": "mirrorq-tls", "managementTlsOnly": True}
     assert spec["raftTls"] == {"secretName": "mirrorq-raft-tls"}
@@ -250,6 +252,44 @@ def test_operator_deployment(helm: str) -> None:
     (c,) = by_kind(docs_of(helm, []), "Deployment")[0]["spec"]["template"]["spec"]["containers"]
     assert "env" not in c and "--quiet" not in c["command"] and "--verbose" not in c["command"]
     assert by_kind(docs_of(helm, ["--set", "operator.enabled=false"]), "Deployment") == []
+
+
+def test_one_image_for_broker_and_operator_by_default(helm: str) -> None:
+    """Issue 30: the operator runs from the broker's image (both entry points are in
+    it) unless operator.image names another; pull policy and pull secrets follow
+    image.* unless the operator's own are set; the broker pods get image.pullSecrets
+    through the MirrorqCluster (the operator puts them in the pod template)."""
+    from mirrorq_operator.builders import build_statefulset
+    from mirrorq_operator.model import Spec
+
+    def rendered(args: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+        docs = docs_of(helm, args)
+        (op,) = by_kind(docs, "Deployment")
+        (cr,) = by_kind(docs, "MirrorqCluster")
+        return op["spec"]["template"]["spec"], cr["spec"]
+
+    pod, spec = rendered([])
+    assert pod["containers"][0]["image"] == spec["image"] == "localhost/mirrorq:0.1.0"
+    assert pod["containers"][0]["imagePullPolicy"] == "IfNotPresent" and "imagePullSecrets" not in pod
+    pod, spec = rendered(["--set", "image.repository=registry.example:5000/mq/mirrorq",
+                          "--set", "image.tag=1.2.3", "--set", "image.pullPolicy=Always",
+                          "--set-json", 'image.pullSecrets=[{"name": "regcred"}]'])
+    assert pod["containers"][0]["image"] == spec["image"] == "registry.example:5000/mq/mirrorq:1.2.3"
+    assert pod["containers"][0]["imagePullPolicy"] == spec["imagePullPolicy"] == "Always"
+    assert pod["imagePullSecrets"] == spec["imagePullSecrets"] == [{"name": "regcred"}]
+    sts = build_statefulset(Spec.from_cr(spec), "mirrorq", "mq")["spec"]["template"]["spec"]
+    assert sts["imagePullSecrets"] == [{"name": "regcred"}]
+    assert sts["containers"][0]["imagePullPolicy"] == "Always"
+    # an operator image of its own (the previous chart's layout) still wins
+    pod, spec = rendered(["--set", "operator.image.repository=ghcr.io/mirrorq/mirrorq-operator",
+                          "--set", "operator.image.pullPolicy=Never",
+                          "--set-json", 'operator.imagePullSecrets=[{"name": "opcred"}]',
+                          "--set-json", 'image.pullSecrets=[{"name": "regcred"}]'])
+    assert pod["containers"][0]["image"] == "ghcr.io/mirrorq/mirrorq-operator:0.1.0"
+    assert pod["containers"][0]["imagePullPolicy"] == "Never"
+    assert pod["imagePullSecrets"] == [{"name": "opcred"}] and spec["image"] == "localhost/mirrorq:0.1.0"
+    out = render(helm, ["--set-json", 'image.pullSecrets=[{"nom": "x"}]'])
+    assert out.returncode != 0 and "schema" in out.stderr.lower(), out.stderr
 
 
 def _rules(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
@@ -478,7 +518,8 @@ def test_crd_accepts_raft_tls() -> None:
     {"persistence": {"size": "big"}}, {"config": {"heartbeat": 30}}, {"unknown": 1},
     {"raftTls": {}}, {"raftTls": {"secretName": ""}}, {"raftTls": {"secretName": "Raft_TLS"}},
     {"raftTls": {"secretName": "x" * 254}}, {"raftTls": {"secretName": "x", "caKey": "ca"}},
-    {"raftTls": "x-raft-tls"},
+    {"raftTls": "x-raft-tls"}, {"imagePullPolicy": "Sometimes"}, {"imagePullSecrets": [{}]},
+    {"imagePullSecrets": ["regcred"]},
 ])
 def test_crd_rejects_bad_specs(spec: dict) -> None:
     js = need_jsonschema()

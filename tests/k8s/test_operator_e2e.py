@@ -57,8 +57,8 @@ def env(tmp_path_factory: pytest.TempPathFactory, broker_image: Any) -> Iterator
     cp = up(work / "k8s")
     agent: NodeAgent | None = None
     try:
-        # broker pods: runc containers of the image built from the Dockerfile;
-        # the operator's pod (no image of it exists): a process of the venv
+        # broker and operator pods: runc containers of the image built from the
+        # Dockerfile (the chart names it for both)
         agent = NodeAgent.for_control_plane(cp, work / "agent",
                                             {broker_image.ref: broker_image}).start()
         e = Env(cp, agent, work)
@@ -119,17 +119,23 @@ def test_helm_install_runs_operator_under_its_service_account_and_three_ready_me
               env.diagnostics)
     print(f"install -> 3 Ready members: {time.monotonic() - t0:.1f}s; status {st}")
     assert {c["type"]: c["status"] for c in st["conditions"]}["QuorumStatus"] == "True"
-    # the brokers are containers of the image built from the Dockerfile (runc): the
-    # image's user (uid 10001, with the pod's fsGroup), a read-only root
+    # the brokers and the operator are containers of the image built from the
+    # Dockerfile (runc; issue 30: one image, the chart's default for both): the image's
+    # user (uid 10001, with the broker pods' fsGroup), a read-only root
+    seen = []
     for w in list(env.agent.workers.values()):
-        if w.name.startswith(f"{NAME}-") and not w.name.startswith(f"{NAME}-operator"):
+        if w.name.startswith(f"{NAME}-"):
             assert w.image is not None, f"{w.name} runs as a process, not a container"
             ident = subprocess.run(["runc", "--root", str(env.agent.runc_root), "exec", w.cid,
-                                    "sh", "-c", "id -u; id -G; touch /x 2>&1 || true"],
+                                    "sh", "-c", "id -u; id -G; touch /x 2>&1 || true; cat /proc/1/cmdline"],
                                    capture_output=True, text=True, timeout=30).stdout.split("\n")
             assert ident[0] == "10001", ident
-            assert "10001" in ident[1].split(), ident  # fsGroup
+            assert "10001" in ident[1].split(), ident  # fsGroup (the operator: its own group)
             assert "Read-only file system" in ident[2], ident
+            seen.append((w.name, ident[3].replace("\0", " ")))
+    ops = [cmd for name, cmd in seen if name.startswith(f"{NAME}-operator")]
+    assert len(ops) == 1 and "kopf run -m mirrorq_operator.handlers" in ops[0], seen
+    assert len(seen) == 4, seen
     # AMQP through each pod's own address, with the chart Secret's user
     eps = env.endpoints()
     assert len({e.host for e in eps}) == 3

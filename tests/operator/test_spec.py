@@ -63,11 +63,26 @@ def test_amqps_keys_are_set_by_spec_tls_only():
     ({"config": {"tls.port": "5671"}}, "tls.port cannot be set in config"),
     ({"tls": {"secretName": "mq-tls"}, "config": {"tls.key": "/k", "tls.cert": "/c"}},
      "tls.cert, tls.key cannot be set in config; name a kubernetes.io/tls Secret in spec.tls.secretName"),
+    ({"imagePullPolicy": "Sometimes"}, "spec.imagePullPolicy must be Always, IfNotPresent or Never"),
+    ({"imagePullSecrets": ["regcred"]}, "spec.imagePullSecrets must be a list of {name: SECRET}"),
+    ({"imagePullSecrets": [{"name": ""}]}, "spec.imagePullSecrets must be a list of {name: SECRET}"),
 ])
 def test_bad_auth_grace_or_amqps_config_is_refused_with_a_clear_error(spec, words):
     with pytest.raises(SpecError) as err:
         Spec.from_cr(spec)
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_image_pull_policy_and_secrets_reach_the_pods_only_when_set():
+    """Absent: the pod template an older operator built (no roll on an operator upgrade)."""
+    from mirrorq_operator.builders import build_statefulset
+
+    plain = build_statefulset(Spec.from_cr({}), "mq", "ns1")["spec"]["template"]["spec"]
+    assert "imagePullSecrets" not in plain and "imagePullPolicy" not in plain["containers"][0]
+    spec = Spec.from_cr({"imagePullPolicy": "Never", "imagePullSecrets": [{"name": "a"}, {"name": "b"}]})
+    pod = build_statefulset(spec, "mq", "ns1")["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "a"}, {"name": "b"}]
+    assert pod["containers"][0]["imagePullPolicy"] == "Never"
 
 
 def test_handler_refuses_an_invalid_spec_permanently_and_says_why():

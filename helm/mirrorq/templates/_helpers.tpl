@@ -53,8 +53,19 @@ app.kubernetes.io/component: operator
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
+{{/* The operator's image: its own values where set, else the broker's (one image
+with both entry points, what `make image` builds). */}}
 {{- define "mirrorq.operatorImage" -}}
-{{- printf "%s:%s" .Values.operator.image.repository (default .Chart.AppVersion .Values.operator.image.tag) -}}
+{{- $op := .Values.operator.image | default dict -}}
+{{- if $op.repository -}}
+{{- printf "%s:%s" $op.repository (default .Chart.AppVersion $op.tag) -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion (default .Values.image.tag $op.tag)) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "mirrorq.operatorPullPolicy" -}}
+{{- default (default "IfNotPresent" .Values.image.pullPolicy) (.Values.operator.image | default dict).pullPolicy -}}
 {{- end -}}
 
 {{/* node.toml keys read as fractional seconds (node/app/config.py): a whole number is
