@@ -37,7 +37,7 @@ from pamqp import header as pheader
 
 from harness.amqp import RawClient
 from harness.body import body_id, body_ok, make_body
-from harness.client import declare, pika_conn, uniq_queue
+from harness.client import declare, uniq_queue
 from harness.drainer import drain_checked
 from harness.process import Cluster, ClusterNode, wait_for
 from harness.publisher import StreamPublisher
@@ -178,15 +178,6 @@ def _disk_bytes(node: ClusterNode) -> int:
             except FileNotFoundError:
                 pass
     return total
-
-
-def _depth(node: ClusterNode, queue: str) -> int:
-    """The queue's ready messages as `node` sees them."""
-    conn = pika_conn(node)
-    try:
-        return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
-    finally:
-        conn.close()
 
 
 def _wait_segments(nodes: list[ClusterNode], most: int, when: str, timeout: float = 300) -> None:

@@ -15,7 +15,7 @@ import time
 from functools import partial
 from typing import Any
 
-from harness.client import declare, pika_conn, uniq_queue
+from harness.client import declare, queue_depth, uniq_queue
 from harness.process import Cluster, ClusterNode
 from harness.publisher import StreamPublisher
 from tests.broker_proc import wait_for
@@ -27,16 +27,8 @@ WINDOW = 10_000
 SIZE = 1024  # bytes per body: random, incompressible (StreamPublisher / RandomBodies)
 
 
-def _depth(node: ClusterNode, queue: str) -> int:
-    conn = pika_conn(node)
-    try:
-        return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
-    finally:
-        conn.close()
-
-
 def _depth_is(node: ClusterNode, queue: str, want: int) -> bool:
-    return _depth(node, queue) == want
+    return queue_depth(node, queue) == want
 
 
 def _brief(st: dict[str, Any]) -> dict[str, Any]:
@@ -109,7 +101,7 @@ def test_flat_out_60s_no_leader_change_no_discarded(cluster: Cluster) -> None:
         assert len(p.confirmed) > 0, p.summary()
     # a confirm leaves only once the batch is applied on the publisher's node
     for p, node in ((pubs[0], f1), (pubs[1], f2)):
-        depth = _depth(node, p.queue)
+        depth = queue_depth(node, p.queue)
         assert depth == len(p.confirmed), f"{p.queue} on {node.node_id}: {depth} queued, " \
                                           f"{len(p.confirmed)} confirmed"
     # and every other node holds the same (they apply the same log, perhaps a moment later)

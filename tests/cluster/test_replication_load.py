@@ -42,7 +42,7 @@ from typing import Any
 
 import pytest
 
-from harness.client import declare, pika_conn, uniq_queue
+from harness.client import declare, pika_conn, queue_depth, uniq_queue
 from harness.process import REPO, Cluster, ClusterNode, wait_for
 from node.replication.config import RaftConfig
 
@@ -258,13 +258,6 @@ def _brief(st: dict[str, Any]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- queue checks
 
-def _depth(node: ClusterNode, queue: str) -> int:
-    conn = pika_conn(node)
-    try:
-        return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
-    finally:
-        conn.close()
-
 
 def assert_depth_everywhere(cluster: Cluster, queue: str, want: int, timeout: float = 30.0) -> None:
     """Every node's own replicated state holds `want` ready messages (a follower may
@@ -273,7 +266,7 @@ def assert_depth_everywhere(cluster: Cluster, queue: str, want: int, timeout: fl
         seen: list[int] = []
 
         def ok(node: ClusterNode = node, seen: list[int] = seen) -> bool:
-            seen.append(_depth(node, queue))
+            seen.append(queue_depth(node, queue))
             return seen[-1] == want
         try:
             wait_for(ok, timeout=timeout, interval=0.2, what=f"{queue} depth {want} on {node.node_id}")
@@ -593,7 +586,7 @@ def test_sigstopped_follower_catches_up_in_bounded_chunks(
         java_procs.append(pub)
         pub.wait_publishing()
         # healthy load first: confirmed messages piling up in the queue
-        wait_for(lambda: _depth(leader, queue) >= 2000, timeout=20, interval=0.2,
+        wait_for(lambda: queue_depth(leader, queue) >= 2000, timeout=20, interval=0.2,
                  what="2,000 messages confirmed before the pause")
 
         stopped.pause()

@@ -29,7 +29,7 @@ import pika
 import pytest
 
 from harness.body import RandomBodies
-from harness.client import declare, drain, pika_conn, uniq_queue
+from harness.client import declare, drain, pika_conn, queue_depth, uniq_queue
 from harness.drainer import Drained, drain_checked
 from harness.process import REPO, Cluster, ClusterNode, wait_for
 from harness.publisher import StreamPublisher
@@ -96,14 +96,6 @@ def _caught_up(cluster: Cluster, node: ClusterNode, timeout: float) -> None:
     commit = leader.status()["commit_index"]
     wait_for(lambda: (st := node.try_status()) is not None and st["last_applied"] >= commit,
              timeout, what=f"{node.node_id} to apply up to the leader's commit index {commit}")
-
-
-def _ready(node: ClusterNode, queue: str) -> int:
-    conn = pika_conn(node)
-    try:
-        return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
-    finally:
-        conn.close()
 
 
 def _check_drained(queue: str, got: Drained, pubs: list[StreamPublisher]) -> tuple[int, int]:
@@ -208,7 +200,7 @@ def test_a_cluster_rolls_from_the_previous_release_under_streaming_confirms(
     cluster.wait_healthy(60)
     lost = dups = drained = 0
     for queue, node, pubs in ((qq, order[0], [backlog[0], stream[0]]), (cq, order[-1], [backlog[1], stream[1]])):
-        ready = _ready(node, queue)
+        ready = queue_depth(node, queue)
         got = drain_checked(node, queue, expect=ready, idle=30, timeout=120)
         assert got.count == ready, f"{queue}: {ready} ready on {node.node_id}, drained {got.count}"
         ql, qd = _check_drained(queue, got, pubs)
