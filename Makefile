@@ -120,8 +120,9 @@ image:
 
 # k8s-build / k8s-up / k8s-down: a real Kubernetes control plane for the Kubernetes
 # tests (issue 13, k8s/): etcd 3.4.23, kube-apiserver, kube-controller-manager and
-# kube-scheduler v1.20.2 (RBAC, token auth, TLS) and kubectl/helm. k8s-build builds
-# them once (about 5-10 min, from Debian packages) into a cache outside the work tree
+# kube-scheduler v1.20.2 (RBAC, token auth, TLS), the kubelet and kube-proxy for a real
+# node (k8s/node.py, with Debian's containerd) and kubectl/helm. k8s-build builds
+# them once (about 10-15 min, from Debian packages) into a cache outside the work tree
 # (MIRRORQ_K8S_CACHE, default /var/cache/mirrorq/k8s-v1.20.2-etcd3.4.23-go1.15.15) and
 # is instant once it is there; k8s-up starts the control plane in the background
 # (workdir and pid file under $(K8S_DIR)) and prints the KUBECONFIG to export;

@@ -4,7 +4,8 @@
 # directory outside the work tree, keyed by the versions:
 #
 #   etcd 3.4.23                    Debian bookworm's etcd-server (apt-get download, dpkg -x)
-#   kube-apiserver, -controller-manager, -scheduler v1.20.2
+#   kube-apiserver, -controller-manager, -scheduler, kubelet, kube-proxy v1.20.2
+#                                  (and the pause container's binary, from its build/pause)
 #                                  built from Debian bookworm's `kubernetes` source
 #                                  package (the orig tarball, vendor/ included) with
 #   Go 1.15.15                     Debian bullseye's golang-1.15-go + golang-1.15-src
@@ -39,7 +40,8 @@ DEBIAN_KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 
 CACHE="${MIRRORQ_K8S_CACHE:-/var/cache/mirrorq/k8s-${K8S_VERSION}-etcd${ETCD_VERSION}-go${GO_VERSION}}"
 BIN="$CACHE/bin"
-BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl helm)
+KUBE_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
+BINARIES=(etcd "${KUBE_BINARIES[@]}" pause kubectl helm)
 
 say() { echo "k8s/build.sh: $*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -119,7 +121,7 @@ apt_get() { apt-get "${APT_OPTS[@]}" "$@"; }
 
 need_apt=0
 [[ -x "$BIN/etcd" ]] || need_apt=1
-for b in kube-apiserver kube-controller-manager kube-scheduler; do [[ -x "$BIN/$b" ]] || need_apt=1; done
+for b in "${KUBE_BINARIES[@]}" pause; do [[ -x "$BIN/$b" ]] || need_apt=1; done
 if (( need_apt )); then
   say "apt-get update (bookworm, bookworm sources, bullseye; lists in $WORK/apt)"
   apt_get update >"$WORK/apt-update.log" 2>&1 || { cat "$WORK/apt-update.log" >&2; die "apt-get update failed"; }
@@ -157,10 +159,11 @@ if [[ ! -x "$BIN/etcd" ]]; then
   install_bin "$WORK/etcd/usr/bin/etcd" etcd
 fi
 
-# ---- kube-apiserver, kube-controller-manager, kube-scheduler -------------
-kube_missing=0
-for b in kube-apiserver kube-controller-manager kube-scheduler; do [[ -x "$BIN/$b" ]] || kube_missing=1; done
-if (( kube_missing )); then
+# ---- kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, pause
+kube_missing=()
+for b in "${KUBE_BINARIES[@]}"; do [[ -x "$BIN/$b" ]] || kube_missing+=("$b"); done
+[[ -x "$BIN/pause" ]] || kube_missing+=(pause)
+if (( ${#kube_missing[@]} )); then
   avail_kb="$(df -Pk "$WORK" | awk 'NR==2 {print $4}')"
   (( avail_kb > 3500000 )) \
     || die "only $((avail_kb / 1024)) MB free under $TMP_PARENT; the build tree needs about 3.5 GB (set MIRRORQ_K8S_BUILD_TMP)"
@@ -195,15 +198,18 @@ if (( kube_missing )); then
   tree="$WORK/src/$KUBE_TREE"
   [[ -f "$tree/Makefile" ]] || die "$KUBE_TREE/Makefile missing in the unpacked source"
 
+  what=""
+  for b in "${kube_missing[@]}"; do [[ "$b" = pause ]] || what="$what cmd/$b"; done
+  what="${what# }"
   log="$CACHE/build.log"
-  say "make WHAT='cmd/kube-apiserver cmd/kube-controller-manager cmd/kube-scheduler' (about 5 min, 1.6 GB memory; log: $log)"
+  say "make WHAT='$what' (about 5 min for the control plane, 6 more for kubelet and kube-proxy, 1.6 GB memory; log: $log)"
   t_make=$SECONDS
   if ! (
     cd "$tree"
     unset GOFLAGS GOPATH GOBIN GOOS GOARCH GO111MODULE
     export PATH="$PATH_EXTRA:$PATH" CGO_ENABLED=0 GOPROXY=off \
       KUBE_GIT_VERSION="$K8S_VERSION" KUBE_GIT_MAJOR=1 KUBE_GIT_MINOR=20
-    make WHAT="cmd/kube-apiserver cmd/kube-controller-manager cmd/kube-scheduler"
+    [[ -z "$what" ]] || make WHAT="$what"
   ) >"$log" 2>&1; then
     tail -n 40 "$log" >&2
     die "the kubernetes build failed (full log: $log)"
@@ -211,12 +217,20 @@ if (( kube_missing )); then
   say "built in $((SECONDS - t_make)) s"
   out="$tree/_output/local/bin/linux/amd64"
   [[ -d "$out" ]] || out="$tree/_output/bin"
-  for b in kube-apiserver kube-controller-manager kube-scheduler; do
+  for b in "${kube_missing[@]}"; do
+    [[ "$b" != pause ]] || continue
     [[ -x "$out/$b" ]] || die "the build made no $b (looked in $out)"
     "$out/$b" --version 2>&1 | grep -q "Kubernetes $K8S_VERSION" \
       || die "$b reports '$("$out/$b" --version 2>&1)', not Kubernetes $K8S_VERSION"
     install_bin "$out/$b" "$b"
   done
+  if [[ ! -x "$BIN/pause" ]]; then
+    # the pod sandbox's binary (the kubelet's test pods import it as localhost/pause)
+    command -v gcc >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null
+    gcc -Os -Wall -static -DVERSION=v3.4-mirrorq -o "$WORK/pause" "$tree/build/pause/linux/pause.c" \
+      || die "building build/pause/linux/pause.c failed"
+    install_bin "$WORK/pause" pause
+  fi
   # the 2.5 GB tree goes now, before the next step needs disk
   chmod -R u+w "$WORK/src" "$WORK/go" 2>/dev/null || true
   rm -rf "$WORK/src" "$WORK/go"

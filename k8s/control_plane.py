@@ -91,7 +91,7 @@ def _tail(path: Path, n: int = 25) -> str:
     return "\n".join(lines[-n:])
 
 
-def _wait(cond: Callable[[], bool], timeout: float, what: str,
+def wait_until(cond: Callable[[], bool], timeout: float, what: str,
           alive: Callable[[], str | None] = lambda: None, interval: float = 0.2) -> None:
     """Poll cond() until it holds; alive() returns an error text once a process it
     watches has died (then fail at once, not at the deadline)."""
@@ -400,7 +400,7 @@ def up(workdir: Path | str, *, bindir: Path | str | None = None, timeout: float 
             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
             "--initial-cluster", f"mirrorq-k8s={peer_url}",
         ])
-        _wait(lambda: _http_ok(f"{etcd_url}/health"), left(), "etcd /health", cp.dead)
+        wait_until(lambda: _http_ok(f"{etcd_url}/health"), left(), "etcd /health", cp.dead)
 
         start("kube-apiserver", [
             f"--etcd-servers={etcd_url}",
@@ -411,6 +411,8 @@ def up(workdir: Path | str, *, bindir: Path | str | None = None, timeout: float 
             "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
             f"--cert-dir={certs}", f"--token-auth-file={certs / 'tokens.csv'}",
             "--authorization-mode=Node,RBAC",
+            # no DNS for node names here: logs and exec reach a kubelet by its address
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-account-key-file={sa_pub}",
@@ -426,7 +428,7 @@ def up(workdir: Path | str, *, bindir: Path | str | None = None, timeout: float 
                 return False
             return status == 200
 
-        _wait(apiserver_ready, left(), "kube-apiserver /readyz", cp.dead)
+        wait_until(apiserver_ready, left(), "kube-apiserver /readyz", cp.dead)
         _write_private(kubeconfig, _kubeconfig_text(server, ca_file.read_bytes(), token).encode())
 
         start("kube-controller-manager", [
@@ -446,7 +448,7 @@ def up(workdir: Path | str, *, bindir: Path | str | None = None, timeout: float 
                 return False
             return status == 200 and bool(sa.get("secrets"))
 
-        _wait(default_service_account, left(),
+        wait_until(default_service_account, left(),
               "kube-controller-manager (the default ServiceAccount and its token)", cp.dead)
         dead = cp.dead()
         if dead:
@@ -602,7 +604,7 @@ def _up_detached(workdir: Path, pid_file: Path | None, timeout: float) -> int:
         return f"the supervisor exited with {sup.returncode}; {log_path}:\n{_tail(log_path)}"
 
     try:
-        _wait(ready, timeout + 15, "waiting until ready", sup_dead)
+        wait_until(ready, timeout + 15, "waiting until ready", sup_dead)
     except ControlPlaneError as e:
         print(f"control plane: {e}", file=sys.stderr)
         if sup.poll() is None:

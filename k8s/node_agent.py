@@ -65,7 +65,6 @@ import shlex
 import shutil
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import threading
@@ -80,6 +79,9 @@ from typing import Any
 
 from chaosmirrorq.netns import NetLab, NsNode, ensure_iptables
 
+from k8s.api import Api, ApiError
+from k8s.provisioner import HostPathProvisioner
+
 NODE_NAME = "mirrorq-agent"
 CRASH_BACKOFF = 10.0
 CRASH_BACKOFF_MAX = 300.0
@@ -92,49 +94,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-class ApiError(Exception):
-    def __init__(self, method: str, path: str, status: int, body: str) -> None:
-        super().__init__(f"{method} {path} -> {status}: {body[:300]}")
-        self.status = status
-
-
-class Api:
-    """JSON over HTTPS to the API server with a bearer token (thread-safe)."""
-
-    def __init__(self, server: str, token: str, ca_file: Path, timeout: float = 15.0) -> None:
-        self.server = server.rstrip("/")
-        self.token = token
-        self.ctx = ssl.create_default_context(cafile=str(ca_file))
-        self.timeout = timeout
-
-    def call(self, method: str, path: str, body: Any = None,
-             content_type: str = "application/json") -> Any:
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.server + path, data=data, method=method, headers={
-            "Authorization": f"Bearer {self.token}", "Content-Type": content_type,
-            "Accept": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout, context=self.ctx) as rsp:
-                raw = rsp.read()
-        except urllib.error.HTTPError as exc:
-            raise ApiError(method, path, exc.code, exc.read().decode(errors="replace")) from None
-        return json.loads(raw) if raw else None
-
-    def get(self, path: str) -> Any:
-        return self.call("GET", path)
-
-    def get_or_none(self, path: str) -> Any:
-        try:
-            return self.get(path)
-        except ApiError as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-    def merge(self, path: str, body: Any) -> Any:
-        return self.call("PATCH", path, body, "application/merge-patch+json")
 
 
 # ---- images ---------------------------------------------------------------------
@@ -524,9 +483,9 @@ class PodWorker(threading.Thread):
         spec["root"] = {"path": str(img.rootfs), "readonly": True}
         spec["hostname"] = self.hostname
         mounts = spec["mounts"]
-        for src, dst in ((self.agent.hosts_file, "/etc/hosts"),
+        for etc, dst in ((self.agent.hosts_file, "/etc/hosts"),
                          (self.agent.resolv_file, "/etc/resolv.conf")):
-            mounts.append({"destination": dst, "type": "bind", "source": str(src),
+            mounts.append({"destination": dst, "type": "bind", "source": str(etc),
                            "options": ["rbind", "ro"]})
         for src, target, ro in self.mounts:
             mounts.append({"destination": target, "type": "bind", "source": src,
@@ -746,7 +705,7 @@ class NodeAgent:
         self._starts: dict[str, str] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._made_pvs: set[str] = set()
+        self.provisioner = HostPathProvisioner(self.api, self.workdir / "volumes")
         self._hosts_lock = threading.Lock()
 
     @classmethod
@@ -847,7 +806,7 @@ class NodeAgent:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                self._sync_volumes()
+                self.provisioner.sync()
                 self._sync_pods()
             except Exception:  # noqa: BLE001 - keep serving; the test reads errors
                 self.errors.append(traceback.format_exc())
@@ -922,43 +881,6 @@ class NodeAgent:
                 f.seek(0)
                 f.truncate()
                 f.write(text)
-
-    def _sync_volumes(self) -> None:
-        claims = self.api.get("/api/v1/persistentvolumeclaims")["items"]
-        for pvc in claims:
-            meta, spec = pvc["metadata"], pvc["spec"]
-            if pvc.get("status", {}).get("phase") != "Pending" or spec.get("volumeName") \
-                    or spec.get("storageClassName") or meta.get("deletionTimestamp"):
-                continue
-            name = f"pv-{meta['uid'][:13]}"
-            if name in self._made_pvs:
-                continue
-            path = self.workdir / "volumes" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
-            path.mkdir(parents=True, exist_ok=True)
-            size = spec.get("resources", {}).get("requests", {}).get("storage", "1Gi")
-            pv = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {
-                "name": name, "labels": {"mirrorq.io/node-agent": "true"}}, "spec": {
-                "capacity": {"storage": size}, "accessModes": spec.get("accessModes")
-                or ["ReadWriteOnce"], "persistentVolumeReclaimPolicy": "Retain",
-                "storageClassName": "", "hostPath": {"path": str(path), "type": ""},
-                "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                             "namespace": meta["namespace"], "name": meta["name"],
-                             "uid": meta["uid"]}}}
-            try:
-                self.api.call("POST", "/api/v1/persistentvolumes", pv)
-            except ApiError as exc:
-                if exc.status != 409:
-                    raise
-            self._made_pvs.add(name)
-        # Released (its claim deleted): delete it and its data, as a provisioner's Delete would
-        pvs = self.api.get("/api/v1/persistentvolumes?labelSelector=mirrorq.io%2Fnode-agent%3Dtrue")
-        for pv in pvs["items"]:
-            if pv.get("status", {}).get("phase") == "Released":
-                with contextlib.suppress(ApiError):
-                    self.api.call("DELETE", f"/api/v1/persistentvolumes/{pv['metadata']['name']}")
-                path = (pv["spec"].get("hostPath") or {}).get("path", "")
-                if path.startswith(str(self.workdir) + "/"):
-                    shutil.rmtree(path, ignore_errors=True)
 
     # -- for tests
     def pod_ip(self, namespace: str, name: str) -> str | None:

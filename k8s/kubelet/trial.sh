@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # k8s/kubelet/trial.sh IMAGE_REF: a real kubelet and container runtime against the
-# tests' control plane (issue 30, a trial: not used by make test yet).
+# tests' control plane, by hand (issue 30's first trial; the tests use k8s/node.py).
 #
 # containerd 1.6 (Debian's, CRI plugin, overlayfs snapshotter, runc through
 # k8s/kubelet/runc-wrap), CNI bridge + host-local + portmap (Debian's
 # containernetworking-plugins), a pause image built from the kubernetes source,
 # kubelet v1.20.2 (cgroupfs, cgroup v1) and kube-proxy (iptables) from
-# k8s/kubelet/build.sh. Then: a pod of IMAGE_REF (imported into containerd, pull
+# k8s/build.sh. Then: a pod of IMAGE_REF (imported into containerd, pull
 # policy Never) as uid 10001 with a read-only root, an emptyDir and an exec
 # readiness probe; a pod serving HTTP with an httpGet probe behind a ClusterIP
 # Service, fetched through kube-proxy's rules. Everything it starts is stopped at
@@ -14,14 +14,14 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 IMAGE="${1:?usage: k8s/kubelet/trial.sh IMAGE_REF (e.g. localhost/mirrorq:0.1.0, built by make image)}"
-NB="$(bash k8s/kubelet/build.sh --print-dir)/bin"
 CPB="$(bash k8s/build.sh --print-dir)/bin"
+NB="$CPB"
 W="${MIRRORQ_KUBELET_WORK:-/var/tmp/mirrorq-kubelet-trial}"
 PY="${PYTHON:-.venv/bin/python}"
 K() { "$CPB/kubectl" --kubeconfig "$W/cp/kubeconfig" "$@"; }
 say() { echo "trial: $*" >&2; }
 for need in "$NB/kubelet" "$NB/kube-proxy" "$NB/pause" "$CPB/kubectl"; do
-  [ -x "$need" ] || { say "missing $need: bash k8s/build.sh && bash k8s/kubelet/build.sh"; exit 2; }
+  [ -x "$need" ] || { say "missing $need: bash k8s/build.sh"; exit 2; }
 done
 command -v containerd >/dev/null && [ -x /usr/lib/cni/bridge ] || \
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq containerd containernetworking-plugins >/dev/null

@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from typing import NoReturn
 
 from node.amqp.config import default_listen
@@ -222,14 +223,28 @@ def _warn_admin(cfg: NodeConfig) -> None:
                     cfg.admin_port)
 
 
+RESOLVE_WAIT = 30.0  # seconds a name to listen on may take to appear in DNS
+
+
 def _check_port_free(host: str, port: int) -> None:
     """Every address `host` names can be bound at `port` (as the listener will:
     IPv6 sockets IPv6-only)."""
     shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise ConfigError(f"cannot listen on {shown}: {exc.strerror}") from exc
+    deadline = time.monotonic() + RESOLVE_WAIT
+    while True:
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                       flags=socket.AI_PASSIVE)
+            break
+        except socket.gaierror as exc:
+            # a new pod's own name (a headless Service's record) appears in the
+            # cluster DNS a moment after the pod starts: wait for it, bounded
+            if exc.errno not in (socket.EAI_AGAIN, socket.EAI_NONAME) \
+                    or time.monotonic() >= deadline:
+                raise ConfigError(f"cannot listen on {shown}: {exc.strerror}") from exc
+            log.warning("waiting up to %.0f s for %s to resolve (%s)",
+                        deadline - time.monotonic(), host, exc.strerror)
+            time.sleep(1.0)
     for family, kind, proto, _name, addr in infos:
         with socket.socket(family, kind, proto) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -120,6 +120,9 @@ class RaftNode:
         self._no_quorum_since: float | None = None
         self._blocked: str | None = None
         self._stuck = False
+        # our NodeUp is applied: the log is caught up with the leader's this run, so the
+        # model's in_sync is no longer the view this node had when it went down
+        self._up = False
         self._last_leader: str | None = None
         # ---- raft thread, handed over once per tick
         self._held: deque[tuple[int, BatchKey, list[Effect]]] = deque()
@@ -168,6 +171,7 @@ class RaftNode:
                  self.applied_batches - first)
         await self.commit([NodeUp(self.node_id, self.incarnation)], max(timeout, 0.1))
         log.info("NodeUp applied")
+        self._up = True
         self._timers["tick"] = self.loop.call_later(self.config.tick_interval, self._propose_tick)
 
     def stop(self) -> None:
@@ -559,7 +563,10 @@ class RaftNode:
             last_applied=raft["last_applied"],
             log_len=raft["log_len"],
             members=list(members) or [self.node_id, *self.config.peers],
-            in_sync=list(model.in_sync),
+            # a restarted member's own log still lists it in sync (the leader's
+            # MarkOutOfSync has not reached it): the readiness probe would pass at
+            # once and a rolling restart would take a second member down
+            in_sync=list(model.in_sync) if self._up else [],
             draining=list(model.draining),
             has_quorum=shim.has_quorum(),
             mirrored_index=self._gate.released,

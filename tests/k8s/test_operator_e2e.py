@@ -8,11 +8,10 @@ under its own ServiceAccount's token (in-cluster config), so the chart's RBAC is
 what lets it work; the operator builds the StatefulSet, the real StatefulSet
 controller makes the pods and PVCs, and AMQP clients reach each pod's address.
 
-The tests run in order on one release (module fixtures): install -> scale
-3 -> 5 -> 3 under streaming confirms (S25: 0 confirmed lost, one membership change
-at a time) -> a rolling restart from a config change under load (at most one pod
+The tests run in order on one release (module fixtures): install -> a rolling restart from a config change under load (at most one pod
 down at a time) -> the leader's pod deleted and recreated -> a pod whose volume is
-lost comes back as a fresh member -> `helm uninstall` keeps the PVCs.
+lost comes back as a fresh member -> `helm uninstall` keeps the PVCs. (Scaling
+3 -> 5 -> 3 under load runs under the real kubelet: tests/k8s/test_kubelet_e2e.py.)
 """
 from __future__ import annotations
 
@@ -24,14 +23,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pika
 import pytest
 
-from harness.client import check_delivered, drain, uniq_queue
-from harness.publisher import StreamPublisher
+from harness.client import uniq_queue
 from k8s.control_plane import bin_dir, missing_binaries, up
 from k8s.node_agent import NodeAgent
 from node.admin.client import call_status
@@ -41,9 +39,9 @@ from tests.support.k8s_env import (
     RELEASE,
     SELECTOR,
     Env,
-    PodEndpoint,
     wait,
 )
+from tests.support.k8s_load import amqp_roundtrip, publish_while
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the node agent needs root "
                                 "(network namespaces, mounts, iptables)")
@@ -85,23 +83,6 @@ def diag(env: Env, request: pytest.FixtureRequest) -> Iterator[None]:
     rep = getattr(request.node, "rep_call", None)
     if rep is not None and rep.failed:
         print(env.diagnostics())
-
-
-def amqp_roundtrip(ep: PodEndpoint, queue: str, body: bytes) -> bytes:
-    """Publish with a confirm through this pod, then get it back through it."""
-    conn = pika.BlockingConnection(pika.ConnectionParameters(
-        host=ep.host, port=ep.amqp_port, heartbeat=0, socket_timeout=10,
-        credentials=pika.PlainCredentials(ep.user, ep.password)))
-    try:
-        ch = conn.channel()
-        ch.confirm_delivery()
-        ch.queue_declare(queue, durable=True)
-        ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True)
-        method, _props, got = wait(lambda: (lambda r: r if r[0] else None)(
-            ch.basic_get(queue, auto_ack=True)), 10, f"the message on {ep.node_id}")
-        return bytes(got)
-    finally:
-        conn.close()
 
 
 def test_helm_install_runs_operator_under_its_service_account_and_three_ready_members(
@@ -172,64 +153,6 @@ def test_helm_install_runs_operator_under_its_service_account_and_three_ready_me
     assert denied.value.code == 401
 
 
-def _one_change_at_a_time(views: list[tuple[float, tuple[str, ...]]]) -> None:
-    for (_, a), (_, b) in zip(views, views[1:], strict=False):
-        assert len(set(a) ^ set(b)) == 1, f"membership jumped {a} -> {b}: {views}"
-
-
-def _publish_while(env: Env, tag: str, change: Callable[[], None]) -> dict[str, Any]:
-    queue = uniq_queue(tag)
-    eps = env.endpoints()
-    conn = pika.BlockingConnection(pika.ConnectionParameters(
-        host=eps[0].host, credentials=pika.PlainCredentials(eps[0].user, eps[0].password)))
-    conn.channel().queue_declare(queue, durable=True)
-    conn.close()
-    # random bodies of 1-16 KiB (log-uniform); nothing consumes until the end, so
-    # the queue must stay below the memory watermark (values: 1 GiB) or the
-    # publisher is blocked (connection.blocked), which is back-pressure, not a fault
-    pub = StreamPublisher(tag, queue, env.endpoints, total=None, window=50, size=1024,
-                          max_size=16 * 1024, seed=tag, deadline=600)
-    pub.start()
-
-    def diag() -> str:
-        return f"publisher {pub.summary()} events {pub.events[-10:]}\n{env.diagnostics()}"
-
-    wait(lambda: len(pub.confirmed) > 200, 60, f"{tag}: confirms flowing", diag)
-    change()
-    mark = time.monotonic()
-    wait(lambda: pub.progress_since(mark) > 200, 60, f"{tag}: confirms after the change", diag)
-    pub.finish(120)
-    assert pub.error is None, pub.summary()
-    got = drain(env.endpoints()[0], queue)
-    result = check_delivered({tag: pub.confirmed}, got)
-    print(f"{tag}: {pub.summary()} -> {result['delivered']} delivered, "
-          f"{result['lost_count']} lost, {result['duplicates']} duplicates")
-    assert result["lost_count"] == 0, result
-    return result
-
-
-@pytest.mark.timeout(900)
-def test_helm_upgrade_scales_3_5_3_one_member_at_a_time_under_load(env: Env, diag: None) -> None:
-    env.watch_members()
-
-    def scale() -> None:
-        t0 = time.monotonic()
-        env.helm("upgrade", RELEASE, str(CHART), "--reuse-values", "--set", "replicas=5")
-        wait(lambda: env.converged(5), 300, "5 members in sync", env.diagnostics)
-        print(f"3 -> 5: {time.monotonic() - t0:.1f}s")
-        t0 = time.monotonic()
-        env.helm("upgrade", RELEASE, str(CHART), "--reuse-values", "--set", "replicas=3")
-        wait(lambda: env.converged(3) and len(env.pods()) == 3, 300,
-             "back to 3 members and 3 pods", env.diagnostics)
-        print(f"5 -> 3: {time.monotonic() - t0:.1f}s")
-
-    _publish_while(env, "scale", scale)
-    env.stop_watch()
-    sizes = [len(m) for _, m in env.views]
-    assert 5 in sizes and sizes[-1] == 3, env.views
-    _one_change_at_a_time(env.views)
-
-
 @pytest.mark.timeout(900)
 def test_config_change_rolls_pods_one_at_a_time_under_load(env: Env, diag: None) -> None:
     before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in env.pods()}
@@ -256,7 +179,7 @@ def test_config_change_rolls_pods_one_at_a_time_under_load(env: Env, diag: None)
         print(f"rolling restart of 3 pods: {time.monotonic() - t0:.1f}s")
 
     try:
-        _publish_while(env, "roll", roll)
+        publish_while(env, "roll", roll)
     finally:
         stop.set()
     assert most_down[0] <= 1, f"{most_down[0]} pods were down at once"

@@ -11,10 +11,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from k8s.control_plane import ControlPlane, bin_dir
-from k8s.node_agent import NodeAgent
 from node.admin.client import call_status
 
 T = TypeVar("T")
@@ -43,6 +42,12 @@ def wait(cond: Callable[[], T | None], timeout: float, what: str,
                          + (f"\n{diag()}" if diag else ""))
 
 
+class Node(Protocol):
+    """What runs the pods: k8s.node.KubeletNode (a real kubelet) or k8s.node_agent.NodeAgent."""
+    def pod_ip(self, namespace: str, name: str) -> str | None: ...
+    def diagnostics(self) -> str: ...
+
+
 @dataclass(frozen=True)
 class PodEndpoint:
     """What the harness's publishers and drain need of a node."""
@@ -54,7 +59,7 @@ class PodEndpoint:
 
 
 class Env:
-    def __init__(self, cp: ControlPlane, agent: NodeAgent, workdir: Path) -> None:
+    def __init__(self, cp: ControlPlane, agent: Node, workdir: Path) -> None:
         self.cp = cp
         self.agent = agent
         self.workdir = workdir
@@ -166,5 +171,5 @@ class Env:
             res = self.kubectl(*args, check=False)
             parts.append(f"==== kubectl {' '.join(args)}\n{res.stdout[-4000:]}{res.stderr[-500:]}")
         parts.append(f"==== leader member views: {self.views}")
-        parts.append("==== node agent\n" + self.agent.diagnostics())
+        parts.append("==== node\n" + self.agent.diagnostics())
         return "\n".join(parts)

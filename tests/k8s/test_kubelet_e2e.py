@@ -1,0 +1,175 @@
+"""Issue 30: the chart's pods under a real kubelet and container runtime, against
+the tests' real control plane (k8s/control_plane.py): kubelet and kube-proxy
+v1.20.2 built from Debian's kubernetes source, containerd 1.6 with runc, the CNI
+bridge plugin, the cluster DNS of k8s/dns.py and a hostPath provisioner
+(k8s/node.py). Nothing of the pods is ours: the kubelet creates the sandboxes,
+mounts the volumes (the service-account token, ConfigMap, Secrets, the PVC),
+applies the securityContext, runs the exec/tcp probes, enforces the memory
+limit in cgroups, and restarts and deletes containers; kube-proxy routes
+ClusterIPs; the brokers find each other through DNS.
+
+In order on one release: `helm install` (the operator and 3 brokers from the image
+`make image` builds: containerd, uid 10001, read-only root, no restart; AMQP through
+each pod's IP and through the client Service's ClusterIP; `kubectl logs` and
+`kubectl exec` through the kubelet) -> 3 -> 5 -> 3 under streaming confirms (0
+confirmed lost, one membership change at a time) -> the leader's pod deleted:
+recreated with a new IP, found again by its name, back in sync.
+(tests/k8s/test_operator_e2e.py runs the config roll, a lost volume and uninstall
+on the node agent.)
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from harness.client import uniq_queue
+from k8s.control_plane import bin_dir, missing_binaries, up
+from k8s.node import KubeletNode, missing_node_binaries
+from tests.support.k8s_env import CHART, NAME, RELEASE, Env, PodEndpoint, wait
+from tests.support.k8s_load import amqp_roundtrip, one_change_at_a_time, publish_while
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the kubelet and containerd need "
+                                "root (namespaces, mounts, cgroups, iptables)")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory, built_image: str) -> Iterator[Env]:
+    missing = missing_binaries(bin_dir()) + missing_node_binaries()
+    assert not missing, f"run `make k8s-build` first (missing: {missing})"
+    work = tmp_path_factory.mktemp("k8s-kubelet")
+    cp = up(work / "k8s")
+    node: KubeletNode | None = None
+    try:
+        # broker and operator pods: containers of the image built from the
+        # Dockerfile (the chart names it for both), under a real kubelet and containerd
+        t0 = time.monotonic()
+        node = KubeletNode(cp, work / "node", [built_image]).start()
+        print(f"kubelet node ready in {time.monotonic() - t0:.0f}s {node.timings}")
+        e = Env(cp, node, work)
+        repo, tag = built_image.rsplit(":", 1)
+        # requests fit 5 members and the operator on 2 cores; the memory limit is real
+        # (cgroups), so the watermark stays well below it
+        e.values.write_text(
+            "replicas: 3\n"
+            f"image:\n  repository: {repo}\n  tag: {tag}\n  pullPolicy: Never\n"
+            "persistence:\n  size: 1Gi\n"
+            "resources:\n  requests: {cpu: 100m, memory: 256Mi}\n"
+            "  limits: {memory: 1536Mi}\n"
+            "terminationGracePeriodSeconds: 30\n"
+            "config:\n  memory_high_watermark: 805306368\n"
+            "operator:\n  extraEnv:\n"
+            "    - {name: MIRRORQ_OPERATOR_RECONCILE_SECONDS, value: \"2\"}\n")
+        yield e
+        e.stop_watch()
+    finally:
+        if node is not None:
+            node.stop()
+        cp.down()
+
+
+@pytest.fixture
+def diag(env: Env, request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        print(env.diagnostics())
+
+
+def env_image_ref(env: Env) -> str:
+    text = env.values.read_text()
+    return f"{text.split('repository: ')[1].split()[0]}:{text.split('tag: ')[1].split()[0]}"
+
+
+def test_helm_install_under_the_kubelet_runs_the_image_as_its_user_with_dns_and_kube_proxy(
+        env: Env, diag: None) -> None:
+    t0 = time.monotonic()
+    env.helm("install", RELEASE, str(CHART), "--create-namespace", "-f", str(env.values))
+    # the operator: scheduled on the kubelet's Node, running with its own ServiceAccount
+    op = wait(lambda: [p for p in env.json("pods", "-l", "app.kubernetes.io/component=operator")
+                       ["items"] if p.get("status", {}).get("phase") == "Running"],
+              60, "the operator pod running", env.diagnostics)[0]
+    assert op["spec"]["serviceAccountName"] == f"{NAME}-operator"
+    token_vols = [v["secret"]["secretName"] for v in op["spec"]["volumes"] if "secret" in v]
+    assert any(v.startswith(f"{NAME}-operator-token-") for v in token_vols), token_vols
+    st = wait(lambda: env.converged(3), 180, "3 members in sync, 3 pods Ready",
+              env.diagnostics)
+    print(f"install -> 3 Ready members: {time.monotonic() - t0:.1f}s; status {st}")
+    assert {c["type"]: c["status"] for c in st["conditions"]}["QuorumStatus"] == "True"
+    # the brokers and the operator are containers of the image built from the
+    # Dockerfile (issue 30: one image, the chart's default for both), run by the real
+    # kubelet through containerd: the image's user (uid 10001, with the broker pods'
+    # fsGroup), a read-only root; seen through `kubectl exec` (API server -> kubelet)
+    seen = []
+    for p in env.json("pods")["items"]:
+        name = p["metadata"]["name"]
+        (cs,) = p["status"]["containerStatuses"]
+        assert cs["containerID"].startswith("containerd://"), cs
+        assert cs["image"].endswith(env_image_ref(env)), cs
+        ident = env.kubectl("exec", name, "--", "sh", "-c",
+                            "id -u; id -G; touch /x 2>&1 || true; cat /proc/1/cmdline"
+                            ).stdout.split("\n")
+        assert ident[0] == "10001", ident
+        assert "10001" in ident[1].split(), ident  # fsGroup (the operator: its own group)
+        assert "Read-only file system" in ident[2], ident
+        seen.append((name, ident[3].replace("\0", " ")))
+    ops = [cmd for name, cmd in seen if name.startswith(f"{NAME}-operator")]
+    assert len(ops) == 1 and "kopf run -m mirrorq_operator.handlers" in ops[0], seen
+    assert len(seen) == 4, seen
+    # the brokers found each other by the headless Service's names (k8s/dns.py answers
+    # them in the pods); the client Service's ClusterIP reaches a broker through
+    # kube-proxy's rules; kubectl logs reads a broker's output through the kubelet
+    client_ip = env.json("service", NAME)["spec"]["clusterIP"]
+    ep0 = env.endpoints()[0]
+    body = os.urandom(8192)
+    assert amqp_roundtrip(PodEndpoint("clusterip", client_ip, ep0.user, ep0.password),
+                          uniq_queue("svc"), body) == body
+    logs = env.kubectl("logs", f"{NAME}-0", "--tail=200").stdout
+    assert logs.strip(), "no log lines through the kubelet"
+    # AMQP through each pod's own address, with the chart Secret's user
+    eps = env.endpoints()
+    assert len({e.host for e in eps}) == 3
+    for e in eps:
+        body = os.urandom(4096)
+        assert amqp_roundtrip(e, uniq_queue("e2e"), body) == body
+    # the kubelet started each broker once: no crash-loop while a new pod's own DNS
+    # name is not yet answered (it waits for it, node/app/main.py RESOLVE_WAIT)
+    restarts = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"]
+                for p in env.pods()}
+    assert set(restarts.values()) == {0}, restarts
+
+
+@pytest.mark.timeout(900)
+def test_helm_upgrade_scales_3_5_3_one_member_at_a_time_under_load(env: Env, diag: None) -> None:
+    env.watch_members()
+
+    def scale() -> None:
+        t0 = time.monotonic()
+        env.helm("upgrade", RELEASE, str(CHART), "--reuse-values", "--set", "replicas=5")
+        wait(lambda: env.converged(5), 300, "5 members in sync", env.diagnostics)
+        print(f"3 -> 5: {time.monotonic() - t0:.1f}s")
+        t0 = time.monotonic()
+        env.helm("upgrade", RELEASE, str(CHART), "--reuse-values", "--set", "replicas=3")
+        wait(lambda: env.converged(3) and len(env.pods()) == 3, 300,
+             "back to 3 members and 3 pods", env.diagnostics)
+        print(f"5 -> 3: {time.monotonic() - t0:.1f}s")
+
+    publish_while(env, "scale", scale)
+    env.stop_watch()
+    sizes = [len(m) for _, m in env.views]
+    assert 5 in sizes and sizes[-1] == 3, env.views
+    one_change_at_a_time(env.views)
+
+
+def test_deleted_leader_pod_is_recreated_and_rejoins(env: Env, diag: None) -> None:
+    leader = env.status()["leader"]
+    old_uid = env.json("pod", leader)["metadata"]["uid"]
+    t0 = time.monotonic()
+    env.kubectl("delete", "pod", leader, "--wait=false")
+    wait(lambda: env.json("pod", leader)["metadata"]["uid"] != old_uid, 120,
+         f"{leader} recreated by the StatefulSet controller", env.diagnostics)
+    wait(lambda: env.converged(3), 180, f"{leader} back in sync", env.diagnostics)
+    print(f"leader pod {leader} deleted -> recreated and in sync: {time.monotonic() - t0:.1f}s")
+    assert env.admin_status(leader)["node_id"] == leader
