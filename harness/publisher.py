@@ -77,7 +77,7 @@ class StreamPublisher(threading.Thread):
                  window: int = 200, size: int = 1024, persistent: bool = True,
                  stall_timeout: float = 20.0, deadline: float = 240.0,
                  max_size: int | None = None, seed: int | str | None = None,
-                 priorities: int = 0) -> None:
+                 priorities: int = 0, rate: float | None = None) -> None:
         super().__init__(name=f"publisher-{tag}", daemon=True)
         self.tag = tag
         self.queue = queue
@@ -91,6 +91,10 @@ class StreamPublisher(threading.Thread):
         self.priorities = priorities  # > 0: message id mid goes with priority mid % (priorities + 1)
         self.stall_timeout = stall_timeout
         self.deadline = time.monotonic() + deadline
+        # new messages per second at most (None: as fast as the window allows); a
+        # long change under load then leaves a backlog a test can drain in bounded time
+        self.rate = rate
+        self._t0 = time.monotonic()
         self.confirmed: set[int] = set()
         self.confirm_times: list[float] = []  # monotonic time of each ack frame's effect
         self.nacked = 0
@@ -139,6 +143,8 @@ class StreamPublisher(threading.Thread):
             return None
         if self.total is not None and self._next_id >= self.total:
             return None
+        if self.rate is not None and self._next_id >= self.rate * (time.monotonic() - self._t0):
+            return None
         self._next_id += 1
         return self._next_id
 
@@ -173,6 +179,7 @@ class StreamPublisher(threading.Thread):
         return self._stop_ev.is_set()
 
     def _run(self) -> None:
+        self._t0 = time.monotonic()
         mode = 2 if self.persistent else 1
         levels = self.priorities + 1
         props = [spec.Basic.Properties(delivery_mode=mode, priority=p if self.priorities else None)

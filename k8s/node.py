@@ -353,8 +353,9 @@ imageGCLowThresholdPercent: 99
 
     def _unmount(self) -> None:
         mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
-        mine = sorted({m for m in mounts if m.startswith(str(self.work) + "/")
-                       or m.startswith("/run/containerd/") or m.startswith("/var/run/netns/cni-")},
+        # ours only: containerd's state and the kubelet's root are under work (the
+        # pods' network namespaces go with `ip netns del` below)
+        mine = sorted({m for m in mounts if m.startswith(str(self.work) + "/")},
                       key=len, reverse=True)
         for m in mine:
             _run("umount", "-l", m, check=False)

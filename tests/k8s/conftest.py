@@ -36,3 +36,38 @@ def broker_image(built_image: str, tmp_path_factory: pytest.TempPathFactory) -> 
 
     return export_image(built_image, tmp_path_factory.mktemp("image") / "rootfs")
 
+
+
+# The previous release the upgrade test (tests/k8s/test_kubelet_e2e.py) starts from:
+# main as it last landed (stop 37). Refresh it at each release.
+PREVIOUS_RELEASE = "4a0d58cda9c8b65558317295da1d5d66aeacc7ef"
+
+
+@pytest.fixture(scope="session")
+def previous_release(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any]:
+    """The previous release's image, built by its own k8s/image.sh from its commit
+    (`git archive`) and kept in podman's storage under a tag naming the commit, and
+    its chart directory."""
+    import os
+    import subprocess
+    import time
+    from pathlib import Path
+
+    if os.geteuid() != 0:
+        pytest.skip("building and running images needs root")
+    repo = Path(__file__).resolve().parents[2]
+    tree = tmp_path_factory.mktemp("previous-release")
+    archive = subprocess.run(["git", "-C", str(repo), "archive", PREVIOUS_RELEASE],
+                             capture_output=True, timeout=120)
+    assert archive.returncode == 0, \
+        f"git archive {PREVIOUS_RELEASE} (a clone with history is needed): {archive.stderr.decode()}"
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    ref = f"localhost/mirrorq:release-{PREVIOUS_RELEASE[:12]}"
+    if subprocess.run(["podman", "--storage-driver", "vfs", "image", "exists", ref]).returncode:
+        t0 = time.monotonic()
+        res = subprocess.run(["bash", "k8s/image.sh", ref], cwd=tree, capture_output=True,
+                             text=True, timeout=900)
+        assert res.returncode == 0, "the previous release's k8s/image.sh failed:\n" \
+            f"{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+        print(f"previous release's image {ref}: built in {time.monotonic() - t0:.0f}s")
+    return ref, tree / "helm" / "mirrorq"

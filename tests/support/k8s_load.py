@@ -8,6 +8,7 @@ from typing import Any
 
 import pika
 
+from harness.body import body_ok
 from harness.client import check_delivered, drain, uniq_queue
 from harness.publisher import StreamPublisher
 from tests.support.k8s_env import Env, PodEndpoint, wait
@@ -35,7 +36,12 @@ def one_change_at_a_time(views: list[tuple[float, tuple[str, ...]]]) -> None:
         assert len(set(a) ^ set(b)) == 1, f"membership jumped {a} -> {b}: {views}"
 
 
-def publish_while(env: Env, tag: str, change: Callable[[], None]) -> dict[str, Any]:
+def publish_while(env: Env, tag: str, change: Callable[[], None],
+                  rate: float | None = None) -> dict[str, Any]:
+    """Streaming confirms into a new queue while `change` runs; then every confirmed
+    message must be delivered. `rate` caps new messages per second, so that the
+    backlog of a change that takes minutes drains in bounded time. The result has
+    the publisher's `confirm_times` (monotonic)."""
     queue = uniq_queue(tag)
     eps = env.endpoints()
     conn = pika.BlockingConnection(pika.ConnectionParameters(
@@ -46,7 +52,7 @@ def publish_while(env: Env, tag: str, change: Callable[[], None]) -> dict[str, A
     # the queue must stay below the memory watermark (values: 1 GiB) or the
     # publisher is blocked (connection.blocked), which is back-pressure, not a fault
     pub = StreamPublisher(tag, queue, env.endpoints, total=None, window=50, size=1024,
-                          max_size=16 * 1024, seed=tag, deadline=600)
+                          max_size=16 * 1024, seed=tag, deadline=900, rate=rate)
     pub.start()
 
     def diag() -> str:
@@ -60,7 +66,8 @@ def publish_while(env: Env, tag: str, change: Callable[[], None]) -> dict[str, A
     assert pub.error is None, pub.summary()
     got = drain(env.endpoints()[0], queue)
     result = check_delivered({tag: pub.confirmed}, got)
+    assert all(body_ok(b) for b, _ in got), f"{tag}: a message came back damaged"
     print(f"{tag}: {pub.summary()} -> {result['delivered']} delivered, "
           f"{result['lost_count']} lost, {result['duplicates']} duplicates")
     assert result["lost_count"] == 0, result
-    return result
+    return {**result, "confirm_times": list(pub.confirm_times)}
