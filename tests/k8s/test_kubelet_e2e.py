@@ -12,14 +12,12 @@ In order on one release: `helm install` (the operator and 3 brokers from the ima
 `make image` builds: containerd, uid 10001, read-only root, no restart; AMQP through
 each pod's IP and through the client Service's ClusterIP; `kubectl logs` and
 `kubectl exec` through the kubelet) -> 3 -> 5 -> 3 under streaming confirms (0
-confirmed lost, one membership change at a time) -> chaos/experiments/k8s's
-leader-pod-kill with chaostoolkit (the leader's pod SIGKILLed twice under load;
-recreated with a new IP, found again by its name, back in sync; the history
-checker finds 0 lost) -> the upgrade from the previous release: its CRD, chart and
+confirmed lost, one membership change at a time) -> the leader's pod deleted:
+recreated with a new IP, found again by its name, back in sync -> the upgrade from the previous release: its CRD, chart and
 image with a backlog, then `helm upgrade` to this one under streaming confirms
 (one pod at a time, a mixed-version cluster confirming, 0 lost).
 (tests/k8s/test_operator_e2e.py runs the config roll, a lost volume and uninstall
-on the node agent.)
+on the node agent, and tests/k8s/test_chaos_k8s.py the chaostoolkit experiments.)
 """
 from __future__ import annotations
 
@@ -36,9 +34,13 @@ from harness.client import check_delivered, drain, uniq_queue
 from harness.publisher import StreamPublisher
 from k8s.control_plane import bin_dir, missing_binaries, up
 from k8s.node import KubeletNode, missing_node_binaries
-from tests.support.k8s_chaos import run_experiment
 from tests.support.k8s_env import CHART, NAME, RELEASE, Env, PodEndpoint, wait
-from tests.support.k8s_load import amqp_roundtrip, one_change_at_a_time, publish_while
+from tests.support.k8s_load import (
+    amqp_roundtrip,
+    delete_leader_pod_and_wait_for_it,
+    one_change_at_a_time,
+    publish_while,
+)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the kubelet and containerd need "
                                 "root (namespaces, mounts, cgroups, iptables)")
@@ -176,22 +178,8 @@ def test_helm_upgrade_scales_3_5_3_one_member_at_a_time_under_load(env: Env, dia
     one_change_at_a_time(env.views)
 
 
-# chaos/experiments/k8s with chaostoolkit: the leader's pod SIGKILLed (grace 0)
-# twice under the history-writing workload, each time until the StatefulSet
-# controller has recreated it (a new IP, found again by its name) and the operator
-# reports every member in sync; judged by the history checker (PySpark)
-@pytest.mark.timeout(900)
-def test_leader_pod_kill_experiment_loses_nothing(env: Env, tmp_path: Path) -> None:
-    run_experiment(env, "leader-pod-kill", tmp_path)
-    wait(lambda: env.converged(3), 120, "3 members in sync", env.diagnostics)
-
-
-# about 6 minutes; make test keeps 3 -> 5 -> 3 under load through helm upgrade (above)
-@pytest.mark.long
-@pytest.mark.timeout(900)
-def test_scale_out_in_experiment_loses_nothing(env: Env, tmp_path: Path) -> None:
-    run_experiment(env, "scale-out-in", tmp_path)
-    wait(lambda: env.converged(3), 120, "back to 3 members", env.diagnostics)
+def test_deleted_leader_pod_is_recreated_and_rejoins(env: Env, diag: None) -> None:
+    delete_leader_pod_and_wait_for_it(env)
 
 
 def image_of(pod: dict) -> str:

@@ -41,7 +41,7 @@ from tests.support.k8s_env import (
     Env,
     wait,
 )
-from tests.support.k8s_load import amqp_roundtrip, publish_while
+from tests.support.k8s_load import amqp_roundtrip, delete_leader_pod_and_wait_for_it, publish_while
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the node agent needs root "
                                 "(network namespaces, mounts, iptables)")
@@ -188,15 +188,7 @@ def test_config_change_rolls_pods_one_at_a_time_under_load(env: Env, diag: None)
 
 
 def test_deleted_leader_pod_is_recreated_and_rejoins(env: Env, diag: None) -> None:
-    leader = env.status()["leader"]
-    old_uid = env.json("pod", leader)["metadata"]["uid"]
-    t0 = time.monotonic()
-    env.kubectl("delete", "pod", leader, "--wait=false")
-    wait(lambda: env.json("pod", leader)["metadata"]["uid"] != old_uid, 120,
-         f"{leader} recreated by the StatefulSet controller", env.diagnostics)
-    wait(lambda: env.converged(3), 180, f"{leader} back in sync", env.diagnostics)
-    print(f"leader pod {leader} deleted -> recreated and in sync: {time.monotonic() - t0:.1f}s")
-    assert env.admin_status(leader)["node_id"] == leader
+    delete_leader_pod_and_wait_for_it(env)
 
 
 @pytest.mark.timeout(900)

@@ -71,3 +71,17 @@ def publish_while(env: Env, tag: str, change: Callable[[], None],
           f"{result['lost_count']} lost, {result['duplicates']} duplicates")
     assert result["lost_count"] == 0, result
     return {**result, "confirm_times": list(pub.confirm_times)}
+
+
+def delete_leader_pod_and_wait_for_it(env: Env) -> None:
+    """Delete the leader's pod; the StatefulSet controller recreates it (a new uid),
+    and it comes back in sync under its own name."""
+    leader = env.status()["leader"]
+    old_uid = env.json("pod", leader)["metadata"]["uid"]
+    t0 = time.monotonic()
+    env.kubectl("delete", "pod", leader, "--wait=false")
+    wait(lambda: env.json("pod", leader)["metadata"]["uid"] != old_uid, 120,
+         f"{leader} recreated by the StatefulSet controller", env.diagnostics)
+    wait(lambda: env.converged(3), 180, f"{leader} back in sync", env.diagnostics)
+    print(f"leader pod {leader} deleted -> recreated and in sync: {time.monotonic() - t0:.1f}s")
+    assert env.admin_status(leader)["node_id"] == leader
