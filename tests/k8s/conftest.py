@@ -37,7 +37,6 @@ def broker_image(built_image: str, tmp_path_factory: pytest.TempPathFactory) -> 
     return export_image(built_image, tmp_path_factory.mktemp("image") / "rootfs")
 
 
-
 # The previous release the upgrade test (tests/k8s/test_kubelet_e2e.py) starts from:
 # main as it last landed (stop 37). Refresh it at each release.
 PREVIOUS_RELEASE = "4a0d58cda9c8b65558317295da1d5d66aeacc7ef"
