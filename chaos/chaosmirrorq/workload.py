@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -656,17 +657,6 @@ class _Crash(Exception):
     pass
 
 
-def queue_depth(node: Any, queue: str, timeout: float = 5.0) -> tuple[int, int]:
-    """(ready messages, consumers) of `queue` (passive queue.declare)."""
-    conn = RawConn(node.host, node.amqp_port, node.user, node.password, timeout=timeout)
-    try:
-        conn.send_method(spec.Queue.Declare(queue=queue, passive=True), 1)
-        _, ok = conn.expect(spec.Queue.DeclareOk, timeout=timeout)
-        return int(ok.message_count), int(ok.consumer_count)
-    finally:
-        conn.close()
-
-
 def declare_queues(node: Any, queues: Sequence[str | QueueSpec], timeout: float = 30.0) -> None:
     """Declare queue names (durable classic) or a plan's QueueSpecs (their arguments; the
     DLX exchange and the binding of the DLX queue)."""
@@ -694,22 +684,82 @@ def drain_queue(run: str, node: Any, queue: str, writer: HistoryWriter, idle: fl
                 min_time: float = 6.0, timeout: float = 180.0, prefetch: int = 500,
                 after: Sequence[threading.Event] = ()) -> int:
     """Consume `queue` on `node` (manual acks, batched) until nothing arrived for `idle`
-    seconds, at least `min_time` passed and the queue reports 0 ready and no other
-    consumer; with `after` (events set when the drains of the queues that feed this one,
-    e.g. through dead-lettering, are done) only once they are all set and then checked
-    again. Every delivery is recorded with phase "drain". Returns the number of deliveries."""
+    seconds, at least `min_time` passed and, with the consumer cancelled, the queue
+    reports 0 ready and no consumer; with `after` (events set when the drains of the
+    queues that feed this one, e.g. through dead-lettering, are done) only once they are
+    all set and then checked again. Every delivery is recorded with phase "drain".
+    Returns the number of deliveries.
+
+    Why cancel before checking: the broker hands a consumer more messages as its
+    credit comes back, so a last batch can reach the socket while the check runs.
+    The check used to read the depth on a second connection and then close this one
+    with those deliveries unread in the socket: the close requeued them, nobody
+    drained them, and the checker called them lost (14 messages in one kubelet
+    leader-pod-kill run, delivered about 8 s late after a leader change). Every
+    delivery to a consumer comes before its CancelOk, and the depth is then read on
+    this channel after our acks, so nothing is left in flight."""
     conn = RawConn(node.host, node.amqp_port, node.user, node.password, timeout=10.0)
+    tag = f"drain-{queue}"
     n = 0
     t0 = last = time.monotonic()
     upstream_done_at: float | None = None if after else t0
+    cur: dict[str, Any] | None = None
+    last_tag, unacked = 0, 0
+
+    def take(frames: list[tuple[int, Any]]) -> list[Any]:
+        """Record the deliveries among `frames`; returns the other methods."""
+        nonlocal cur, last_tag, unacked, n, last
+        others: list[Any] = []
+        for _ch, v in frames:
+            if isinstance(v, spec.Basic.Deliver):
+                cur = {"tag": v.delivery_tag, "red": bool(v.redelivered), "body": b"",
+                       "size": None, "mid": None, "dead": None}
+                continue
+            if isinstance(v, pheader.ContentHeader) and cur is not None:
+                cur["size"], cur["mid"] = v.body_size, v.properties.message_id
+                cur["dead"] = death_reason(v.properties)
+            elif isinstance(v, ContentBody) and cur is not None:
+                cur["body"] += v.value
+            else:
+                others.append(v)
+                continue
+            if cur is None or cur["size"] is None or len(cur["body"]) < cur["size"]:
+                continue
+            mid, bad = check_body(cur["body"], cur["size"], cur["mid"])
+            extra = _corrupt_detail(cur["body"], cur["size"]) if bad else {"corrupted": False}
+            if cur["dead"] is not None:
+                extra["dead_lettered"] = cur["dead"]
+            writer.write({"type": "deliver", "run": run, "msg_id": mid, "consumer": tag,
+                          "node": node.node_id, "redelivered": cur["red"], "ts": time.time(),
+                          "phase": "drain", "queue": queue, **extra})
+            last_tag, unacked, n = cur["tag"], unacked + 1, n + 1
+            cur = None
+            last = time.monotonic()
+        return others
+
+    def ack_all() -> None:
+        nonlocal unacked
+        if unacked:
+            conn.send_method(spec.Basic.Ack(delivery_tag=last_tag, multiple=True), 1)
+            unacked = 0
+
+    def until(cls: type) -> Any:
+        """Read (recording deliveries) until a `cls` method arrives."""
+        deadline = time.monotonic() + 60.0
+        while True:
+            for v in take(conn.frames()):
+                if isinstance(v, cls):
+                    return v
+            if time.monotonic() > deadline:
+                raise AssertionError(f"drain of {queue} on {node.node_id}: no {cls.__name__} in 60 s")
+            conn.fill(0.2)
+
     try:
         stash: list[tuple[int, Any]] = []
         conn.send_method(spec.Basic.Qos(prefetch_count=prefetch), 1)
         _expect(conn, spec.Basic.QosOk, stash)
-        conn.send_method(spec.Basic.Consume(queue=queue, consumer_tag=f"drain-{queue}"), 1)
+        conn.send_method(spec.Basic.Consume(queue=queue, consumer_tag=tag), 1)
         _expect(conn, spec.Basic.ConsumeOk, stash)
-        cur: dict[str, Any] | None = None
-        last_tag, unacked = 0, 0
         while True:
             now = time.monotonic()
             if now - t0 > timeout:
@@ -718,45 +768,28 @@ def drain_queue(run: str, node: Any, queue: str, writer: HistoryWriter, idle: fl
                 upstream_done_at = now
             if stash or conn.fill(0.1):
                 frames, stash = stash + conn.frames(), []
-                for _ch, v in frames:
-                    if isinstance(v, spec.Basic.Deliver):
-                        cur = {"tag": v.delivery_tag, "red": bool(v.redelivered), "body": b"",
-                               "size": None, "mid": None, "dead": None}
-                        continue
-                    if isinstance(v, pheader.ContentHeader) and cur is not None:
-                        cur["size"], cur["mid"] = v.body_size, v.properties.message_id
-                        cur["dead"] = death_reason(v.properties)
-                    elif isinstance(v, ContentBody) and cur is not None:
-                        cur["body"] += v.value
-                    else:
-                        continue
-                    if cur is None or cur["size"] is None or len(cur["body"]) < cur["size"]:
-                        continue
-                    mid, bad = check_body(cur["body"], cur["size"], cur["mid"])
-                    extra = _corrupt_detail(cur["body"], cur["size"]) if bad else {"corrupted": False}
-                    if cur["dead"] is not None:
-                        extra["dead_lettered"] = cur["dead"]
-                    writer.write({"type": "deliver", "run": run, "msg_id": mid, "consumer": f"drain-{queue}",
-                                  "node": node.node_id, "redelivered": cur["red"], "ts": time.time(),
-                                  "phase": "drain", "queue": queue, **extra})
-                    last_tag, unacked, n = cur["tag"], unacked + 1, n + 1
-                    cur = None
-                    last = time.monotonic()
+                take(frames)
                 if unacked >= prefetch // 4:
-                    conn.send_method(spec.Basic.Ack(delivery_tag=last_tag, multiple=True), 1)
-                    unacked = 0
+                    ack_all()
                 continue
-            if unacked:
-                conn.send_method(spec.Basic.Ack(delivery_tag=last_tag, multiple=True), 1)
-                unacked = 0
+            ack_all()
             if (now - last > idle and now - t0 > min_time and upstream_done_at is not None
                     and now - upstream_done_at > min(idle, 1.0)):
-                # empty, and no consumer but us: every other consumer's unacked
-                # deliveries have been requeued (and would have reached us)
-                ready, consumers = queue_depth(node, queue)
-                if ready == 0 and consumers <= 1:
+                conn.send_method(spec.Basic.Cancel(consumer_tag=tag), 1)
+                until(spec.Basic.CancelOk)
+                ack_all()
+                conn.send_method(spec.Queue.Declare(queue=queue, passive=True), 1)
+                ok = until(spec.Queue.DeclareOk)
+                # empty, and no consumer at all: every other consumer's unacked
+                # deliveries have been requeued (and reached us)
+                if ok.message_count == 0 and ok.consumer_count == 0:
                     break
-                last = now
+                print(f"drain of {queue} on {node.node_id}: {ok.message_count} ready, "
+                      f"{ok.consumer_count} consumer(s) after cancelling: consuming again",
+                      file=sys.stderr, flush=True)
+                conn.send_method(spec.Basic.Consume(queue=queue, consumer_tag=tag), 1)
+                until(spec.Basic.ConsumeOk)
+                last = time.monotonic()
         return n
     finally:
         conn.close()

@@ -43,7 +43,7 @@ def run_experiment(env: Env, name: str, tmp_path: Path, rate: int = 150) -> dict
     # the method's own waits for convergence (cluster_converged, 180 s) return False
     # on a timeout without failing the run; the steady state after the method judges
     # convergence. Reported here: a member's catch-up under load is slow on this
-    # machine (docs/kubernetes.md, "Catching up under load, and 14 messages not delivered").
+    # machine (docs/kubernetes.md, "Catching up under load").
     waits = {r["activity"]["name"]: r.get("output") for r in result.get("run", [])
              if r["activity"].get("provider", {}).get("func") == "cluster_converged"}
     print(f"{name}: status={result['status']} deviated={result['deviated']} "
