@@ -37,7 +37,7 @@ def drain(node: ClusterNode, queue: str, idle: float = 3.0, timeout: float = 120
                 chan.basic_ack(method.delivery_tag, multiple=True)
                 last["unacked"] = 0
 
-        ch.basic_consume(queue, on_msg, auto_ack=False)
+        tag = ch.basic_consume(queue, on_msg, auto_ack=False)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             conn.process_data_events(time_limit=0.2)
@@ -45,11 +45,18 @@ def drain(node: ClusterNode, queue: str, idle: float = 3.0, timeout: float = 120
                 ch.basic_ack(last["tag"], multiple=True)
                 last["unacked"] = 0
             if time.monotonic() - last["t"] > idle:
-                probe = conn.channel()
-                ready = probe.queue_declare(queue, passive=True).method.message_count
-                probe.close()
+                # cancel before reading the depth, on this channel: deliveries released
+                # late (a leader change) come before the CancelOk, and pika requeues
+                # those not yet dispatched; a depth read on the side while they were
+                # in flight ended the drain with them unread (chaos drain, same fix)
+                ch.basic_cancel(tag)
+                if last["unacked"]:
+                    ch.basic_ack(last["tag"], multiple=True)
+                    last["unacked"] = 0
+                ready = ch.queue_declare(queue, passive=True).method.message_count
                 if ready == 0:
                     break
+                tag = ch.basic_consume(queue, on_msg, auto_ack=False)
                 last["t"] = time.monotonic()
         else:
             raise AssertionError(f"drain of {queue} on {node.node_id} did not finish in {timeout}s "
