@@ -134,7 +134,7 @@ _RAFT_KEYS = {"password", "password_file", "batch_max_commands", "batch_max_byte
               "max_inflight_bytes", "election_min", "election_max", "leader_fallback",
               "compaction_min_entries", "compaction_min_time", "tick_interval",
               "out_of_sync_after", "nack_after", "block_after", "tls_cert", "tls_key", "tls_ca",
-              "follower_window_bytes", "append_chunk_bytes", "compaction_max_bytes",
+              "follower_window_bytes", "append_chunk_bytes", "compaction_max_bytes", "catch_up_hold_bytes",
               "compaction_min_gap", "segment_bytes", "verify_at_open_bytes", "scrub_bytes_per_second"}
 
 
@@ -598,6 +598,8 @@ def validate(cfg: NodeConfig) -> None:
                           "must be able to win before mirrors are dropped)")
     if r.nack_after <= r.block_after:
         raise ConfigError("raft.nack_after must exceed raft.block_after")
+    if r.catch_up_hold_bytes < r.compaction_max_bytes:
+        raise ConfigError("raft.catch_up_hold_bytes must be at least raft.compaction_max_bytes")
 
 
 def check_data_dir(path: str) -> None:

@@ -68,6 +68,11 @@ class RaftConfig:
     # compaction_min_gap seconds
     compaction_max_bytes: int = 256 * 1024 * 1024
     compaction_min_gap: float = 10.0
+    # a leader takes no snapshot while a follower catches up from the one it sent,
+    # until its log holds this many bytes (a transfer of a large backlog under load
+    # takes minutes; snapshots every compaction_max_bytes overtook it for as long as
+    # the load lasted)
+    catch_up_hold_bytes: int = 2 * 1024 * 1024 * 1024
     # the Raft log's segment files roll over past this size (segment_log.py)
     segment_bytes: int = 64 * 1024 * 1024
     # a start checks the newest sealed segments' CRCs up to this many bytes

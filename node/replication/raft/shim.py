@@ -36,7 +36,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 from pysyncobj.monotonic import (
@@ -216,10 +216,9 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
                  journal: SegmentLog) -> None:
         self._owner = owner
         self._flow: dict[Any, _Flow] = {}
-        # followers catching up from a snapshot we sent: since when (kept across
-        # a broken link: installing a large snapshot can outlast the link)
-        # (since when, the leader's applied index at the last look: what it must reach)
-        self._catch_up: dict[Any, tuple[float, int]] = {}
+        # followers catching up from a snapshot we sent (kept across a broken
+        # link: installing a large snapshot can outlast the link)
+        self._catch_up: dict[Any, CatchUp] = {}
         self._blobs: dict[tuple[int, int, int], bytes] = {}
         super().__init__(self_addr, others, conf, transportClass=_Transport)
         adopt(self, journal)  # in place of the MemoryJournal pysyncobj made (no journalFile)
@@ -277,10 +276,14 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
         the one we sent it. A snapshot taken meanwhile drops the log up to it,
         and the follower, done with the older one, is behind the new one:
         another transfer, overtaken again for as long as the load lasts (with
-        a snapshot every second, chaos corruption experiments). Bounded: at
-        most SNAPSHOT_SEND_HOLD seconds per catch-up (then one snapshot goes
-        ahead and the next transfer holds again) and twice compaction_max_bytes
-        of log. A snapshot being written is always collected."""
+        a snapshot every second, chaos corruption experiments; and under the
+        kubelet, a transfer of 49 s overtaken every 50 s by 10 MB/s of
+        publishes, for as long as the load lasted). Bounded by the follower's
+        progress (given up after CATCH_UP_STALL seconds in which it received
+        no snapshot chunk and acknowledged no entry) and by the log's size
+        (catch_up_hold_bytes: then one snapshot goes ahead and the next
+        transfer holds again), not by the transfer's length: a large backlog
+        under load takes minutes. A snapshot being written is always collected."""
         if not self._isLeader():
             self._catch_up.clear()
             return False
@@ -291,24 +294,27 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
         match = self._SyncObj__raftMatchIndex
         hold = False
         members = self._SyncObj__otherNodes
-        for node, (since, mark) in list(self._catch_up.items()):
+        for node, c in list(self._catch_up.items()):
             flow = self._flow.get(node)
+            sending = flow is not None and flow.snapshot_index is not None
+            progress = (match.get(node, 0), flow.snapshot_chunks if flow is not None else -1)
+            progress_at = now if progress != c.progress else c.progress_at
             if node not in members:
                 del self._catch_up[node]
-            elif (flow is None or flow.snapshot_index is None) and match.get(node, 0) >= mark:
+            elif not sending and match.get(node, 0) >= c.mark:
                 # it holds what we had applied at the last look (under load it never
                 # quite reaches the applied index of the moment): caught up
                 del self._catch_up[node]
                 log.info("%s caught up from a snapshot in %.1f s (index %d): snapshots resume",
-                         getattr(node, "address", node), now - since, applied)
-            elif now - since >= SNAPSHOT_SEND_HOLD:
-                del self._catch_up[node]  # too slow: let one snapshot go ahead
-                log.warning("a follower's catch-up from a snapshot took over %.0f s: "
-                            "taking a snapshot regardless", SNAPSHOT_SEND_HOLD)
+                         getattr(node, "address", node), now - c.since, applied)
+            elif now - progress_at >= CATCH_UP_STALL:
+                del self._catch_up[node]  # gone, or stuck: it must not stop our snapshots
+                log.warning("%s made no progress catching up from a snapshot for %.0f s: "
+                            "snapshots resume", getattr(node, "address", node), CATCH_UP_STALL)
             else:
                 hold = True
-                self._catch_up[node] = (since, applied)
-        if hold and self._SyncObj__raftLog.bytes_used() > 2 * self._owner.config.compaction_max_bytes:
+                self._catch_up[node] = CatchUp(c.since, applied, progress, progress_at)
+        if hold and self._SyncObj__raftLog.bytes_used() > self._owner.config.catch_up_hold_bytes:
             return False
         return hold
 
@@ -398,15 +404,18 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
             if data and data[1]:  # first chunk: the dump it reads is the one the journal starts at
                 flow.snapshot_index = int(journal[1][1] if len(journal) > 1 else journal[0][1])
                 if node not in self._catch_up:
-                    self._catch_up[node] = (clock(), flow.snapshot_index)
+                    now = clock()
+                    self._catch_up[node] = CatchUp(now, flow.snapshot_index, (-1, -1), now)
                     log.info("sending %s the snapshot at index %d: no snapshot here until it has "
-                             "caught up (at most %.0f s)", getattr(node, "address", node), flow.snapshot_index,
-                             SNAPSHOT_SEND_HOLD)
+                             "caught up (while it makes progress and the log is under %d MB)",
+                             getattr(node, "address", node), flow.snapshot_index,
+                             self._owner.config.catch_up_hold_bytes >> 20)
             # every chunk names the index, so that a follower that has applied past
             # it drops it instead of rewinding its state (_snapshot_moves_forward)
             transport.send(node, {"type": "append_entries", "term": term, "commit_index": commit,
                                   "serialized": None if not data else list(data),
                                   "snapshot_index": flow.snapshot_index})
+            flow.snapshot_chunks += 1
             if not data:
                 return
             if data[2]:  # last chunk
@@ -446,8 +455,19 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
 
 
 _NO_ENTRIES = encode([])
-# longest a leader holds its snapshots while a follower catches up from one (_holds_compaction)
-SNAPSHOT_SEND_HOLD = 120.0
+# a leader holds its snapshots for a follower catching up from one (_holds_compaction)
+# while it made progress within this many seconds (a large state's install, after the
+# last chunk and before its answer, shows none)
+CATCH_UP_STALL = 60.0
+
+
+class CatchUp(NamedTuple):
+    """A follower catching up from a snapshot the leader sent it."""
+
+    since: float  # when the transfer began
+    mark: int  # the leader's applied index at the last look: what the follower must reach
+    progress: tuple[int, int]  # (its match index, snapshot chunks sent to it) at the last look
+    progress_at: float  # when that last changed
 _NEVER = float("inf")  # an election deadline pysyncobj's check never passes
 CACHE_IDLE_CHECK = 10.0  # s: the log's cached entries older than this go (SegmentLog.age_cache)
 
@@ -455,7 +475,7 @@ CACHE_IDLE_CHECK = 10.0  # s: the log's cached entries older than this go (Segme
 class _Flow:
     """Entry bytes sent to one follower and not yet acknowledged."""
 
-    __slots__ = ("chunks", "inflight", "last_sent", "commit_sent", "snapshot_index")
+    __slots__ = ("chunks", "inflight", "last_sent", "commit_sent", "snapshot_index", "snapshot_chunks")
 
     def __init__(self) -> None:
         self.chunks: deque[tuple[int, int]] = deque()  # (last index of a chunk, its bytes)
@@ -463,6 +483,7 @@ class _Flow:
         self.last_sent = 0.0
         self.commit_sent = 0  # the commit index the follower was last told
         self.snapshot_index: int | None = None  # a snapshot transmission under way: its index
+        self.snapshot_chunks = 0  # snapshot chunks handed to the transport (progress of a transfer)
 
     def sent(self, last_index: int, size: int) -> None:
         self.chunks.append((last_index, size))

@@ -195,7 +195,7 @@ class _Window(_SentLog):
 
 def test_the_leader_names_the_transmitted_index_in_every_chunk_and_resumes_after_it() -> None:
     leader = SimpleNamespace(_SyncObj__serializer=_Serializer([b"a", b"b"]), _SyncObj__raftNextIndex={"n3": 10},
-                             _catch_up={})
+                             _catch_up={}, _owner=SimpleNamespace(config=RaftConfig()))
     flow, transport = _Flow(), _Window()
     journal = [(b"", 4996, 2), (b"", 4997, 2), (b"", 4998, 3)]
     _BrokerLog._send_snapshot(leader, "n3", flow, transport, 3, 5000, 1 << 20, journal)  # type: ignore[arg-type]
@@ -203,19 +203,26 @@ def test_the_leader_names_the_transmitted_index_in_every_chunk_and_resumes_after
     assert [m["serialized"][1:] for _n, m in transport.sent] == [[True, False], [False, False], [False, True]]
     assert leader._SyncObj__raftNextIndex["n3"] == 4998
     assert flow.snapshot_index is None  # the transmission is over
-    assert leader._catch_up["n3"][1] == 4997  # its catch-up is not: the leader holds its snapshots
+    assert flow.snapshot_chunks == 3  # its progress, as the hold sees it
+    assert leader._catch_up["n3"].mark == 4997  # its catch-up is not: the leader holds its snapshots
 
 
 def _holder(*, leader: bool = True, pid: int = 0, applied: int = 100, match: int = 50,
-            sending: bool = False, since: float = 0.0, used: int = 0, mark: int = 100) -> Any:
+            sending: bool = False, since: float = 0.0, used: int = 0, mark: int = 100,
+            chunks: int = 0, progress: tuple[int, int] | None = None, progress_at: float | None = None) -> Any:
     """A leader with a follower n3 catching up from a snapshot since `since` (clock),
-    which must reach `mark` (the leader's applied index at the previous look)."""
+    which must reach `mark` (the leader's applied index at the previous look); by
+    default it made progress at the last look (its match index and the chunks sent
+    to it as they are now, at `since`)."""
     flow = _Flow()
     flow.snapshot_index = 40 if sending else None
+    flow.snapshot_chunks = chunks
+    seen = progress if progress is not None else (match, chunks)
     return SimpleNamespace(
         _isLeader=lambda: leader, _SyncObj__serializer=SimpleNamespace(_Serializer__pid=pid),
         raftLastApplied=applied, _SyncObj__raftMatchIndex={"n3": match}, _SyncObj__otherNodes={"n3"},
-        _flow={"n3": flow}, _catch_up={"n3": (since, mark)},
+        _flow={"n3": flow},
+        _catch_up={"n3": shim_mod.CatchUp(since, mark, seen, since if progress_at is None else progress_at)},
         _SyncObj__raftLog=SimpleNamespace(bytes_used=lambda: used),
         _owner=SimpleNamespace(config=RaftConfig()))
 
@@ -227,18 +234,30 @@ def test_the_leader_holds_its_snapshots_while_a_follower_catches_up_from_one_wit
     # sending the snapshot, then sending the entries after it: held, and the
     # mark moves to what the leader has applied meanwhile
     h = _holder(sending=True, since=now, match=0, mark=40, applied=120)
-    assert hold(h) and h._catch_up["n3"] == (now, 120)
+    assert hold(h) and h._catch_up["n3"][:2] == (now, 120)
     assert hold(_holder(sending=False, since=now, match=99, mark=100))
     # it holds what the leader had applied at the last look: released, and forgotten
     h = _holder(sending=False, since=now, match=100, mark=100, applied=130)
     assert not hold(h) and h._catch_up == {}
     # ... but not while the transfer is still under way
     assert hold(_holder(sending=True, since=now, match=100, mark=100))
-    # too slow: one snapshot goes ahead
-    h = _holder(sending=True, since=now - shim_mod.SNAPSHOT_SEND_HOLD - 1)
+    # a transfer of minutes is held as long as it makes progress: chunks go out ...
+    stall = shim_mod.CATCH_UP_STALL
+    long_ago = now - 10 * stall
+    h = _holder(sending=True, since=long_ago, chunks=7, progress=(50, 6), progress_at=long_ago)
+    assert hold(h) and h._catch_up["n3"].progress == (50, 7) and h._catch_up["n3"].progress_at >= now
+    # ... or the follower acknowledges entries
+    h = _holder(since=long_ago, match=60, progress=(50, 0), progress_at=long_ago)
+    assert hold(h) and h._catch_up["n3"].progress == (60, 0)
+    # no progress for CATCH_UP_STALL (a dead or stuck follower): snapshots resume
+    h = _holder(sending=True, since=long_ago, progress_at=now - stall - 1)
     assert not hold(h) and h._catch_up == {}
-    # the log grew past twice the byte bound: snapshots go on, the catch-up is still known
-    h = _holder(sending=True, since=now, used=2 * RaftConfig().compaction_max_bytes + 1)
+    assert hold(_holder(sending=True, since=long_ago, progress_at=now - stall + 5))
+    # the log grew past catch_up_hold_bytes: snapshots go on, the catch-up is still known
+    cfg = RaftConfig()
+    assert cfg.catch_up_hold_bytes >= 4 * cfg.compaction_max_bytes
+    assert hold(_holder(sending=True, since=now, used=cfg.catch_up_hold_bytes))
+    h = _holder(sending=True, since=now, used=cfg.catch_up_hold_bytes + 1)
     assert not hold(h) and "n3" in h._catch_up
     # a snapshot being written is always collected
     assert not hold(_holder(sending=True, since=now, pid=1234))
