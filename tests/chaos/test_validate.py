@@ -17,7 +17,7 @@ NAMES = ["leader-kill-loop", "follower-kill", "leader-pause", "minority-partitio
          "leader-in-minority", "full-restart", "rolling-restart", "scale-out-in",
          "network-delay", "packet-loss", "one-way-partition",
          "crash-during-partition", "crash-during-pause", "membership-lost-writes"]
-K8S_NAMES = ["leader-pod-kill", "scale-out-in"]  # run by tests/k8s/test_chaos_k8s.py
+K8S_NAMES = ["leader-pod-kill", "scale-out-in"]  # run by tests/k8s/test_kubelet_e2e.py, test_chaos_k8s.py
 
 
 def chaos_cli() -> str:

@@ -38,8 +38,8 @@ def broker_image(built_image: str, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 # The previous release the upgrade test (tests/k8s/test_kubelet_e2e.py) starts from:
-# main as it last landed (stop 37). Refresh it at each release.
-PREVIOUS_RELEASE = "4a0d58cda9c8b65558317295da1d5d66aeacc7ef"
+# main as it last landed (stop 38). Refresh it at each release.
+PREVIOUS_RELEASE = "de92fd1d68d7a0a203e4e01ba7a76daf4075aad7"
 
 
 @pytest.fixture(scope="session")

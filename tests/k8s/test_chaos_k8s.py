@@ -3,11 +3,11 @@ run` against the real Kubernetes 1.20 control plane and the node agent (a chart
 install, as tests/k8s/test_operator_e2e.py makes it), judged by the history
 checker (PySpark) like the local experiments: 0 confirmed messages lost.
 
-- leader-pod-kill: the leader's pod SIGKILLed (grace 0) twice under load, each
-  time until the StatefulSet controller has recreated it and the operator
-  reports every member in sync;
 - scale-out-in: the MirrorqCluster's replicas 3 -> 5 -> 3 under load (marked long: make
-  test-long; make test scales 3 -> 5 -> 3 under load by helm upgrade in test_operator_e2e.py).
+  test-long; make test scales 3 -> 5 -> 3 under load by helm upgrade under the kubelet,
+  tests/k8s/test_kubelet_e2e.py).
+
+leader-pod-kill runs under the real kubelet in make test (tests/k8s/test_kubelet_e2e.py).
 """
 from __future__ import annotations
 
@@ -56,13 +56,8 @@ def env(tmp_path_factory: pytest.TempPathFactory, broker_image: Any) -> Iterator
         cp.down()
 
 
-@pytest.mark.timeout(900)
-def test_leader_pod_kill_experiment_loses_nothing(env: Env, tmp_path: Path) -> None:
-    run_experiment(env, "leader-pod-kill", tmp_path)
-
-
 # 6 minutes in CI; make test keeps the same 3 -> 5 -> 3 under load through helm upgrade
-# (test_operator_e2e.py) and the chaostoolkit path through leader-pod-kill
+# and the chaostoolkit path through leader-pod-kill (both under the kubelet)
 @pytest.mark.long
 @pytest.mark.timeout(900)
 def test_scale_out_in_experiment_loses_nothing(env: Env, tmp_path: Path) -> None:

@@ -49,6 +49,7 @@ def run_experiment(env: Env, name: str, tmp_path: Path, rate: int = 150) -> dict
     print(f"{name}: status={result['status']} deviated={result['deviated']} "
           f"in {took:.0f}s; steps {steps}; converged in the method: {waits}; "
           f"reports {brief}")
+    print(catch_up_lines(env))
     if result["status"] != "completed" or result["deviated"]:
         print(proc.stdout[-4000:], proc.stderr[-4000:])
         print(env.diagnostics())
@@ -57,3 +58,20 @@ def run_experiment(env: Env, name: str, tmp_path: Path, rate: int = 150) -> dict
     assert summary, "no history report was written"
     assert all(r.get("lost", 0) == 0 for r in summary), brief
     return result
+
+
+# what a member's catch-up looks like in the brokers' logs (raft/shim.py, raft/snapshot.py,
+# raft_node.py, raft/election.py)
+CATCH_UP_MARKS = ("snapshot", "caught up", "raft ready", "NodeUp applied", "stepping down",
+                  "made no progress", "compacted")
+
+
+def catch_up_lines(env: Env) -> str:
+    """The catch-up lines of every broker pod's current container (a killed pod's
+    lines went with it; its replacement's and the leader's tell the catch-up)."""
+    out = []
+    for pod in sorted(p["metadata"]["name"] for p in env.pods()):
+        res = env.kubectl("logs", pod, "-c", "mirrorq", check=False)
+        lines = [line for line in res.stdout.splitlines() if any(m in line for m in CATCH_UP_MARKS)]
+        out.append(f"== {pod}: {len(lines)} catch-up lines" + "".join(f"\n   {line[:220]}" for line in lines[-40:]))
+    return "\n".join(out)
