@@ -222,3 +222,12 @@ def test_http_member_urls(tmp_path: Path) -> None:
         "serve", "--node-id", "n1", "--data-dir", str(tmp_path / "d"), "--amqp-port", "5672",
         "--http-port", "15672", "--http-member-url", "n2=http://h2:15673/"])
     assert config_from_args(args).http.member_urls == {"n2": "http://h2:15673/"}
+
+
+def test_catch_up_hold_bytes_is_read_and_may_not_undercut_compaction(tmp_path: Path) -> None:
+    from node.app.config import validate
+    cfg = cfg_from(tmp_path, "[raft]\ncatch_up_hold_bytes = 536870912\n")
+    assert cfg.raft.catch_up_hold_bytes == 512 * 1024 * 1024
+    validate(cfg)
+    with pytest.raises(ConfigError, match="catch_up_hold_bytes must be at least raft.compaction_max_bytes"):
+        cfg_from(tmp_path, "[raft]\ncatch_up_hold_bytes = 1048576\n")
