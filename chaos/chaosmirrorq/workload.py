@@ -339,6 +339,50 @@ def _corrupt_detail(body: bytes, size: int | None) -> dict[str, Any]:
     return {"corrupted": True, "body_len": len(body), "body_size": size, "body_head": body[:48].hex()}
 
 
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """One whole delivery, its body checked (check_body)."""
+
+    tag: int
+    redelivered: bool
+    msg_id: str
+    corrupted: bool
+    body_len: int
+    extra: dict[str, Any]  # for the history: corrupted (and its detail), dead_lettered
+
+
+class DeliveryAssembler:
+    """Basic.Deliver, its content header and body frames -> whole deliveries (the
+    workload's consumers and the drain read the same way)."""
+
+    def __init__(self) -> None:
+        self._cur: dict[str, Any] | None = None
+
+    def feed(self, v: Any) -> Delivered | None | bool:
+        """A delivery once its body is whole; None while one is incomplete; False
+        for a frame that is not part of a delivery."""
+        cur = self._cur
+        if isinstance(v, spec.Basic.Deliver):
+            self._cur = {"tag": v.delivery_tag, "red": bool(v.redelivered), "body": b"",
+                         "size": None, "mid": None, "dead": None}
+            return None
+        if isinstance(v, pheader.ContentHeader) and cur is not None:
+            cur["size"], cur["mid"] = v.body_size, v.properties.message_id
+            cur["dead"] = death_reason(v.properties)
+        elif isinstance(v, ContentBody) and cur is not None:
+            cur["body"] += v.value
+        else:
+            return False
+        if cur["size"] is None or len(cur["body"]) < cur["size"]:
+            return None
+        self._cur = None
+        mid, bad = check_body(cur["body"], cur["size"], cur["mid"])
+        extra = _corrupt_detail(cur["body"], cur["size"]) if bad else {"corrupted": False}
+        if cur["dead"] is not None:
+            extra["dead_lettered"] = cur["dead"]
+        return Delivered(cur["tag"], cur["red"], mid, bad, len(cur["body"]), extra)
+
+
 def _expect(conn: RawConn, cls: type, stash: list[tuple[int, Any]], timeout: float = 5.0) -> Any:
     """Like RawConn.expect, but frames read past the awaited one (e.g. deliveries right
     after consume-ok) are kept in `stash` instead of being dropped."""
@@ -568,7 +612,7 @@ class WorkloadConsumer(threading.Thread):
                 _expect(conn, spec.Basic.QosOk, stash)
                 conn.send_method(spec.Basic.Consume(queue=self.queue, consumer_tag=self.cname), 1)
                 _expect(conn, spec.Basic.ConsumeOk, stash)
-                cur: dict[str, Any] | None = None
+                assembler = DeliveryAssembler()
                 while not self.stop_ev.is_set():
                     if self.stall_every:
                         self._maybe_stall()
@@ -576,34 +620,20 @@ class WorkloadConsumer(threading.Thread):
                         continue
                     frames, stash = stash + conn.frames(), []
                     for _ch, v in frames:
-                        if isinstance(v, spec.Basic.Deliver):
-                            cur = {"tag": v.delivery_tag, "red": bool(v.redelivered), "body": b"",
-                                   "size": None, "mid": None, "dead": None}
-                        elif isinstance(v, pheader.ContentHeader) and cur is not None:
-                            cur["size"] = v.body_size
-                            cur["mid"] = v.properties.message_id
-                            cur["dead"] = death_reason(v.properties)
-                        elif isinstance(v, ContentBody) and cur is not None:
-                            cur["body"] += v.value
-                        elif isinstance(v, spec.Basic.Cancel):
+                        d = assembler.feed(v)
+                        if d is False and isinstance(v, spec.Basic.Cancel):
                             raise ConnLost("consumer cancelled by the broker")
-                        else:
+                        if not isinstance(d, Delivered):
                             continue
-                        if cur is None or cur["size"] is None or len(cur["body"]) < cur["size"]:
-                            continue
-                        mid, bad = check_body(cur["body"], cur["size"], cur["mid"])
-                        extra = _corrupt_detail(cur["body"], cur["size"]) if bad else {"corrupted": False}
-                        if cur["dead"] is not None:
-                            extra["dead_lettered"] = cur["dead"]
+                        if "dead_lettered" in d.extra:
                             self.counts["dead-lettered"] += 1
-                        tag, red = cur["tag"], cur["red"]
-                        self.body_bytes += len(cur["body"])
-                        cur = None
-                        now = time.time()
+                        tag, mid = d.tag, d.msg_id
+                        self.body_bytes += d.body_len
                         self.counts["deliver"] += 1
-                        self.counts["corrupted"] += bad
+                        self.counts["corrupted"] += d.corrupted
                         self._ev("deliver", msg_id=mid, consumer=self.cname, node=node.node_id,
-                                 redelivered=red, ts=now, phase="workload", queue=self.queue, **extra)
+                                 redelivered=d.redelivered, ts=time.time(), phase="workload",
+                                 queue=self.queue, **d.extra)
                         since_crash += 1
                         if self.crash_every and since_crash >= self.crash_every:
                             holding = True
@@ -703,37 +733,23 @@ def drain_queue(run: str, node: Any, queue: str, writer: HistoryWriter, idle: fl
     n = 0
     t0 = last = time.monotonic()
     upstream_done_at: float | None = None if after else t0
-    cur: dict[str, Any] | None = None
+    assembler = DeliveryAssembler()
     last_tag, unacked = 0, 0
 
     def take(frames: list[tuple[int, Any]]) -> list[Any]:
         """Record the deliveries among `frames`; returns the other methods."""
-        nonlocal cur, last_tag, unacked, n, last
+        nonlocal last_tag, unacked, n, last
         others: list[Any] = []
         for _ch, v in frames:
-            if isinstance(v, spec.Basic.Deliver):
-                cur = {"tag": v.delivery_tag, "red": bool(v.redelivered), "body": b"",
-                       "size": None, "mid": None, "dead": None}
-                continue
-            if isinstance(v, pheader.ContentHeader) and cur is not None:
-                cur["size"], cur["mid"] = v.body_size, v.properties.message_id
-                cur["dead"] = death_reason(v.properties)
-            elif isinstance(v, ContentBody) and cur is not None:
-                cur["body"] += v.value
-            else:
+            d = assembler.feed(v)
+            if d is False:
                 others.append(v)
+            if not isinstance(d, Delivered):
                 continue
-            if cur is None or cur["size"] is None or len(cur["body"]) < cur["size"]:
-                continue
-            mid, bad = check_body(cur["body"], cur["size"], cur["mid"])
-            extra = _corrupt_detail(cur["body"], cur["size"]) if bad else {"corrupted": False}
-            if cur["dead"] is not None:
-                extra["dead_lettered"] = cur["dead"]
-            writer.write({"type": "deliver", "run": run, "msg_id": mid, "consumer": tag,
-                          "node": node.node_id, "redelivered": cur["red"], "ts": time.time(),
-                          "phase": "drain", "queue": queue, **extra})
-            last_tag, unacked, n = cur["tag"], unacked + 1, n + 1
-            cur = None
+            writer.write({"type": "deliver", "run": run, "msg_id": d.msg_id, "consumer": tag,
+                          "node": node.node_id, "redelivered": d.redelivered, "ts": time.time(),
+                          "phase": "drain", "queue": queue, **d.extra})
+            last_tag, unacked, n = d.tag, unacked + 1, n + 1
             last = time.monotonic()
         return others
 
