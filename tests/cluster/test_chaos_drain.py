@@ -35,8 +35,12 @@ def _cluster(cluster_factory: Callable[..., Cluster]) -> Cluster:
 
 
 def _depth(node: ClusterNode, q: str) -> tuple[int, int]:
-    m = pika_conn(node).channel().queue_declare(q, passive=True).method
-    return int(m.message_count), int(m.consumer_count)
+    conn = pika_conn(node)
+    try:
+        m = conn.channel().queue_declare(q, passive=True).method
+        return int(m.message_count), int(m.consumer_count)
+    finally:
+        conn.close()
 
 
 def test_chaos_drain_ends_only_after_deliveries_held_by_a_stopped_follower_reach_it(
