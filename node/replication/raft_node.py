@@ -611,6 +611,7 @@ class RaftNode:
             longest_owner_tick_ms=round(shim.longest_owner_tick * 1000, 1),
             forced_compactions=shim.forced_compactions,
             longest_leader_gap_ms=round(shim.longest_leader_gap * 1000, 1),
+            longest_send_gap_ms=round(shim.longest_send_gap * 1000, 1),
             in_sync_size=len(model.in_sync),
             machine_version=self.machine_version,
             runs_machine_version=self.config.machine_version,

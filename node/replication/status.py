@@ -86,7 +86,8 @@ class NodeStatus:
     longest_fork_ms: float
     longest_owner_tick_ms: float
     forced_compactions: int
-    longest_leader_gap_ms: float
+    longest_leader_gap_ms: float  # follower: longest silence between AppendEntries received
+    longest_send_gap_ms: float  # leader: longest time between AppendEntries sent to one follower
     in_sync_size: int
     machine_version: int  # the cluster's, as applied here (node/replication/machine/version.py)
     runs_machine_version: int  # this build's (lower only by the MIRRORQ_MACHINE_VERSION test hook)

@@ -220,6 +220,7 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
         # link: installing a large snapshot can outlast the link)
         self._catch_up: dict[Any, CatchUp] = {}
         self._blobs: dict[tuple[int, int, int], bytes] = {}
+        self._send_term = -1  # the term _replicate last ran in: a new one starts fresh gaps
         super().__init__(self_addr, others, conf, transportClass=_Transport)
         adopt(self, journal)  # in place of the MemoryJournal pysyncobj made (no journalFile)
         receiver = self._SyncObj__serializer
@@ -335,6 +336,10 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
         connected = self._SyncObj__connectedNodes
         transport: _Transport = self._SyncObj__transport
         window, chunk = cfg.follower_window_bytes, cfg.append_chunk_bytes
+        if term != self._send_term:  # leader anew: gaps of an earlier leadership do not count
+            self._send_term = term
+            for f in self._flow.values():
+                f.last_sent = 0.0
         for node in list(self._SyncObj__otherNodes):
             if node not in connected:
                 self._SyncObj__serializer.cancelTransmisstion(node)
@@ -347,7 +352,7 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
             flow.settle(match.get(node, 0), nxt)
             if nxt <= first:  # behind the snapshot: send it, in bounded chunks
                 self._send_snapshot(node, flow, transport, term, commit, window, journal)
-                flow.last_sent = now
+                self._sent_at(flow, now)
                 continue
             if flow.snapshot_index is not None:
                 # the follower refused it (it has applied past it) or nextIndex moved on:
@@ -381,8 +386,15 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
                                              "prevLogIdx": prev[1], "prevLogTerm": prev[2]}, _NO_ENTRIES)
                 sent = True
             if sent:
-                flow.last_sent = now
+                self._sent_at(flow, now)
                 flow.commit_sent = commit
+
+    def _sent_at(self, flow: _Flow, now: float) -> None:
+        # the leader's side of a heartbeat gap: a follower's own stalls (GIL
+        # waits) lengthen the silence it measures, not this one
+        if flow.last_sent and now - flow.last_sent > self._owner.longest_send_gap:
+            self._owner.longest_send_gap = now - flow.last_sent
+        flow.last_sent = now
 
     def _blob(self, entries: list[tuple[bytes, int, int]]) -> bytes:
         # (first index, last index, last term) names the range: Raft's log
@@ -566,6 +578,7 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         self.longest_stall = 0.0  # longest raft-thread loop iteration (s), idle poll included
         self.forced_compactions = 0
         self.longest_leader_gap = 0.0  # follower: longest silence between AppendEntries (s)
+        self.longest_send_gap = 0.0  # leader: longest time between AppendEntries to one follower (s)
         self.fast_elections = 0  # campaigns started early because the leader's link broke
         self.longest_flush = 0.0  # longest journal flush (s)
         self.longest_owner_tick = 0.0  # longest on_tick of the owner (planners, hand-over)

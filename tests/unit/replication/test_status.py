@@ -20,7 +20,7 @@ RAFT_KEYS = [
     "journal_write_errors", "journal_flush_errors", "installed_snapshots", "refused_snapshots",
     "damaged_snapshots", "log_segments", "log_compactions",
     "skipped_closes", "longest_fork_ms", "longest_owner_tick_ms", "forced_compactions",
-    "longest_leader_gap_ms", "in_sync_size", "machine_version", "runs_machine_version",
+    "longest_leader_gap_ms", "longest_send_gap_ms", "in_sync_size", "machine_version", "runs_machine_version",
     "confirm_latency", "peers",
 ]
 
