@@ -313,7 +313,9 @@ def relayed(cluster_factory: Callable[..., Cluster]) -> Iterator[tuple[Cluster, 
 
 
 def _by_address(c: Cluster, address: str) -> ClusterNode:
-    return next(n for n in c.nodes if n.raft_address == address)
+    found = [n for n in c.nodes if n.raft_address == address]
+    assert found, f"no member at {address!r} (members: {[n.raft_address for n in c.nodes]})"
+    return found[0]
 
 
 def _users(node: ClusterNode) -> list[str]:
@@ -346,7 +348,7 @@ def test_an_on_path_relay_that_alters_or_injects_a_frame_gets_the_link_dropped_a
             break
         else:
             raise AssertionError(f"{mode}: no member counted a bad MAC in 3 tamperings")
-        assert "bad MAC" in victim.tail_log(300)
+        assert "bad MAC" in victim.tail_log(1000), f"{victim.node_id} counted a bad MAC but did not log it"
 
     # nothing forged was applied anywhere; the links came back through the relay
     c.wait_healthy(30)
@@ -354,7 +356,9 @@ def test_an_on_path_relay_that_alters_or_injects_a_frame_gets_the_link_dropped_a
         assert INTRUDER not in _users(n), f"{n.node_id} applied a forged UserPut"
     publish_confirmed(target, queue)
     publish_confirmed(c.leader(), queue)
-    assert counted <= sum(int(n.status()["peer_mac_failures"]) for n in c.nodes) <= len(relay.victims)
+    failures = {n.node_id: int(n.status()["peer_mac_failures"]) for n in c.nodes}
+    assert counted <= sum(failures.values()) <= len(relay.victims), \
+        f"bad MACs counted {failures}, tampered frames to {relay.victims}, {counted} waited for"
 
 
 def test_a_short_raft_password_without_tls_gets_a_warning_at_start(
