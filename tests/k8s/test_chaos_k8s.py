@@ -1,6 +1,6 @@
 """Issue 13: the chaostoolkit experiments of chaos/experiments/k8s run with `chaos
 run` against the real Kubernetes 1.20 control plane and the node agent (a chart
-install, as tests/k8s/test_operator_e2e.py makes it), judged by the history
+install of the image `make image` builds), judged by the history
 checker (PySpark) like the local experiments: 0 confirmed messages lost.
 
 - scale-out-in: the MirrorqCluster's replicas 3 -> 5 -> 3 under load (marked long: make
