@@ -113,13 +113,20 @@ def pika_conn(node: ClusterNode, **kw: Any) -> Any:
         credentials=pika.PlainCredentials(node.user, node.password), **kw))
 
 
-def queue_depth(node: ClusterNode, queue: str) -> int:
-    """Ready messages in `queue` on `node` (queue.declare passive, own connection)."""
+def queue_counts(node: ClusterNode, queue: str) -> tuple[int, int]:
+    """(ready messages, consumers) of `queue` on `node` (queue.declare passive, own
+    connection)."""
     conn = pika_conn(node)
     try:
-        return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
+        m = conn.channel().queue_declare(queue, passive=True).method
+        return int(m.message_count), int(m.consumer_count)
     finally:
         conn.close()
+
+
+def queue_depth(node: ClusterNode, queue: str) -> int:
+    """Ready messages in `queue` on `node`."""
+    return queue_counts(node, queue)[0]
 
 
 def publish_confirmed(node: ClusterNode, queue: str, n: int = 20) -> None:

@@ -23,8 +23,8 @@ import pika
 from chaosmirrorq.workload import HistoryWriter, drain_queue
 
 from harness.body import RandomBodies
-from harness.client import drain, pika_conn, uniq_queue
-from harness.process import Cluster, ClusterNode
+from harness.client import drain, pika_conn, queue_counts, uniq_queue
+from harness.process import Cluster
 from tests.broker_proc import wait_for
 
 OUT_OF_SYNC_AFTER = 15.0
@@ -32,15 +32,6 @@ OUT_OF_SYNC_AFTER = 15.0
 
 def _cluster(cluster_factory: Callable[..., Cluster]) -> Cluster:
     return cluster_factory(3, config=f"out_of_sync_after = {OUT_OF_SYNC_AFTER}\n").start()
-
-
-def _depth(node: ClusterNode, q: str) -> tuple[int, int]:
-    conn = pika_conn(node)
-    try:
-        m = conn.channel().queue_declare(q, passive=True).method
-        return int(m.message_count), int(m.consumer_count)
-    finally:
-        conn.close()
 
 
 def test_chaos_drain_ends_only_after_deliveries_held_by_a_stopped_follower_reach_it(
@@ -93,7 +84,7 @@ def test_chaos_drain_ends_only_after_deliveries_held_by_a_stopped_follower_reach
     seen = {json.loads(line)["msg_id"] for line in got}
     assert seen == ids, f"not drained: {sorted(ids - seen)}"
     assert result["n"] == 50
-    assert _depth(leader, q) == (0, 0), "the drain left messages or a consumer"
+    assert queue_counts(leader, q) == (0, 0), "the drain left messages or a consumer"
 
 
 def test_pika_drain_ends_only_after_deliveries_held_by_a_stopped_follower_reach_it(
@@ -124,7 +115,7 @@ def test_pika_drain_ends_only_after_deliveries_held_by_a_stopped_follower_reach_
 
     t = threading.Thread(target=run, name="drain", daemon=True)
     t.start()
-    wait_for(lambda: _depth(leader, q) == (0, 1), timeout=30, interval=0.05,
+    wait_for(lambda: queue_counts(leader, q) == (0, 1), timeout=30, interval=0.05,
              what="the first 20 delivered to the drain")
     stopped.pause()
     try:
@@ -140,4 +131,4 @@ def test_pika_drain_ends_only_after_deliveries_held_by_a_stopped_follower_reach_
     assert isinstance(got, list)
     missing = set(sent) - {body for body, _red in got}
     assert not missing, f"{len(missing)} of 50 not drained"
-    assert _depth(leader, q)[0] == 0
+    assert queue_counts(leader, q)[0] == 0

@@ -6,18 +6,9 @@ import time
 
 import pika
 
-from harness.client import pika_conn, pump, uniq_queue
+from harness.client import pika_conn, pump, queue_counts, uniq_queue
 from harness.process import Cluster
 from tests.broker_proc import wait_for
-
-
-def _ready_and_consumers(node, queue: str) -> tuple[int, int]:  # type: ignore[no-untyped-def]
-    conn = pika_conn(node)
-    try:
-        m = conn.channel().queue_declare(queue, passive=True).method
-        return int(m.message_count), int(m.consumer_count)
-    finally:
-        conn.close()
 
 
 def test_publish_on_one_follower_consume_on_another(cluster: Cluster) -> None:
@@ -33,7 +24,7 @@ def test_publish_on_one_follower_consume_on_another(cluster: Cluster) -> None:
     bch.basic_qos(prefetch_count=10)
     got: list[tuple[bytes, bool, int]] = []
     bch.basic_consume(q, lambda _c, m, _p, body: got.append((body, m.redelivered, m.delivery_tag)))
-    wait_for(lambda: _ready_and_consumers(a, q)[1] == 1, timeout=10,
+    wait_for(lambda: queue_counts(a, q)[1] == 1, timeout=10,
              what="the consumer on B to be visible from A")
 
     # publisher on follower A, confirms on
@@ -53,9 +44,9 @@ def test_publish_on_one_follower_consume_on_another(cluster: Cluster) -> None:
             acked += 1
     assert [g[0] for g in got] == bodies, "one consumer must see the queue in FIFO order"
     assert not any(g[1] for g in got), "nothing was redelivered"
-    wait_for(lambda: _ready_and_consumers(leader, q) == (0, 1), timeout=10,
+    wait_for(lambda: queue_counts(leader, q) == (0, 1), timeout=10,
              what="the leader to see the queue empty with B's consumer")
-    wait_for(lambda: _ready_and_consumers(a, q) == (0, 1), timeout=10,
+    wait_for(lambda: queue_counts(a, q) == (0, 1), timeout=10,
              what="follower A to see the queue empty with B's consumer")
 
     # a second consumer on follower A: deliveries go to consumers on both followers
@@ -65,7 +56,7 @@ def test_publish_on_one_follower_consume_on_another(cluster: Cluster) -> None:
     a2ch.basic_qos(prefetch_count=5)
     got_a: list[tuple[bytes, int]] = []
     a2ch.basic_consume(q, lambda _c, m, _p, body: got_a.append((body, m.delivery_tag)))
-    wait_for(lambda: _ready_and_consumers(leader, q)[1] == 2, timeout=10, what="two consumers")
+    wait_for(lambda: queue_counts(leader, q)[1] == 2, timeout=10, what="two consumers")
     before_b = len(got)
     more = [f"r{i}".encode() for i in range(60)]
     for body in more:
@@ -95,7 +86,7 @@ def test_publish_on_one_follower_consume_on_another(cluster: Cluster) -> None:
         f"both followers' consumers should get deliveries: A {len(got_a)}, B {len(got) - before_b}")
     bconn.process_data_events(time_limit=0.1)
     a2.process_data_events(time_limit=0.1)
-    wait_for(lambda: _ready_and_consumers(leader, q)[0] == 0, timeout=10, what="queue empty")
+    wait_for(lambda: queue_counts(leader, q)[0] == 0, timeout=10, what="queue empty")
 
     # basic.get on a follower; its ack (from that follower) settles it cluster-wide
     bch.basic_cancel(bch.consumer_tags[0]) if bch.consumer_tags else None
@@ -110,7 +101,7 @@ def test_publish_on_one_follower_consume_on_another(cluster: Cluster) -> None:
     m2, _p, body2 = lch.basic_get(q, auto_ack=True)
     assert m2 is not None and body2 == b"sentinel", f"the acked message came back: {body2!r}"
     assert lch.basic_get(q, auto_ack=True)[0] is None
-    wait_for(lambda: _ready_and_consumers(b, q) == (0, 0), timeout=10,
+    wait_for(lambda: queue_counts(b, q) == (0, 0), timeout=10,
              what="B to see the queue empty and without consumers")
 
     for c in (lconn, aconn, bconn, a2):

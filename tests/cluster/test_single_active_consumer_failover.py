@@ -20,7 +20,7 @@ from typing import Any
 import pika
 import pytest
 
-from harness.client import pika_conn, uniq_queue
+from harness.client import pika_conn, queue_counts, uniq_queue
 from harness.process import Cluster, ClusterNode
 
 MESSAGES = 200
@@ -127,16 +127,6 @@ def publish_confirmed(node: ClusterNode, queue: str, numbers: range) -> None:
         for n in numbers:
             ch.basic_publish("", queue, body(n), pika.BasicProperties(
                 delivery_mode=2, headers={"n": n}), mandatory=True)
-    finally:
-        conn.close()
-
-
-def queue_counts(node: ClusterNode, queue: str) -> tuple[int, int]:
-    """(ready messages, consumers) from queue.declare(passive) on `node`."""
-    conn = pika_conn(node)
-    try:
-        m = conn.channel().queue_declare(queue, passive=True).method
-        return int(m.message_count), int(m.consumer_count)
     finally:
         conn.close()
 

@@ -306,7 +306,7 @@ def test_pod_whose_volume_is_lost_comes_back_as_a_fresh_member(env: Env, diag: N
             pass
         for p in env.json("pods", "-l", SELECTOR)["items"]:
             if p["metadata"]["name"] == victim and p.get("status", {}).get("phase") == "Pending" \
-                    and p["metadata"]["uid"] and not p["spec"].get("nodeName"):
+                    and not p["spec"].get("nodeName"):
                 env.kubectl("delete", "pod", victim, "--wait=false", check=False)
         return False
 
