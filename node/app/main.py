@@ -21,20 +21,18 @@ from node.app.config import (
     NodeConfig,
     admin_authenticated,
     apply_env,
-    apply_file,
     check_admin,
     check_cluster_password,
     check_data_dir,
     check_http_tls,
-    check_listen,
     check_tls,
     is_loopback,
     parse_peers,
     raft_authenticated,
     raft_bind_host,
     read_admin_token_file,
-    validate,
 )
+from node.app.config_file import apply_file, check_listen, validate
 from node.app.memory import fix_mmap_threshold
 from node.replication.config import SHORT_RAFT_PASSWORD
 from node.replication.machine.version import MACHINE_VERSION

@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from node.app.config import NUMERIC_KEYS
+from node.app.config_file import NUMERIC_KEYS
 
 from .model import (
     ADMIN_PORT,

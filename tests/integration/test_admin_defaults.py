@@ -15,7 +15,8 @@ import grpc
 import pytest
 
 from node.admin.client import call_status, call_user_list, call_user_put
-from node.app.config import NodeConfig, apply_file
+from node.app.config import NodeConfig
+from node.app.config_file import apply_file
 from tests.broker_proc import REPO, NodeProcess, free_port, wait_for
 from tests.support.cli import assert_usage_error, serve_args
 from tests.support.net import connects, listening, loopback, unmapped

@@ -185,7 +185,8 @@ def test_mirrorqcluster_from_values(helm: str) -> None:
 def test_float_keys_match_the_node() -> None:
     """The chart writes a whole number as "N.0" exactly for the keys the node reads
     as fractional seconds (any other number key refuses a float)."""
-    from node.app.config import DEPRECATED_KEYS, NUMERIC_KEYS, NodeConfig
+    from node.app.config import NodeConfig
+    from node.app.config_file import DEPRECATED_KEYS, NUMERIC_KEYS
     cfg = NodeConfig(node_id="x", data_dir="/nonexistent")
     node = set()
     for key in NUMERIC_KEYS - DEPRECATED_KEYS.keys():  # those are read and ignored
@@ -203,7 +204,8 @@ def test_rendered_config_loads_in_the_node(helm: str, tmp_path: Path) -> None:
     from mirrorq_operator.builders import build_configmap
     from mirrorq_operator.model import Spec
 
-    from node.app.config import NodeConfig, apply_file
+    from node.app.config import NodeConfig
+    from node.app.config_file import apply_file
     from tests.support.admin_tls import with_admin_tls_files
     (cr,) = by_kind(docs_of(helm, VALUE_SETS["extra"]), "MirrorqCluster")
     cm = build_configmap(Spec.from_cr(cr["spec"]), "mirrorq", "mq")
@@ -400,7 +402,8 @@ def test_memory_high_watermark_as_fraction_or_bytes(helm: str, tmp_path: Path, v
     from mirrorq_operator.builders import build_configmap
     from mirrorq_operator.model import Spec
 
-    from node.app.config import NodeConfig, apply_file
+    from node.app.config import NodeConfig
+    from node.app.config_file import apply_file
     from tests.support.admin_tls import with_admin_tls_files
     (cr,) = by_kind(docs_of(helm, ["--set", f"config.memory_high_watermark={value}"]),
                     "MirrorqCluster")

@@ -137,7 +137,8 @@ def test_spec_checks() -> None:
 def test_the_node_loads_the_rendered_admin_config(tmp_path: Path, made: pki.AdminPki) -> None:
     """The node reads the rendered mirrorq.toml and the Secret's files laid out as
     the pod mounts them: admin TLS with client certificates required."""
-    from node.app.config import NodeConfig, admin_authenticated, apply_file
+    from node.app.config import NodeConfig, admin_authenticated
+    from node.app.config_file import apply_file
 
     d = tmp_path / "admin-tls"
     d.mkdir()

@@ -268,7 +268,8 @@ def test_raft_tls_secret_is_mounted_and_configured_only_when_set():
 def test_raft_tls_config_loads_in_the_node_with_cert_manager_file_names(tmp_path):
     """The node reads the rendered mirrorq.toml, and the files named there, laid out
     as a kubernetes.io/tls Secret with ca.crt, make working TLS contexts."""
-    from node.app.config import NodeConfig, apply_file, check_cluster_password
+    from node.app.config import NodeConfig, check_cluster_password
+    from node.app.config_file import apply_file
     from node.app.pki import make_ca, make_member
 
     make_ca(tmp_path / "ca")
@@ -304,7 +305,8 @@ def test_string_config_values_become_the_numbers_the_node_reads(tmp_path):
     """The CRD types spec.config values as strings ("30"); the node refuses a
     quoted number, so keys it reads as numbers are written as TOML numbers
     (issue 13's known bug), and the node's own config code loads the result."""
-    from node.app.config import NodeConfig, apply_file, validate
+    from node.app.config import NodeConfig
+    from node.app.config_file import apply_file, validate
 
     spec = Spec.from_cr({"replicas": 3, "config": {
         "heartbeat": "30", "frame_max": "131072", "raft.election_min": "1.5",
@@ -398,7 +400,8 @@ def test_amqps_config_loads_in_the_node_with_the_mounted_secret(tmp_path):
     """spec.tls: mirrorq.toml's [tls] names the mounted kubernetes.io/tls Secret's
     files on port 5671; the node's own config code loads it and the listener's
     TLS context builds from a real key pair."""
-    from node.app.config import NodeConfig, apply_file, check_http_tls, check_tls
+    from node.app.config import NodeConfig, check_http_tls, check_tls
+    from node.app.config_file import apply_file
 
     toml = tomllib.loads(build_configmap(SPEC, "mq", "ns1")["data"]["mirrorq.toml"])
     assert toml["tls"] == {"port": 5671, "cert": "/etc/mirrorq-tls/tls.crt",

@@ -68,7 +68,7 @@ with both entry points, what `make image` builds). */}}
 {{- default (default "IfNotPresent" .Values.image.pullPolicy) (.Values.operator.image | default dict).pullPolicy -}}
 {{- end -}}
 
-{{/* node.toml keys read as fractional seconds (node/app/config.py): a whole number is
+{{/* node.toml keys read as fractional seconds (node/app/config_file.py): a whole number is
 written "1.0" there. Any other whole number is written as an integer ("60", never
 "60.0" nor Go's "4.194304e+08" for values.yaml's float64 419430400), which the node
 refuses for none of its number keys. tests/k8s/test_chart.py checks this list. */}}

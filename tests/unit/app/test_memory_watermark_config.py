@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from node.app.config import ConfigError, NodeConfig, apply_file
+from node.app.config import ConfigError, NodeConfig
+from node.app.config_file import apply_file
 from node.app.memory import ProcessMemory, resident_bytes, resolve_watermark, total_memory
 
 

@@ -11,11 +11,11 @@ from node.app.config import (
     ConfigError,
     NodeConfig,
     apply_env,
-    apply_file,
     check_cluster_password,
     check_http_tls,
     check_tls,
 )
+from node.app.config_file import apply_file
 
 
 def cfg_from(tmp_path: Path, text: str) -> NodeConfig:
@@ -225,7 +225,7 @@ def test_http_member_urls(tmp_path: Path) -> None:
 
 
 def test_catch_up_hold_bytes_is_read_and_may_not_undercut_compaction(tmp_path: Path) -> None:
-    from node.app.config import validate
+    from node.app.config_file import validate
     cfg = cfg_from(tmp_path, "[raft]\ncatch_up_hold_bytes = 536870912\n")
     assert cfg.raft.catch_up_hold_bytes == 512 * 1024 * 1024
     validate(cfg)

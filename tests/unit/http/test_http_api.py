@@ -375,7 +375,8 @@ def test_static_files_no_traversal(tmp_path: Any) -> None:
 
 
 def test_http_config_table(tmp_path: Any) -> None:
-    from node.app.config import ConfigError, NodeConfig, apply_file
+    from node.app.config import ConfigError, NodeConfig
+    from node.app.config_file import apply_file
     from node.app.main import build_parser, config_from_args
     path = tmp_path / "n.toml"
     path.write_text("[http]\nport = 15999\n")
