@@ -12,6 +12,7 @@ from node.amqp.connection import RUNNING, VERSION
 from node.amqp.internal import AmqpSession
 from node.amqp.server import AmqpServer
 from node.app.administrator import Administrator
+from node.app.pki import file_validity
 from node.http.backend import LocalConnection
 from node.replication.raft_node import RaftNode
 from node.replication.read_model import Management, ReadModel
@@ -77,8 +78,11 @@ class NodeBackend:
     def listeners(self) -> list[dict[str, Any]]:
         return [dict(x, node=self.node_id) for x in self._listeners]
 
-    def tls_files(self) -> list[dict[str, Any]]:
-        return [dict(x, node=self.node_id) for x in self._tls_files]
+    def certificate_validity(self, now: float) -> list[dict[str, Any]]:
+        """The TLS listeners' PEM files, each with its entries' validity at `now`."""
+        return [dict(x, node=self.node_id, certfile_validity=file_validity(x.get("certfile"), now),
+                     cacertfile_validity=file_validity(x.get("cacertfile"), now))
+                for x in self._tls_files]
 
     def log_bounds(self) -> tuple[int, int]:
         return self.raft.shim.log_bounds()

@@ -61,5 +61,8 @@ class Backend(Protocol):
     def target_cluster_size(self) -> int: ...  # [http] target_cluster_size_hint
     # (first, last) index of this node's Raft log (first: the last snapshot's index)
     def log_bounds(self) -> tuple[int, int]: ...
-    # the TLS listeners' PEM files: protocol, ip_address, port, certfile, cacertfile
-    def tls_files(self) -> list[dict[str, Any]]: ...
+    # the TLS listeners' PEM files: node, protocol, ip_address, port, certfile, cacertfile,
+    # and per file the validity of its PEM entries at `now` (certfile_validity,
+    # cacertfile_validity: notAfter in seconds since the epoch, or why an entry cannot
+    # count; None: no such file configured)
+    def certificate_validity(self, now: float) -> list[dict[str, Any]]: ...

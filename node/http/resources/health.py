@@ -9,7 +9,6 @@ from typing import Any
 from node.broker.pattern import PatternError, compile_pattern
 from node.http import health_check as hc
 from node.http.auth import Principal
-from node.http.certificates import file_validity
 from node.http.context import Context
 from node.http.errors import bad_request, not_found
 from node.http.server import HttpError, Request, Response, json_response
@@ -154,7 +153,4 @@ async def health_certificate_expiration(ctx: Context, _r: Request, params: dict[
     except ValueError as err:
         raise bad_request(str(err)) from None
     now = time.time()
-    listeners = [dict(x, certfile_validity=file_validity(x.get("certfile"), now),
-                      cacertfile_validity=file_validity(x.get("cacertfile"), now))
-                 for x in ctx.b.tls_files()]
-    return _answer(hc.certificate_expiration(listeners, now, within))
+    return _answer(hc.certificate_expiration(ctx.b.certificate_validity(now), now, within))

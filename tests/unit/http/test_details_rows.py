@@ -1,17 +1,15 @@
 """The pure parts of the certificate-expiration check (the period, the
-decision, a PEM file's validity) and of the quorum queue status rows."""
+decision; a PEM file's validity is node.app.pki's: tests/unit/app/test_pki.py)
+and of the quorum queue status rows."""
 from __future__ import annotations
 
 import dataclasses
 import datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from node.app.pki import make_ca, make_member
 from node.http import health_check as hc
-from node.http.certificates import file_validity, pem_validity
 from node.http.resources.quorum_status import member_rows
 from node.replication.status import NodeStatus, PeerStatus
 
@@ -57,24 +55,6 @@ def test_certificate_expiration_lists_the_listeners_with_expiring_entries() -> N
     _, body = hc.certificate_expiration(listeners, now, 0)
     assert [x["certfile_expires_on"] for x in body["expired"]] == [
         ["Certificate is not yet valid"]]
-
-
-def test_pem_validity_reads_each_entry(tmp_path: Path) -> None:
-    make_ca(tmp_path)
-    cert, key = make_member(tmp_path, "s", ["127.0.0.1"], days=30)
-    now = datetime.datetime.now(datetime.UTC).timestamp()
-    [until] = pem_validity(cert.read_bytes(), now)
-    assert isinstance(until, float) and 29 * DAY < until - now <= 30 * DAY
-    both = pem_validity(cert.read_bytes() + (tmp_path / "ca.pem").read_bytes(), now)
-    assert len(both) == 2 and all(isinstance(x, float) for x in both)
-    assert pem_validity(key.read_bytes(), now) == [
-        "The certificate file provided contains a PRIVATE KEY entry"]
-    assert pem_validity(b"nothing", now) == [
-        "The certificate file provided does not contain any PEM entry."]
-    assert pem_validity(cert.read_bytes(), now - 3600) == ["Certificate is not yet valid"]
-    assert file_validity(None, now) is None
-    [missing] = file_validity(str(tmp_path / "gone.pem"), now) or []
-    assert isinstance(missing, str) and missing.startswith("cannot read")
 
 
 def _status(**kw: Any) -> NodeStatus:
