@@ -82,8 +82,8 @@ def _run(fn: Any, **kw: Any) -> tuple[threading.Thread, dict[str, Any]]:
 
 JOURNAL_ON_FULL_DISK = r"""
 import errno, os, sys
-from node.replication.raft.journal import FsyncMetaStorer
-from node.replication.raft.segment_log import SegmentLog
+from node.replication.raft.log.meta import FsyncMetaStorer
+from node.replication.raft.log import SegmentLog
 d = sys.argv[1]
 j = SegmentLog(os.path.join(d, "log"), os.path.join(d, "raft.journal.meta"))
 j.add(b"first", 1, 1)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from node.replication.raft.segment_log import HEADER_SIZE, LogDamaged, SegmentLog
+from node.replication.raft.log import LogDamaged, SegmentLog
+from node.replication.raft.log.segment import HEADER_SIZE
 from tests.support.segment_log import entries as _all
 from tests.support.segment_log import fill as _fill
 from tests.support.segment_log import flip as _flip

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from crc32c import crc32c
 
-from node.replication.raft.log_upgrade import old_records, open_log
-from node.replication.raft.segment_log import HEADER_SIZE, LogDamaged
+from node.replication.raft.log.segment import HEADER_SIZE, LogDamaged
+from node.replication.raft.log.upgrade import old_records, open_log
 from tests.support.segment_log import SEG
 from tests.support.segment_log import entries as _all
 from tests.support.segment_log import fill as _fill
