@@ -19,8 +19,9 @@ On disk, in <data dir>/log/:
 Term, vote and commit index stay in FsyncMetaStorer's file (meta.py),
 <data dir>/raft.journal.meta. Magics and versions: node/replication/format.py.
 
-segment_log.py  SegmentLog: pysyncobj's journal interface (append, flush, truncate, read, compact)
+segment_log.py  SegmentLog: pysyncobj's journal interface (append, flush, truncate, read, meta)
 recovery.py     its open: segments read back and checked, damage cut off; the background scrub
+retention.py    segments kept below Raft's start for live messages: import, release, compaction
 segment.py      one segment file: header, records, CRC (_Segment, encode_record, LogDamaged)
 handle.py       entries read back: EntryHandle (from another thread), _Entries (a lazy slice)
 index.py        a sealed segment's index file (<segment>.idx)

@@ -1,4 +1,4 @@
-"""Sealed segments' index files (segment_index.py): a reopen takes a sealed
+"""Sealed segments' index files (raft/log/index.py): a reopen takes a sealed
 segment's record positions from its index file once one CRC over the
 segment's bytes matches, and walks the segment record by record (finding
 damage exactly as before) when the index file or the segment does not match."""

@@ -1,4 +1,4 @@
-"""The segmented, checksummed Raft log (segment_log.py): pysyncobj's journal
+"""The segmented, checksummed Raft log (raft/log/): pysyncobj's journal
 interface, roll-over, truncation at both ends, recovery from torn tails and
 damage, retention of segments below a snapshot, and the upgrade from
 pysyncobj's FileJournal format."""
