@@ -275,7 +275,7 @@ def test_node_loads_no_pickle() -> None:
 def test_the_pickle_check_can_fail(source: str, tmp_path: Path) -> None:
     root = _tree(tmp_path, {"node/replication/raft/snapshot.py": source})
     assert pickle_loaders(root), source
-    ok = _tree(tmp_path / "ok", {"node/replication/raft/journal.py":
+    ok = _tree(tmp_path / "ok", {"node/replication/raft/log/meta.py":
                                  "from pysyncobj.pickle import to_bytes\nimport json\njson.loads('1')\n"})
     assert pickle_loaders(ok) == []
 

@@ -1,8 +1,8 @@
 """File corruption on a minority (issue 29): bit flips, truncation and rolled-back
 chunks in one kind of file of one node's data dir, the node stopped or running.
 
-File kinds (node/replication/raft: segment_log.py, segment_index.py, snapshot.py,
-journal.py): `segment` log/*.seg, `lseg` log/*.lseg (entries a leader's snapshot
+File kinds (node/replication/raft: log/segment.py, log/index.py, log/start.py,
+snapshot.py, log/meta.py): `segment` log/*.seg, `lseg` log/*.lseg (entries a leader's snapshot
 brought), `index` log/*.idx, `start` log/start, `snapshot` raft.dump, `meta`
 raft.journal.meta (term, vote, commit index).
 

@@ -36,7 +36,7 @@ from node.app.config_file import apply_file, check_listen, validate
 from node.app.memory import fix_mmap_threshold
 from node.replication.config import SHORT_RAFT_PASSWORD
 from node.replication.machine.version import MACHINE_VERSION
-from node.replication.raft.segment_log import LogDamaged
+from node.replication.raft.log import LogDamaged
 
 EXIT_USAGE = 2
 EXIT_DATA = 3  # the data dir holds what this build will not load (a damaged log or snapshot)

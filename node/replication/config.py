@@ -73,7 +73,7 @@ class RaftConfig:
     # takes minutes; snapshots every compaction_max_bytes overtook it for as long as
     # the load lasted)
     catch_up_hold_bytes: int = 2 * 1024 * 1024 * 1024
-    # the Raft log's segment files roll over past this size (segment_log.py)
+    # the Raft log's segment files roll over past this size (raft/log/segment_log.py)
     segment_bytes: int = 64 * 1024 * 1024
     # a start checks the newest sealed segments' CRCs up to this many bytes
     # (a cold page cache reads ~230 MB/s here: 10M messages' 11 GB took 46 s);

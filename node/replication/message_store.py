@@ -8,7 +8,7 @@ length; the body follows the properties, its length is the message's size.
 
 Reading back happens off the raft thread: the effect of a delivery carries
 `(handle, props offset, props length, size)`, where the handle (made on the
-raft thread, see raft/segment_log.EntryHandle) preads and checks the whole
+raft thread, see raft/log/handle.EntryHandle) preads and checks the whole
 record; the event loop keeps the last payloads read in a PayloadCache, so a
 consumer draining a queue reads and checks each entry once, not once per
 message. Dead-lettering (x-death) reads a message's properties on the raft
@@ -135,7 +135,7 @@ def load(stored: Stored, props: dict[str, Any] | None, body: bytes | None,
             payload = cache.get(handle.idx, handle.payload)
         except OSError as exc:  # a closed fd (the node stopping)
             raise StoredMessageError(f"message at index {handle.idx} unreadable: {exc}", False) from None
-        except Exception as exc:  # the record fails its checksum (raft.segment_log.LogDamaged)
+        except Exception as exc:  # the record fails its checksum (raft.log.LogDamaged)
             raise StoredMessageError(f"message at index {handle.idx}: {exc}") from None
     body_at = at + n
     if body_at + size > len(payload):

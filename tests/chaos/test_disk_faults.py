@@ -6,7 +6,7 @@
   a disk left full by an interrupted action; stop_cluster / the suite's clean-up
   unmount everything;
 - the journal on a full filesystem: an append is an OSError(ENOSPC), not a SIGBUS,
-  and the log stays consistent (node/replication/raft/segment_log.py, fallocate before pwrite);
+  and the log stays consistent (node/replication/raft/log/segment_log.py, fallocate before pwrite);
 - slow disk (slow_disk on the FUSE mount chaosmirrorq.slowfs, start_cluster(slow_fs=True)):
   an fsync in the follower's data dir takes at least the delay while the fault is on,
   and is fast again after it and after heal_disks.
@@ -82,8 +82,8 @@ def _run(fn: Any, **kw: Any) -> tuple[threading.Thread, dict[str, Any]]:
 
 JOURNAL_ON_FULL_DISK = r"""
 import errno, os, sys
-from node.replication.raft.journal import FsyncMetaStorer
-from node.replication.raft.segment_log import SegmentLog
+from node.replication.raft.log.meta import FsyncMetaStorer
+from node.replication.raft.log import SegmentLog
 d = sys.argv[1]
 j = SegmentLog(os.path.join(d, "log"), os.path.join(d, "raft.journal.meta"))
 j.add(b"first", 1, 1)

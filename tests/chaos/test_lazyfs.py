@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from harness.datafs import DataFs, fuse_unavailable_reason, mounted
-from node.replication.raft.journal import FsyncMetaStorer
-from node.replication.raft.segment_log import SegmentLog
+from node.replication.raft.log import SegmentLog
+from node.replication.raft.log.meta import FsyncMetaStorer
 from node.replication.raft.shim import RaftShim
 from node.replication.raft.snapshot import ENTRIES_MAGIC, ENTRIES_VERSION, SnapshotReceiver
 from node.replication.snapshot_format import encode_snapshot, read_snapshot

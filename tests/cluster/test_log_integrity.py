@@ -1,4 +1,4 @@
-"""The Raft log on disk (segment_log.py) with real node processes: random bodies
+"""The Raft log on disk (node/replication/raft/log/) with real node processes: random bodies
 (mixed sizes up to 256 KiB) survive a restart of every node; bits flipped in a
 stopped follower's log are detected at its restart, the damaged part re-fetched
 from the leader and no consumer gets a damaged body; a single node with a

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from node.replication.raft.segment_log import SegmentLog
+from node.replication.raft.log import SegmentLog
 
 SEG = 64 * 1024
 Entry = tuple[bytes, int, int]

@@ -2,7 +2,7 @@
 
 shim.py       RaftShim (what raft_node.RaftNode drives), the SyncObj subclass, the tick
 election.py   PreVote, fast election, term notice, startup grace (a mixin of RaftShim)
-journal.py    the journal on disk: fsync'd term/vote, preallocation, block compaction
+log/          the Raft log on disk: checksummed segments, recovery, the term/vote meta file
 data_dir.py   the data dir is private: directories 0700, files 0600
 snapshot.py   the forked snapshot and its allowlisted loading (a mixin of RaftShim)
 messages.py   our own Raft messages (mirrored index, PreVote, term notice)

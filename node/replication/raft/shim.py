@@ -55,9 +55,9 @@ from node.replication.machine.version import FIRST_VERSION, MachineVersionError
 from node.replication.message_store import BUCKET_SHIFT
 from node.replication.raft.data_dir import make_private_dir, tighten
 from node.replication.raft.election import ElectionMixin, quiet_timeouts
-from node.replication.raft.log_upgrade import adopt, open_log
+from node.replication.raft.log import EntryHandle, LogDamaged, SegmentLog
+from node.replication.raft.log.upgrade import adopt, open_log
 from node.replication.raft.messages import MIRRORED, PREVOTE, PREVOTE_REPLY, TERM_NOTICE
-from node.replication.raft.segment_log import EntryHandle, LogDamaged, SegmentLog
 from node.replication.raft.snapshot import SnapshotMixin, SnapshotReceiver
 from node.replication.raft.transport import LOST_REASONS, PeerSecurity, PeerTransport, tls_contexts
 from node.replication.snapshot_format import RaftMeta, SnapshotFormatError

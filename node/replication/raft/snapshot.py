@@ -45,8 +45,7 @@ from pysyncobj.serializer import Serializer
 from node.replication.machine.state import BrokerState
 from node.replication.message_store import BUCKET_SHIFT
 from node.replication.raft.data_dir import open_private
-from node.replication.raft.journal import _fsync_dir
-from node.replication.raft.segment_log import (
+from node.replication.raft.log import (
     REC_SIZE,
     RECORD,
     EntryHandle,
@@ -54,6 +53,7 @@ from node.replication.raft.segment_log import (
     SegmentLog,
     record_crc,
 )
+from node.replication.raft.log.fs import _fsync_dir
 from node.replication.snapshot_format import (
     RaftMeta,
     SnapshotFormatError,

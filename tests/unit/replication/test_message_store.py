@@ -18,7 +18,7 @@ from node.replication.command import Batch, ChannelOpen, Command, QueueDelete, Q
 from node.replication.effect import Deliver, Effect, GetOk
 from node.replication.machine import apply_batch, default_state
 from node.replication.machine.version import MACHINE_VERSION
-from node.replication.raft.segment_log import SegmentLog
+from node.replication.raft.log import SegmentLog
 from node.replication.snapshot_format import (
     encode_snapshot,
     logged_entries,

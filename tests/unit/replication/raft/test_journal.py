@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from node.replication.codec import encode
-from node.replication.raft.journal import (
+from node.replication.raft.log import SegmentLog
+from node.replication.raft.log.meta import (
     META_MAGIC,
     META_MAGIC_V1,
     FsyncMetaStorer,
     decode_meta,
     legacy_meta,
 )
-from node.replication.raft.segment_log import SegmentLog
 
 
 def test_meta_syncs_only_term_and_vote_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

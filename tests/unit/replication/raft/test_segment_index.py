@@ -1,4 +1,4 @@
-"""Sealed segments' index files (segment_index.py): a reopen takes a sealed
+"""Sealed segments' index files (raft/log/index.py): a reopen takes a sealed
 segment's record positions from its index file once one CRC over the
 segment's bytes matches, and walks the segment record by record (finding
 damage exactly as before) when the index file or the segment does not match."""
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from node.replication.raft.segment_log import HEADER_SIZE, LogDamaged, SegmentLog
+from node.replication.raft.log import LogDamaged, SegmentLog
+from node.replication.raft.log.segment import HEADER_SIZE
 from tests.support.segment_log import entries as _all
 from tests.support.segment_log import fill as _fill
 from tests.support.segment_log import flip as _flip

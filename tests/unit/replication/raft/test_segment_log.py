@@ -1,4 +1,4 @@
-"""The segmented, checksummed Raft log (segment_log.py): pysyncobj's journal
+"""The segmented, checksummed Raft log (raft/log/): pysyncobj's journal
 interface, roll-over, truncation at both ends, recovery from torn tails and
 damage, retention of segments below a snapshot, and the upgrade from
 pysyncobj's FileJournal format."""
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from crc32c import crc32c
 
-from node.replication.raft.log_upgrade import old_records, open_log
-from node.replication.raft.segment_log import HEADER_SIZE, LogDamaged
+from node.replication.raft.log.segment import HEADER_SIZE, LogDamaged
+from node.replication.raft.log.upgrade import old_records, open_log
 from tests.support.segment_log import SEG
 from tests.support.segment_log import entries as _all
 from tests.support.segment_log import fill as _fill

@@ -19,7 +19,7 @@ from pysyncobj.serializer import Serializer
 
 from node.replication.machine import BrokerState
 from node.replication.message_store import PayloadCache, load, make_loc, split_loc
-from node.replication.raft.segment_log import SegmentLog, encode_record
+from node.replication.raft.log import SegmentLog, encode_record
 from node.replication.raft.shim import RaftShim
 from node.replication.raft.snapshot import (
     ENTRIES_MAGIC,

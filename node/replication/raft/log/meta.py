@@ -1,17 +1,16 @@
-"""Helpers of the Raft log on disk (segment_log.py is the log itself):
+"""The Raft meta file (`raft.journal.meta`, beside the log): term, vote and
+commit index.
 
 - FsyncMetaStorer: term and vote fsync'd before they are acted on (Raft §5.2),
   the commit index stored without a sync; in our codec (pysyncobj pickles the
   meta file; an older build's pickled one is parsed without unpickling:
   legacy_meta);
-- _fallocate: growth reserved with fallocate(2), so a full disk is an
-  OSError (ENOSPC) before a write;
-- _fsync_dir.
+- encode_meta/decode_meta: the file's bytes, magic and version from
+  node/replication/format.py (META, META_V1_MAGIC).
 """
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import pickletools
@@ -20,8 +19,10 @@ from typing import Any
 from crc32c import crc32c
 from pysyncobj.journal import MetaStorer
 
+from node.replication import format
 from node.replication.codec import CodecError, decode, encode
 from node.replication.raft.data_dir import open_private
+from node.replication.raft.log.fs import _fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +89,8 @@ class FsyncMetaStorer(MetaStorer):  # type: ignore[misc]
 # version 2 ends with a CRC32C of what precedes it: a flipped bit in version 1
 # decoded as a term of 7e16 (adopted by the whole cluster) or could raise the
 # commit index past what was committed (chaos corruption, issue 29)
-META_MAGIC = b"MQMETA2\n"
-META_MAGIC_V1 = b"MQMETA1\n"  # (read: written by an older build)
+META_MAGIC = format.META.magic
+META_MAGIC_V1 = format.META_V1_MAGIC  # (read: written by an older build)
 _META_KEYS = ("currentTerm", "votedForNodeId", "raftCommitIndex")
 
 
@@ -166,32 +167,3 @@ def legacy_meta(data: bytes) -> dict[str, Any]:
     if len(stack) != 1:
         raise ValueError("malformed pickle")
     return stack[0]  # type: ignore[no-any-return]
-
-
-def _fallocate(fd: int, offset: int, length: int) -> None:
-    """fallocate(2) mode 0. Not os.posix_fallocate: where the filesystem has no
-    fallocate (FUSE, e.g. the chaos slow-disk mount) glibc emulates it by
-    writing a byte into every block of the range, a FUSE round trip each;
-    here that is EOPNOTSUPP and the segment log stops preallocating."""
-    if _libc_fallocate is None:
-        os.posix_fallocate(fd, offset, length)
-        return
-    if _libc_fallocate(fd, 0, offset, length) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
-try:
-    _libc_fallocate: Any = ctypes.CDLL(None, use_errno=True).fallocate64
-    _libc_fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
-    _libc_fallocate.restype = ctypes.c_int
-except (AttributeError, OSError):  # not glibc
-    _libc_fallocate = None
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -5,7 +5,8 @@ Opening the log used to walk every record of every segment and check its CRC
 in Python: 10M entries took 5.6 s on a warm page cache (issue 27's restart
 target is 5 s for everything). A segment that will never be appended to again
 (one Raft rolled over from, a retained one, an imported .lseg) gets
-`<segment file>.idx` beside it:
+`<segment file>.idx` beside it (magic and version: node/replication/format.py,
+SEGMENT_INDEX):
 
     magic "MQRAFTIX" | version u16 | flags u16 | count u32 | first u64 |
     end u64 | segment crc u32 | offsets u32 x count | terms u64 x count |
@@ -32,10 +33,11 @@ from array import array
 
 from crc32c import crc32c
 
+from node.replication import format
 from node.replication.raft.data_dir import PRIVATE_FILE
 
-MAGIC = b"MQRAFTIX"
-VERSION = 1
+MAGIC = format.SEGMENT_INDEX.magic
+VERSION = format.SEGMENT_INDEX.version
 SPARSE = 1
 _HEAD = struct.Struct("<8sHHIQQI")  # magic, version, flags, count, first, end, segment crc
 SUFFIX = ".idx"

@@ -21,8 +21,10 @@ from typing import Any
 
 from pysyncobj.syncobj import _COMMAND_TYPE
 
-from node.replication.raft.journal import _fsync_dir
-from node.replication.raft.segment_log import LogDamaged, Retain, SegmentLog
+from node.replication.raft.log.fs import _fsync_dir
+from node.replication.raft.log.retention import Retain
+from node.replication.raft.log.segment import LogDamaged
+from node.replication.raft.log.segment_log import SegmentLog
 
 log = logging.getLogger(__name__)
 
