@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 RUN_STAMP := $(VENV)/.run-stamp
 AMQP_PORT ?= 5672
 
-.PHONY: run test test-long lint unit integration bench clean release-fixture chaos chaos-long soak fuzz proto image spark-up spark-down spark-submit
+.PHONY: run test test-fast test-long lint unit integration bench clean release-fixture chaos chaos-long soak fuzz proto image spark-up spark-down spark-submit
 
 $(RUN_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,8 +37,17 @@ unit: $(STAMP)
 integration: $(STAMP)
 	$(VENV)/bin/pytest -q tests/integration
 
-test: lint k8s-build
-	$(VENV)/bin/pytest -q -p no:cacheprovider --durations=40 -m "not long" tests
+# test: lint, then tests/suite.sh: every test but the `long` ones; the Kubernetes build
+# and image are made in the background (nice 19) while the tests outside tests/k8s run,
+# then tests/k8s runs; prints the 40 slowest (JUnit XML in data/test-results/)
+test: lint
+	bash tests/suite.sh
+
+# test-fast: the inner loop (under 5 minutes): lint, the unit tests, the layer rules and
+# the integration tests that need one node (tests/integration, but those marked `slow`)
+test-fast: lint
+	$(VENV)/bin/pytest -q -p no:cacheprovider --durations=15 -m "not long and not slow" \
+		tests/unit tests/test_layers.py tests/integration
 
 # test-long: the tests marked `long` (minutes each, covered more cheaply in make test;
 # left out to keep CI within its time budget)

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# `make test`'s body: the whole suite but the tests marked `long`, in two phases,
+# with what only the Kubernetes tests need prepared in the background meanwhile.
+#
+#   1. k8s/build.sh (the control plane, kubelet and kube-proxy: about 11 min cold,
+#      instant once cached) and then k8s/image.sh (the broker's image, about 2 min)
+#      start in the background at nice 19: they take the CPU the tests leave idle
+#      (waits for elections, timeouts, restarts) and yield it at once to the tests,
+#      whose timing bounds are written for 2 cores of their own.
+#   2. Every test outside tests/k8s.
+#   3. The Kubernetes tests, once the background job is done (its log is printed if it
+#      failed), with the image it built.
+#
+# Each phase writes a JUnit XML file under $RESULTS; tests/slowest.py prints the 40
+# slowest of both (.ci/run prints them again at the very end of its output).
+# Usage: tests/suite.sh [PYTEST_ARGS...]   (extra arguments go to both phases)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PY:-.venv/bin/python}
+RESULTS=${RESULTS:-data/test-results}
+IMAGE_REF=localhost/mirrorq:e2e  # tests/k8s/conftest.py IMAGE_REF
+mkdir -p "$RESULTS"
+rm -f "$RESULTS"/*.xml
+t0=$(date +%s)
+
+prep_log="$RESULTS/k8s-prep.log"
+prep() {
+  bash k8s/build.sh || return 1
+  [ "$(id -u)" = 0 ] || return 0  # the image and the kubelet tests need root
+  command -v mmdebstrap >/dev/null 2>&1 || return 0  # built (and reported) by the fixture
+  local s; s=$(date +%s)
+  bash k8s/image.sh "$IMAGE_REF" || return 1
+  echo "suite: image $IMAGE_REF built in $(( $(date +%s) - s )) s"
+}
+# its own process group (setsid), so that an interrupted run stops all of it
+setsid nice -n 19 bash -c "$(declare -f prep); IMAGE_REF=$IMAGE_REF; prep" > "$prep_log" 2>&1 &
+prep_pid=$!
+trap 'kill -- -"$prep_pid" 2>/dev/null; exit 130' INT TERM
+
+common=(-q -p no:cacheprovider -m "not long")
+"$PY" -m pytest "${common[@]}" --junitxml="$RESULTS/main.xml" --ignore=tests/k8s tests "$@"
+rc_main=$?
+echo "suite: tests outside tests/k8s: exit $rc_main in $(( $(date +%s) - t0 )) s"
+
+w0=$(date +%s)
+wait "$prep_pid"
+rc_prep=$?
+echo "suite: waited $(( $(date +%s) - w0 )) s for the Kubernetes build and image (exit $rc_prep)"
+if [ "$rc_prep" != 0 ]; then
+  echo "suite: the background k8s/build.sh or k8s/image.sh failed; its log:" >&2
+  tail -n 60 "$prep_log" >&2
+  rc_k8s=1
+else
+  t1=$(date +%s)
+  MIRRORQ_PREBUILT_IMAGE=$IMAGE_REF "$PY" -m pytest "${common[@]}" \
+    --junitxml="$RESULTS/k8s.xml" tests/k8s "$@"
+  rc_k8s=$?
+  echo "suite: tests/k8s: exit $rc_k8s in $(( $(date +%s) - t1 )) s"
+fi
+
+"$PY" tests/slowest.py "$RESULTS"/*.xml
+echo "suite: make test's pytest phases took $(( $(date +%s) - t0 )) s in all"
+[ "$rc_main" = 0 ] && [ "$rc_k8s" = 0 ]
