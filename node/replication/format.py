@@ -45,7 +45,7 @@ SNAPSHOT = Format("snapshot", b"\x89MQSNAP\n", 5, (1, 2, 3, 4, 5), 5,
 SNAPSHOT_ENTRIES = Format("snapshot entries", b"MQSNPENT", 1, (1,), 1,
                           "node/replication/raft/snapshot/transfer.py")
 # The Raft peer link's handshake: 02 (the dialer proves first, a MAC on every frame).
-PEER_LINK = Format("peer link", b"MQRAFT02", 2, (2,), 1, "node/replication/raft/link/")
+PEER_LINK = Format("peer link", b"MQRAFT02", 2, (2,), 1, "node/replication/raft/link/handshake.py")
 
 FORMATS: tuple[Format, ...] = (SEGMENT, LOG_START, SEGMENT_INDEX, META, SNAPSHOT,
                                SNAPSHOT_ENTRIES, PEER_LINK)

@@ -39,17 +39,16 @@ from node.admin.client import call_user_list
 from node.broker.password import hash_password
 from node.replication.codec import decode, decode_from, encode, encode_batch
 from node.replication.command import Batch, UserPut
-from node.replication.raft.transport import (
+from node.replication.raft.link.frame import (
     K_APPEND,
     K_CHALLENGE,
     K_HELLO,
     K_MSG,
     K_PROOF,
     K_WELCOME,
-    PROTOCOL,
-    _proof,
-    link_key,
 )
+from node.replication.raft.link.handshake import PROTOCOL, _proof
+from node.replication.raft.link.security import link_key
 
 _HDR = struct.Struct("<IB")
 INTRUDER = "intruder"

@@ -34,13 +34,8 @@ from harness.process import Cluster, wait_for
 from node.admin.client import call_add_member
 from node.app.pki import make_ca, make_member
 from node.replication.codec import encode
-from node.replication.raft.transport import (
-    HANDSHAKE_DEADLINE,
-    K_HELLO,
-    K_PING,
-    MAX_UNAUTHENTICATED,
-    PROTOCOL,
-)
+from node.replication.raft.link.frame import K_HELLO, K_PING
+from node.replication.raft.link.handshake import HANDSHAKE_DEADLINE, MAX_UNAUTHENTICATED, PROTOCOL
 from tests.broker_proc import NodeProcess, start_http_node
 from tests.support.net import connects, non_loopback_ipv4
 

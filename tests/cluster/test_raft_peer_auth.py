@@ -24,7 +24,9 @@ from harness.client import declare, publish_confirmed, uniq_queue
 from harness.process import Cluster, ClusterNode, free_port, wait_for
 from node.app.pki import make_ca, make_member
 from node.replication.codec import encode
-from node.replication.raft.transport import K_HELLO, K_PROOF, PROTOCOL, _proof, link_key
+from node.replication.raft.link.frame import K_HELLO, K_PROOF
+from node.replication.raft.link.handshake import PROTOCOL, _proof
+from node.replication.raft.link.security import link_key
 
 
 def _frame(kind: int, payload: bytes) -> bytes:

@@ -6,11 +6,11 @@ log/          the Raft log on disk: checksummed segments, recovery, the term/vot
 data_dir.py   the data dir is private: directories 0700, files 0600
 snapshot.py   the forked snapshot and its allowlisted loading (a mixin of RaftShim)
 messages.py   our own Raft messages (mirrored index, PreVote, term notice)
-transport.py  authenticated peer links under pysyncobj's TCPTransport
+link/         authenticated peer links under pysyncobj's TCPTransport
 """
 from __future__ import annotations
 
+from node.replication.raft.link.security import PeerSecurity, tls_contexts
 from node.replication.raft.shim import RaftShim, clock
-from node.replication.raft.transport import PeerSecurity, tls_contexts
 
 __all__ = ["PeerSecurity", "RaftShim", "clock", "tls_contexts"]

@@ -1,6 +1,6 @@
 """Our own Raft messages, beside pysyncobj's (append_entries, next_node_idx,
 request_vote, ...). Each is a table with a "type", sent through the peer
-transport (transport.py) as one codec-encoded frame; the shim (shim.py)
+transport (link/) as one codec-encoded frame; the shim (shim.py)
 routes what arrives.
 
   {"type": MIRRORED, "index": i}                  leader -> followers: i is mirrored

@@ -3,7 +3,7 @@
 With its halves in this package it is the only code that touches SyncObj and
 its private state: election.py (PreVote, fast election, term notice, startup
 grace) and snapshot.py (the forked snapshot and its loading) are mixins of
-RaftShim; segment_log.py is the log on disk; transport.py is the network half
+RaftShim; segment_log.py is the log on disk; link/ is the network half
 (pysyncobj's TCPTransport over our links); messages.py names our messages.
 The shim runs the raft thread: it ticks SyncObj, flushes the journal once per
 tick (group commit), releases the held AppendEntries acks after that flush,
@@ -55,11 +55,13 @@ from node.replication.machine.version import FIRST_VERSION, MachineVersionError
 from node.replication.message_store import BUCKET_SHIFT
 from node.replication.raft.data_dir import make_private_dir, tighten
 from node.replication.raft.election import ElectionMixin, quiet_timeouts
+from node.replication.raft.link.connection import LOST_REASONS
+from node.replication.raft.link.security import PeerSecurity, tls_contexts
+from node.replication.raft.link.transport import PeerTransport
 from node.replication.raft.log import EntryHandle, LogDamaged, SegmentLog
 from node.replication.raft.log.upgrade import adopt, open_log
 from node.replication.raft.messages import MIRRORED, PREVOTE, PREVOTE_REPLY, TERM_NOTICE
 from node.replication.raft.snapshot import SnapshotMixin, SnapshotReceiver
-from node.replication.raft.transport import LOST_REASONS, PeerSecurity, PeerTransport, tls_contexts
 from node.replication.snapshot_format import RaftMeta, SnapshotFormatError
 from node.replication.view import PeerView, RaftView
 

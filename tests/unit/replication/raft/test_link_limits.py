@@ -2,7 +2,7 @@
 cap on unauthenticated inbound links."""
 from __future__ import annotations
 
-from node.replication.raft.transport import evictions, handshake_overdue
+from node.replication.raft.link.handshake import evictions, handshake_overdue
 
 
 def test_only_inbound_unauthenticated_links_have_a_handshake_deadline() -> None:

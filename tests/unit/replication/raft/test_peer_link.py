@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pysyncobj.poller import createPoller
+from pysyncobj.tcp_connection import CONNECTION_STATE
 
 from node.app.pki import make_ca, make_member
 from node.replication.codec import decode, encode
-from node.replication.raft.shim import _Flow
-from node.replication.raft.transport import (
-    CONNECTION_STATE,
+from node.replication.raft.link.connection import PeerLink
+from node.replication.raft.link.frame import (
     K_APPEND,
     K_CHALLENGE,
     K_HELLO,
@@ -28,16 +29,13 @@ from node.replication.raft.transport import (
     K_PROOF,
     K_WELCOME,
     TAG,
-    PeerLink,
-    PeerSecurity,
-    _proof,
-    createPoller,
     entries_digest,
     frame_mac,
     frame_tag,
-    session_keys,
-    tls_contexts,
 )
+from node.replication.raft.link.handshake import _proof, session_keys
+from node.replication.raft.link.security import PeerSecurity, tls_contexts
+from node.replication.raft.shim import _Flow
 
 
 class _Pair:
