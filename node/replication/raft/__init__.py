@@ -5,8 +5,11 @@ election.py   PreVote, fast election, term notice, startup grace (a mixin of Raf
 log/          the Raft log on disk: checksummed segments, recovery, the term/vote meta file
 data_dir.py   the data dir is private: directories 0700, files 0600
 snapshot.py   the forked snapshot and its allowlisted loading (a mixin of RaftShim)
+compaction.py the snapshots the shim forces: log size, pinned segments, stop (a mixin of RaftShim)
+replicator.py the leader's flow-controlled AppendEntries and snapshot sending (base of the SyncObj)
 messages.py   our own Raft messages (mirrored index, PreVote, term notice)
 link/         authenticated peer links under pysyncobj's TCPTransport
+broker_transport.py  the shim's part of the transport: held acks, our messages, lost links
 """
 from __future__ import annotations
 

@@ -2,9 +2,12 @@
 
 With its halves in this package it is the only code that touches SyncObj and
 its private state: election.py (PreVote, fast election, term notice, startup
-grace) and snapshot.py (the forked snapshot and its loading) are mixins of
-RaftShim; segment_log.py is the log on disk; link/ is the network half
-(pysyncobj's TCPTransport over our links); messages.py names our messages.
+grace), snapshot.py (the forked snapshot and its loading) and compaction.py
+(the snapshots it forces) are mixins of RaftShim; replicator.py is the
+leader's sending side of _BrokerLog (flow-controlled AppendEntries, the
+snapshot in chunks); segment_log.py is the log on disk; link/ is the network
+half (pysyncobj's TCPTransport over our links) and broker_transport.py the
+shim's part of it; messages.py names our messages.
 The shim runs the raft thread: it ticks SyncObj, flushes the journal once per
 tick (group commit), releases the held AppendEntries acks after that flush,
 gates elections (PreVote), and then fills one immutable RaftView that it
@@ -16,14 +19,16 @@ Durability: every node flushes (fdatasync) its log in an on-tick callback,
 after the tick's appends and before the next tick's commit step; one flush
 covers every entry of the tick (group commit);
 - a follower holds its AppendEntries acknowledgements (next_node_idx) until
-  that flush, so the leader's matchIndex only counts entries on disk;
+  that flush (broker_transport.py), so the leader's matchIndex only counts
+  entries on disk;
 - the term/vote meta file is written with fsync (FsyncMetaStorer).
 
 Failure detection, for the in-sync planner and for elections: a peer link
 that breaks (reset, EOF, connect refused) marks the peer `lost` until it
-links again; a follower that loses its leader's link campaigns at once
-(after a short delay ranked by address, so that two survivors do not split
-the vote), and grants PreVotes, instead of waiting for the election timeout.
+links again (broker_transport.py); a follower that loses its leader's link
+campaigns at once (after a short delay ranked by address, so that two
+survivors do not split the vote), and grants PreVotes, instead of waiting
+for the election timeout.
 """
 from __future__ import annotations
 
@@ -36,7 +41,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 from pysyncobj.monotonic import (
@@ -44,23 +49,23 @@ from pysyncobj.monotonic import (
 )
 from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import _COMMAND_TYPE
-from pysyncobj.tcp_connection import CONNECTION_STATE
 
 from node.broker.ids import NodeId
 from node.replication.codec import CodecError, decode, decode_batch, encode, encode_batch
 from node.replication.command import Batch
 from node.replication.config import RaftConfig
 from node.replication.machine.state import BrokerState
-from node.replication.machine.version import FIRST_VERSION, MachineVersionError
+from node.replication.machine.version import MachineVersionError
 from node.replication.message_store import BUCKET_SHIFT
+from node.replication.raft.broker_transport import BrokerTransport
+from node.replication.raft.compaction import CompactionMixin
 from node.replication.raft.data_dir import make_private_dir, tighten
 from node.replication.raft.election import ElectionMixin, quiet_timeouts
-from node.replication.raft.link.connection import LOST_REASONS
 from node.replication.raft.link.security import PeerSecurity, tls_contexts
-from node.replication.raft.link.transport import PeerTransport
 from node.replication.raft.log import EntryHandle, LogDamaged, SegmentLog
 from node.replication.raft.log.upgrade import adopt, open_log
-from node.replication.raft.messages import MIRRORED, PREVOTE, PREVOTE_REPLY, TERM_NOTICE
+from node.replication.raft.messages import MIRRORED
+from node.replication.raft.replicator import Replicator
 from node.replication.raft.snapshot import SnapshotMixin, SnapshotReceiver
 from node.replication.snapshot_format import RaftMeta, SnapshotFormatError
 from node.replication.view import PeerView, RaftView
@@ -93,137 +98,18 @@ class _Conf(SyncObjConf):  # type: ignore[misc]
             self.raftMinTimeout, self.raftMaxTimeout = self._quiet
 
 
-class _Transport(PeerTransport):
-    """Holds AppendEntries acks until the journal is flushed; carries the
-    leader's mirrored index, PreVote and term notices; drops RequestVote
-    while a live leader is known (Raft thesis §4.2.3)."""
-
-    def __init__(self, syncobj: _BrokerLog, self_node: Any, other_nodes: Any) -> None:
-        self._held: list[tuple[Any, dict[str, Any]]] = []
-        self._owner = syncobj._owner
-        self._syncobj_ref = syncobj
-        self.security = syncobj._owner.peer_security
-        # node -> when its link broke (reset, EOF, refused), until it links again
-        self.lost_at: dict[Any, float] = {}
-        super().__init__(syncobj, self_node, other_nodes)
-
-    def _onDisconnected(self, conn: Any) -> None:  # noqa: N802
-        node = self._connToNode(conn)
-        if node is not None:
-            self._owner.peer_versions.pop(node, None)  # unknown until it answers again (U2)
-        if node is not None and getattr(conn, "close_reason", "") in LOST_REASONS \
-                and node not in self.lost_at:
-            self.lost_at[node] = clock()
-            self._owner._on_link_lost(node)
-        super()._onDisconnected(conn)
-
-    def _connectIfNecessarySingle(self, node: Any) -> bool:  # noqa: N802
-        ok = bool(super()._connectIfNecessarySingle(node))
-        conn = self._connections.get(node)
-        if not ok and conn is not None and conn.state == CONNECTION_STATE.DISCONNECTED \
-                and getattr(conn, "close_reason", "") == "refused" and node not in self.lost_at:
-            self.lost_at[node] = clock()  # refused at once (no listener: the process is gone)
-            self._owner._on_link_lost(node)
-        return ok
-
-    def _onNodeConnected(self, node: Any) -> None:  # noqa: N802
-        self.lost_at.pop(node, None)
-        super()._onNodeConnected(node)
-
-    def send(self, node: Any, message: Any) -> bool:
-        kind = message.get("type") if isinstance(message, dict) else None
-        if kind == "next_node_idx":
-            if message.get("reset") and not message.get("success"):
-                # pysyncobj answers a mismatch with "my last index + 1" or "one
-                # before yours"; under load, answers to older in-flight appends
-                # keep resetting the leader's nextIndex up again and the walk
-                # back never ends. Everything up to our commit index is in the
-                # leader's log (Raft), so send it straight there.
-                floor = self._syncobj_ref.raftCommitIndex + 1
-                if message["next_node_idx"] > floor:
-                    message = dict(message, next_node_idx=floor)
-            # the machine version we run, for the leader's upgrade planner (a
-            # key older builds ignore; absent from theirs: version 1)
-            message["mq_machine"] = self._owner.config.machine_version
-            self._held.append((node, message))  # all of them, to keep their order
-            return True
-        if kind == "request_vote" and self._owner._campaign_transfer:
-            message = dict(message, transfer=True)  # asked for by the leader (TimeoutNow)
-        return bool(super().send(node, message))
-
-    def release_held(self) -> None:
-        held, self._held = self._held, []
-        for node, message in held:
-            super().send(node, message)
-
-    def send_raw(self, node: Any, message: dict[str, Any]) -> None:
-        super().send(node, message)
-
-    def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
-        owner = self._owner
-        kind = message.get("type")
-        if kind == MIRRORED:
-            owner._on_mirrored(int(message["index"]))
-            return
-        if kind in ("request_vote", PREVOTE) and owner.repair_until:
-            owner.ignored_votes += 1  # forgot a damaged log: may lack entries it acknowledged
-            return
-        if kind == "request_vote" and int(message.get("term", 0) or 0) <= owner.vote_floor:
-            owner.ignored_votes += 1  # a term it may have voted in before its meta file was damaged
-            return
-        if kind == PREVOTE:
-            owner._on_prevote(node, message)
-            return
-        if kind == PREVOTE_REPLY:
-            owner._on_prevote_reply(node, message)
-            return
-        if kind == TERM_NOTICE:
-            owner._on_term_notice(node, message)
-            return
-        if kind == "next_node_idx":
-            version = message.get("mq_machine", FIRST_VERSION)
-            if type(version) is int and version >= FIRST_VERSION:
-                owner.peer_versions[node] = version
-        if kind == "request_vote" and not message.get("transfer") and owner._leader_alive():
-            owner.ignored_votes += 1
-            return
-        if kind == "append_entries":
-            if "transmission" in message:
-                return  # pysyncobj's pickled chunking: never sent by us, never unpickled
-            if not owner._on_append_term(node, message):
-                return
-            if "serialized" in message and not owner._snapshot_moves_forward(node, message):
-                return
-            if message.get("entries") and "prevLogIdx" in message:
-                message = owner._trim_append(node, message)
-                if message is None:
-                    return
-            try:
-                super()._onMessageReceived(node, message)
-            except OSError as exc:
-                # the log could not take the entries (a full disk: ENOSPC
-                # before the write): the ones before the failing one are in the
-                # log, no ack is sent for this append, the leader resends and
-                # its in-sync planner marks us lagging (I5) until space is back
-                owner._on_journal_error("append", exc)
-            return
-        super()._onMessageReceived(node, message)
-
-
-class _BrokerLog(SyncObj):  # type: ignore[misc]
+class _BrokerLog(Replicator):
     """SyncObj whose entries are codec-encoded Batches (no pickle in the log
-    or on the wire) and whose AppendEntries go out flow-controlled."""
+    or on the wire) and whose AppendEntries go out flow-controlled (Replicator)."""
 
     def __init__(self, owner: RaftShim, self_addr: str, others: list[str], conf: SyncObjConf,
                  journal: SegmentLog) -> None:
         self._owner = owner
-        self._flow: dict[Any, _Flow] = {}
-        # followers catching up from a snapshot we sent (kept across a broken
-        # link: installing a large snapshot can outlast the link)
-        self._catch_up: dict[Any, CatchUp] = {}
-        self._blobs: dict[tuple[int, int, int], bytes] = {}
-        self._send_term = -1  # the term _replicate last ran in: a new one starts fresh gaps
-        super().__init__(self_addr, others, conf, transportClass=_Transport)
+        self._flow = {}  # Replicator's state
+        self._catch_up = {}
+        self._blobs = {}
+        self._send_term = -1
+        super().__init__(self_addr, others, conf, transportClass=BrokerTransport)
         adopt(self, journal)  # in place of the MemoryJournal pysyncobj made (no journalFile)
         receiver = self._SyncObj__serializer
         receiver.__class__ = SnapshotReceiver  # a leader's snapshot: private, checked before it is ours
@@ -266,178 +152,6 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
             raise CodecError("malformed membership entry")
         return [req[0], req[1], TCPNode(req[1])]
 
-    def _SyncObj__sendAppendEntries(self) -> None:  # noqa: N802
-        self._replicate()
-
-    def _SyncObj__tryLogCompaction(self) -> None:  # noqa: N802
-        if self._holds_compaction():
-            return
-        SyncObj._SyncObj__tryLogCompaction(self)
-
-    def _holds_compaction(self) -> bool:
-        """True: start no snapshot now, because a follower is catching up from
-        the one we sent it. A snapshot taken meanwhile drops the log up to it,
-        and the follower, done with the older one, is behind the new one:
-        another transfer, overtaken again for as long as the load lasts (with
-        a snapshot every second, chaos corruption experiments; and under the
-        kubelet, a transfer of 49 s overtaken every 50 s by 10 MB/s of
-        publishes, for as long as the load lasted). Bounded by the follower's
-        progress (given up after CATCH_UP_STALL seconds in which it received
-        no snapshot chunk and acknowledged no entry) and by the log's size
-        (catch_up_hold_bytes: then one snapshot goes ahead and the next
-        transfer holds again), not by the transfer's length: a large backlog
-        under load takes minutes. A snapshot being written is always collected."""
-        if not self._isLeader():
-            self._catch_up.clear()
-            return False
-        if self._SyncObj__serializer._Serializer__pid != 0:
-            return False
-        now = clock()
-        applied = self.raftLastApplied
-        match = self._SyncObj__raftMatchIndex
-        hold = False
-        members = self._SyncObj__otherNodes
-        for node, c in list(self._catch_up.items()):
-            flow = self._flow.get(node)
-            sending = flow is not None and flow.snapshot_index is not None
-            progress = (match.get(node, 0), flow.snapshot_chunks if flow is not None else -1)
-            progress_at = now if progress != c.progress else c.progress_at
-            if node not in members:
-                del self._catch_up[node]
-            elif not sending and match.get(node, 0) >= c.mark:
-                # it holds what we had applied at the last look (under load it never
-                # quite reaches the applied index of the moment): caught up
-                del self._catch_up[node]
-                log.info("%s caught up from a snapshot in %.1f s (index %d): snapshots resume",
-                         getattr(node, "address", node), now - c.since, applied)
-            elif now - progress_at >= CATCH_UP_STALL:
-                del self._catch_up[node]  # gone, or stuck: it must not stop our snapshots
-                log.warning("%s made no progress catching up from a snapshot for %.0f s: "
-                            "snapshots resume", getattr(node, "address", node), CATCH_UP_STALL)
-            else:
-                hold = True
-                self._catch_up[node] = CatchUp(c.since, applied, progress, progress_at)
-        if hold and self._SyncObj__raftLog.bytes_used() > self._owner.config.catch_up_hold_bytes:
-            return False
-        return hold
-
-    def _replicate(self) -> None:
-        """AppendEntries to every connected follower: entries in chunks of at
-        most append_chunk_bytes while fewer than follower_window_bytes are
-        unacknowledged (the next chunk after its reply), else a heartbeat.
-        A range of entries is encoded once for all followers."""
-        conf = self._SyncObj__conf
-        cfg = self._owner.config
-        now = clock()
-        period = conf.appendEntriesPeriod
-        self._SyncObj__newAppendEntriesTime = now + period
-        journal = self._SyncObj__raftLog
-        first, last = journal[0][1], journal[-1][1]
-        term, commit = self._SyncObj__raftCurrentTerm, self._SyncObj__raftCommitIndex
-        next_index, match = self._SyncObj__raftNextIndex, self._SyncObj__raftMatchIndex
-        connected = self._SyncObj__connectedNodes
-        transport: _Transport = self._SyncObj__transport
-        window, chunk = cfg.follower_window_bytes, cfg.append_chunk_bytes
-        if term != self._send_term:  # leader anew: gaps of an earlier leadership do not count
-            self._send_term = term
-            for f in self._flow.values():
-                f.last_sent = 0.0
-        for node in list(self._SyncObj__otherNodes):
-            if node not in connected:
-                self._SyncObj__serializer.cancelTransmisstion(node)
-                self._flow.pop(node, None)
-                continue
-            flow = self._flow.get(node)
-            if flow is None:
-                flow = self._flow[node] = _Flow()
-            nxt = next_index[node]
-            flow.settle(match.get(node, 0), nxt)
-            if nxt <= first:  # behind the snapshot: send it, in bounded chunks
-                self._send_snapshot(node, flow, transport, term, commit, window, journal)
-                self._sent_at(flow, now)
-                continue
-            if flow.snapshot_index is not None:
-                # the follower refused it (it has applied past it) or nextIndex moved on:
-                # the next snapshot for it must start from its first chunk
-                self._SyncObj__serializer.cancelTransmisstion(node)
-                flow.snapshot_index = None
-            sent = False
-            while nxt <= last and flow.inflight < window:
-                budget = min(chunk, window - flow.inflight)
-                i = nxt - first
-                entries = [journal[i]]
-                size = len(entries[0][0])
-                i += 1
-                while i <= last - first and size + len(journal[i][0]) <= budget:
-                    entries.append(journal[i])
-                    size += len(journal[i][0])
-                    i += 1
-                prev = journal[nxt - 1 - first]
-                header = {"type": "append_entries", "term": term, "commit_index": commit,
-                          "prevLogIdx": prev[1], "prevLogTerm": prev[2]}
-                if not transport.send_append(node, header, self._blob(entries)):
-                    break
-                flow.sent(entries[-1][1], size)
-                nxt = next_index[node] = entries[-1][1] + 1
-                sent = True
-            # an empty AppendEntries: the heartbeat, and the news of a new
-            # commit index at once (a follower's consumers wait on it)
-            if not sent and (commit > flow.commit_sent or now - flow.last_sent >= period / 2):
-                prev = journal[nxt - 1 - first]
-                transport.send_append(node, {"type": "append_entries", "term": term, "commit_index": commit,
-                                             "prevLogIdx": prev[1], "prevLogTerm": prev[2]}, _NO_ENTRIES)
-                sent = True
-            if sent:
-                self._sent_at(flow, now)
-                flow.commit_sent = commit
-
-    def _sent_at(self, flow: _Flow, now: float) -> None:
-        # the leader's side of a heartbeat gap: a follower's own stalls (GIL
-        # waits) lengthen the silence it measures, not this one
-        if flow.last_sent and now - flow.last_sent > self._owner.longest_send_gap:
-            self._owner.longest_send_gap = now - flow.last_sent
-        flow.last_sent = now
-
-    def _blob(self, entries: list[tuple[bytes, int, int]]) -> bytes:
-        # (first index, last index, last term) names the range: Raft's log
-        # matching makes entries up to an (index, term) identical everywhere
-        key = (entries[0][1], entries[-1][1], entries[-1][2])
-        blob = self._blobs.get(key)
-        if blob is None:
-            if len(self._blobs) >= 8:
-                self._blobs.pop(next(iter(self._blobs)))
-            blob = self._blobs[key] = encode(entries)
-            self._owner.encoded_appends += 1
-        return blob
-
-    def _send_snapshot(self, node: Any, flow: _Flow, transport: _Transport, term: int, commit: int,
-                       window: int, journal: Any) -> None:
-        serializer = self._SyncObj__serializer
-        while transport.unsent_bytes(node) < window:
-            data = serializer.getTransmissionData(node)
-            if data and data[1]:  # first chunk: the dump it reads is the one the journal starts at
-                flow.snapshot_index = int(journal[1][1] if len(journal) > 1 else journal[0][1])
-                if node not in self._catch_up:
-                    now = clock()
-                    self._catch_up[node] = CatchUp(now, flow.snapshot_index, (-1, -1), now)
-                    log.info("sending %s the snapshot at index %d: no snapshot here until it has "
-                             "caught up (while it makes progress and the log is under %d MB)",
-                             getattr(node, "address", node), flow.snapshot_index,
-                             self._owner.config.catch_up_hold_bytes >> 20)
-            # every chunk names the index, so that a follower that has applied past
-            # it drops it instead of rewinding its state (_snapshot_moves_forward)
-            transport.send(node, {"type": "append_entries", "term": term, "commit_index": commit,
-                                  "serialized": None if not data else list(data),
-                                  "snapshot_index": flow.snapshot_index})
-            flow.snapshot_chunks += 1
-            if not data:
-                return
-            if data[2]:  # last chunk
-                if flow.snapshot_index is not None:
-                    self._SyncObj__raftNextIndex[node] = flow.snapshot_index + 1
-                flow.snapshot_index = None
-                return
-
     # pysyncobj keeps these private; we read them, never write them.
     def journal_flush(self) -> None:
         self._SyncObj__raftLog.flush()
@@ -450,7 +164,7 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
         """Make the coming poll return at once."""
         self._SyncObj__pipeNotifier.notify()
 
-    def transport(self) -> _Transport:
+    def transport(self) -> BrokerTransport:
         return self._SyncObj__transport  # type: ignore[no-any-return]
 
     def match_index(self) -> dict[Any, int]:
@@ -468,48 +182,8 @@ class _BrokerLog(SyncObj):  # type: ignore[misc]
             self._SyncObj__raftLog.setRaftCommitIndex(upto)
 
 
-_NO_ENTRIES = encode([])
-# a leader holds its snapshots for a follower catching up from one (_holds_compaction)
-# while it made progress within this many seconds (a large state's install, after the
-# last chunk and before its answer, shows none)
-CATCH_UP_STALL = 60.0
-
-
-class CatchUp(NamedTuple):
-    """A follower catching up from a snapshot the leader sent it."""
-
-    since: float  # when the transfer began
-    mark: int  # the leader's applied index at the last look: what the follower must reach
-    progress: tuple[int, int]  # (its match index, snapshot chunks sent to it) at the last look
-    progress_at: float  # when that last changed
 _NEVER = float("inf")  # an election deadline pysyncobj's check never passes
 CACHE_IDLE_CHECK = 10.0  # s: the log's cached entries older than this go (SegmentLog.age_cache)
-
-
-class _Flow:
-    """Entry bytes sent to one follower and not yet acknowledged."""
-
-    __slots__ = ("chunks", "inflight", "last_sent", "commit_sent", "snapshot_index", "snapshot_chunks")
-
-    def __init__(self) -> None:
-        self.chunks: deque[tuple[int, int]] = deque()  # (last index of a chunk, its bytes)
-        self.inflight = 0
-        self.last_sent = 0.0
-        self.commit_sent = 0  # the commit index the follower was last told
-        self.snapshot_index: int | None = None  # a snapshot transmission under way: its index
-        self.snapshot_chunks = 0  # snapshot chunks handed to the transport (progress of a transfer)
-
-    def sent(self, last_index: int, size: int) -> None:
-        self.chunks.append((last_index, size))
-        self.inflight += size
-
-    def settle(self, match: int, next_index: int) -> None:
-        chunks = self.chunks
-        while chunks and chunks[0][0] <= match:
-            self.inflight -= chunks.popleft()[1]
-        if chunks and chunks[-1][0] >= next_index:  # nextIndex went back: resent from there
-            chunks.clear()
-            self.inflight = 0
 
 
 class Owner(Protocol):
@@ -528,7 +202,7 @@ class Owner(Protocol):
 Done = Callable[[bool, str], None]  # (succeeded, reason), on the raft thread
 
 
-class RaftShim(ElectionMixin, SnapshotMixin):
+class RaftShim(ElectionMixin, SnapshotMixin, CompactionMixin):
     def __init__(self, owner: Owner, node_id: NodeId, data_dir: str, config: RaftConfig) -> None:
         self.owner = owner
         self.node_id = node_id
@@ -666,11 +340,6 @@ class RaftShim(ElectionMixin, SnapshotMixin):
         if os.environ.get("MIRRORQ_STALL_TRACE"):
             threading.Thread(target=self._trace_stalls, name="stall-trace", daemon=True).start()
 
-    # a clean stop with this much log since the last snapshot takes one first:
-    # the restart then replays nothing (10M queued: 3.4 s of a 6.5 s restart)
-    STOP_SNAPSHOT_BYTES = 32 << 20
-    STOP_SNAPSHOT_SECONDS = 60.0
-
     def stop(self) -> None:
         self._snapshot_before_stop()
         self._stop.set()
@@ -692,39 +361,6 @@ class RaftShim(ElectionMixin, SnapshotMixin):
             os.execv(sys.executable, sys.orig_argv)
         finally:
             os._exit(3)  # (exec failed: exit as on damage found by a read)
-
-    def _log_since_snapshot(self) -> int:
-        so = self._so
-        assert so is not None
-        try:  # (read off the raft thread: it may move the log's start meanwhile)
-            return int(so._SyncObj__raftLog.bytes_used())
-        except (IndexError, ValueError):
-            return -1
-
-    def _snapshot_before_stop(self) -> None:
-        """Until the log since the last snapshot is under STOP_SNAPSHOT_BYTES:
-        one already being written may cover only part of it (pysyncobj keeps
-        the forced request and starts another once it is done, if anything
-        was applied after it)."""
-        so = self._so
-        if so is None or self._thread is None or not self._thread.is_alive():
-            return
-        used = self._log_since_snapshot()
-        if used < self.STOP_SNAPSHOT_BYTES:
-            return
-        before = self.snapshots
-        began = clock()
-        self._tasks.append(so.forceLogCompaction)
-        so.wake()
-        left = used
-        while clock() - began < self.STOP_SNAPSHOT_SECONDS and self._thread.is_alive():
-            time.sleep(0.02)
-            left = self._log_since_snapshot()
-            if 0 <= left < self.STOP_SNAPSHOT_BYTES and self.snapshots > before and self._snap_pid is None:
-                break
-        log.info("snapshot before stopping: %s in %.2f s (%d MB of log since the last one, %d MB left; "
-                 "%d written)", "done" if 0 <= left < self.STOP_SNAPSHOT_BYTES else "not done",
-                 clock() - began, used >> 20, max(left, 0) >> 20, self.snapshots - before)
 
     # ------------------------------------------- requests (any thread)
     def propose(self, batch: Batch, done: Done) -> None:
@@ -1076,48 +712,6 @@ class RaftShim(ElectionMixin, SnapshotMixin):
     def _on_mirrored(self, index: int) -> None:
         if index > self._mirrored:
             self._mirrored = index
-
-    def _own_snapshot_damaged(self, why: str) -> None:
-        """Our snapshot file failed its check when about to be sent (raft thread):
-        write a new one (once per compaction_min_gap), which replaces it."""
-        so = self._so
-        now = clock()
-        if so is None or self._snap_pid is not None or now - self._last_forced_compaction < self.config.compaction_min_gap:
-            return
-        self._last_forced_compaction = now
-        self.forced_compactions += 1
-        log.error("own snapshot %s damaged (%s): writing a new one", self._dump_path, why)
-        self._tasks.append(so.forceLogCompaction)
-
-    def _check_journal_bytes(self, so: _BrokerLog) -> None:
-        c = self.config
-        now = clock()
-        if now - self._last_forced_compaction < c.compaction_min_gap:
-            return
-        used = so._SyncObj__raftLog.bytes_used()
-        if self._snap_pid is None and (used > c.compaction_max_bytes or self._snapshot_pins_dead_segments()):
-            self._last_forced_compaction = now
-            self.forced_compactions += 1
-            so.forceLogCompaction()
-
-    def _snapshot_pins_dead_segments(self) -> bool:
-        """Whether no snapshot was taken for PIN_QUIET seconds and the latest
-        one alone keeps retained segments on disk (their messages settled
-        since): a quiet queue after a drain takes no snapshot by entry count,
-        and those segments would stay until the next one. Under load
-        snapshots come by entry count and this never fires."""
-        now = clock()
-        # a small state (the queues drained) snapshots in milliseconds: free
-        # the disk within seconds, as RabbitMQ does; a large one waits longer
-        quiet = self.PIN_QUIET if self.owner.live_messages() > self.SMALL_STATE_MESSAGES else self.PIN_QUIET_SMALL
-        if not self.snapshot_buckets or now - self._last_pin_check < 1.0 \
-                or now - self.snapshot_done_at < quiet:
-            return False
-        self._last_pin_check = now
-        so = self._so
-        assert so is not None
-        retains = self.owner.retains
-        return any(not retains(seg.first, seg.last) for seg in so._SyncObj__raftLog.hidden)
 
     def _has_quorum(self, so: _BrokerLog) -> bool:
         """Raft's view, not TCP's (a link cut by a firewall stays 'connected'

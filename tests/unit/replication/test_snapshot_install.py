@@ -23,8 +23,8 @@ from node.broker.ids import ConnId
 from node.replication.config import RaftConfig
 from node.replication.effect import ConnectionFailure
 from node.replication.machine import SKIPPED_TEXT, BrokerState, skipped_effects
-from node.replication.raft import shim as shim_mod
-from node.replication.raft.shim import RaftShim, _BrokerLog, _Flow
+from node.replication.raft.replicator import CATCH_UP_STALL, CatchUp, _Flow
+from node.replication.raft.shim import RaftShim, _BrokerLog
 from node.replication.raft_node import RaftNode
 from tests.support.machine import (
     Harness,
@@ -222,7 +222,7 @@ def _holder(*, leader: bool = True, pid: int = 0, applied: int = 100, match: int
         _isLeader=lambda: leader, _SyncObj__serializer=SimpleNamespace(_Serializer__pid=pid),
         raftLastApplied=applied, _SyncObj__raftMatchIndex={"n3": match}, _SyncObj__otherNodes={"n3"},
         _flow={"n3": flow},
-        _catch_up={"n3": shim_mod.CatchUp(since, mark, seen, since if progress_at is None else progress_at)},
+        _catch_up={"n3": CatchUp(since, mark, seen, since if progress_at is None else progress_at)},
         _SyncObj__raftLog=SimpleNamespace(bytes_used=lambda: used),
         _owner=SimpleNamespace(config=RaftConfig()))
 
@@ -242,7 +242,7 @@ def test_the_leader_holds_its_snapshots_while_a_follower_catches_up_from_one_wit
     # ... but not while the transfer is still under way
     assert hold(_holder(sending=True, since=now, match=100, mark=100))
     # a transfer of minutes is held as long as it makes progress: chunks go out ...
-    stall = shim_mod.CATCH_UP_STALL
+    stall = CATCH_UP_STALL
     long_ago = now - 10 * stall
     h = _holder(sending=True, since=long_ago, chunks=7, progress=(50, 6), progress_at=long_ago)
     assert hold(h) and h._catch_up["n3"].progress == (50, 7) and h._catch_up["n3"].progress_at >= now

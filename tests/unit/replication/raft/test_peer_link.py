@@ -35,7 +35,7 @@ from node.replication.raft.link.frame import (
 )
 from node.replication.raft.link.handshake import _proof, session_keys
 from node.replication.raft.link.security import PeerSecurity, tls_contexts
-from node.replication.raft.shim import _Flow
+from node.replication.raft.replicator import _Flow
 
 
 class _Pair:
