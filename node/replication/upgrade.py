@@ -1,7 +1,7 @@
 """When the leader raises the cluster's machine version (pure; Ra's model).
 
 Every member tells the leader the machine version its build runs, on each
-AppendEntries answer (raft/shim.py: "mq_machine"; a build before machine
+AppendEntries answer (raft/broker_transport.py: "mq_machine"; a build before machine
 versions sends none and counts as version 1; a member is unknown from a
 broken link until its next answer). The leader appends SetMachineVersion(v),
 v the lowest version any member of the Raft configuration runs (itself

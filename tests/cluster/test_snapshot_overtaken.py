@@ -7,7 +7,7 @@ that transfer left the follower, once the transfer ended, behind the new
 snapshot: another transfer, overtaken again, for as long as the load lasted (the
 chaos corruption experiments, with a snapshot every second, saw it). The leader
 now takes no new snapshot while one is on its way to a follower (bounded: see
-shim._BrokerLog._holds_compaction).
+replicator.Replicator._holds_compaction).
 
 Here a snapshot is due every second (compaction_min_time = 1.0) and publishing
 goes on throughout; the returning follower must be back in the in-sync set
