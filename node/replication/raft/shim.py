@@ -5,7 +5,7 @@ its private state: election.py (PreVote, fast election, term notice, startup
 grace), snapshot.py (the forked snapshot and its loading) and compaction.py
 (the snapshots it forces) are mixins of RaftShim; replicator.py is the
 leader's sending side of _BrokerLog (flow-controlled AppendEntries, the
-snapshot in chunks); segment_log.py is the log on disk; link/ is the network
+snapshot in chunks); log/ is the log on disk; link/ is the network
 half (pysyncobj's TCPTransport over our links) and broker_transport.py the
 shim's part of it; messages.py names our messages.
 The shim runs the raft thread: it ticks SyncObj, flushes the journal once per
