@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import socket
 
-from node.replication.raft.snapshot import _close_sockets
+from node.replication.raft.snapshot.child import _close_sockets
 
 
 def test_a_forked_child_closes_the_sockets_and_keeps_its_files(tmp_path: object) -> None:
