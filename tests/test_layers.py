@@ -238,10 +238,6 @@ def test_rule_holds(rule: Rule) -> None:
     _check(rule)
 
 
-def test_snapshot_format_imports_no_pysyncobj() -> None:
-    _check(_rule("the snapshot format"))
-
-
 # ------------------------------------------------------------------ no pickle loader (issue 26)
 # What node/ may take of a pickle module: pysyncobj's to_bytes (str -> bytes, for
 # journal records); nothing that loads one (a pickle from a peer or a file can run code).
