@@ -1,5 +1,5 @@
 """The forked snapshot writer lets go of every socket it inherited at once
-(node/replication/raft/snapshot.py _close_sockets): a SIGKILLed node's child
+(node/replication/raft/snapshot/child.py _close_sockets): a SIGKILLed node's child
 takes a while to die, and while it held the listening ports a restarted
 node could not bind them (CI: connection refused right after a kill -9)."""
 from __future__ import annotations
