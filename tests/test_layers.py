@@ -32,6 +32,11 @@ REPO = Path(__file__).resolve().parent.parent
 _SKIP_DIRS = {".git", ".venv", "venv", "build", "dist", "__pycache__", "node_modules",
               ".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis"}
 
+# the modules of the snapshot file's format (node/replication/raft/snapshot/): pure,
+# no pysyncobj (the package's other modules are pysyncobj's side of snapshots)
+_SNAPSHOT_FORMAT = ("envelope", "fields", "message", "packed", "section", "sections", "writer",
+                    "reader")
+
 # the top-level names under which the tools are imported
 _TOOLS = ("tests", "bench", "chaos", "chaosmirrorq", "soak", "k8s", "harness",
           "mirrorq_operator")
@@ -126,6 +131,12 @@ RULES = (
          scope=("harness/",),
          forbidden=("chaos", "chaosmirrorq", "bench", "soak", "k8s", "tests"), bare_tests=True,
          sample=("harness/amqp.py", "from chaosmirrorq.cluster import free_port\n")),
+    Rule("the snapshot format imports no pysyncobj and nothing of raft but the format",
+         scope=tuple(f"node/replication/raft/snapshot/{m}.py" for m in _SNAPSHOT_FORMAT),
+         forbidden=("pysyncobj", "node.replication.raft"),
+         allowed=tuple(f"node.replication.raft.snapshot.{m}" for m in _SNAPSHOT_FORMAT),
+         sample=("node/replication/raft/snapshot/writer.py",
+                 "from node.replication.raft.snapshot.raft_data import raft_meta\n")),
 )
 
 
@@ -260,7 +271,7 @@ def pickle_loaders(root: Path = REPO) -> list[str]:
 
 def test_node_loads_no_pickle() -> None:
     """Snapshots, the log and peer messages use our own formats (codec.py,
-    snapshot_format.py): nothing under node/ may load a pickle."""
+    raft/snapshot/): nothing under node/ may load a pickle."""
     found = pickle_loaders()
     if found:
         pytest.fail("a pickle loader under node/:\n" + "\n".join(found), pytrace=False)
@@ -273,7 +284,7 @@ def test_node_loads_no_pickle() -> None:
     "class U(Base):\n    def find_class(self, m, n): ...\n", "data = pysyncobj_pickle.loads(b)\n",
 ])
 def test_the_pickle_check_can_fail(source: str, tmp_path: Path) -> None:
-    root = _tree(tmp_path, {"node/replication/raft/snapshot.py": source})
+    root = _tree(tmp_path, {"node/replication/raft/snapshot/reader.py": source})
     assert pickle_loaders(root), source
     ok = _tree(tmp_path / "ok", {"node/replication/raft/log/meta.py":
                                  "from pysyncobj.pickle import to_bytes\nimport json\njson.loads('1')\n"})

@@ -499,7 +499,7 @@ def partition_bridge(seconds: float = 6.0, bridge: str = "follower") -> dict[str
             "leader_after": c.leader().node_id if healthy else None}
 
 
-SNAPSHOT_PART = "raft.dump.part"  # node/replication/raft/snapshot.py: the forked child writes it
+SNAPSHOT_PART = "raft.dump.part"  # node/replication/raft/snapshot/child.py: the forked child writes it
 
 
 def _children(pid: int) -> list[int]:
@@ -548,7 +548,7 @@ def kill_during_snapshot(target: str = "follower", timeout: float = 60.0, down_s
     """SIGKILL `target` while it takes a snapshot, then its snapshot child, restart the
     node after `down_seconds` and wait until healthy.
 
-    A snapshot (node/replication/raft/snapshot.py `_serialize`) is a child forked by the node
+    A snapshot (node/replication/raft/snapshot/mixin.py `_serialize`) is a child forked by the node
     that writes DATA_DIR/raft.dump.part; the node renames it to raft.dump once the child
     has exited (`_check_snapshot`). The action polls the node's children every `poll`
     seconds; when a fork of the node (same cmdline) has raft.dump.part open it SIGKILLs

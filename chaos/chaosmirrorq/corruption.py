@@ -2,7 +2,7 @@
 chunks in one kind of file of one node's data dir, the node stopped or running.
 
 File kinds (node/replication/raft: log/segment.py, log/index.py, log/start.py,
-snapshot.py, log/meta.py): `segment` log/*.seg, `lseg` log/*.lseg (entries a leader's snapshot
+snapshot/, log/meta.py): `segment` log/*.seg, `lseg` log/*.lseg (entries a leader's snapshot
 brought), `index` log/*.idx, `start` log/start, `snapshot` raft.dump, `meta`
 raft.journal.meta (term, vote, commit index).
 

@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.raft.unsafe_no_fsync:
         log.critical("MIRRORQ_UNSAFE_NO_FSYNC=1: the Raft log is NOT fdatasync'd before entries count as on "
                      "disk; confirmed messages WILL be lost on a power loss (chaos-suite self-test only)")
-    from node.replication.snapshot_format import SnapshotFormatError
+    from node.replication.raft.snapshot import SnapshotFormatError
     try:
         tune_gc()
         fix_mmap_threshold()

@@ -18,8 +18,8 @@ from harness.datafs import DataFs, fuse_unavailable_reason, mounted
 from node.replication.raft.log import SegmentLog
 from node.replication.raft.log.meta import FsyncMetaStorer
 from node.replication.raft.shim import RaftShim
-from node.replication.raft.snapshot import ENTRIES_MAGIC, ENTRIES_VERSION, SnapshotReceiver
-from node.replication.snapshot_format import encode_snapshot, read_snapshot
+from node.replication.raft.snapshot import SnapshotReceiver, encode_snapshot, read_snapshot
+from node.replication.raft.snapshot.transfer import ENTRIES_MAGIC, ENTRIES_VERSION
 from tests.support.machine import Harness, chan, pub, qdecl
 from tests.support.snapshot import META
 

@@ -129,7 +129,7 @@ def test_kill_during_snapshot_catches_a_snapshot_child(tmp_path: Path, state: No
 
 
 def test_snapshot_child_dies_with_its_node(tmp_path: Path, state: None) -> None:
-    """node/replication/raft/snapshot.py: the forked snapshot child has PR_SET_PDEATHSIG, so
+    """node/replication/raft/snapshot/child.py: the forked snapshot child has PR_SET_PDEATHSIG, so
     a SIGKILLed node leaves no orphan holding its (inherited) listening sockets, which
     made the restarted node fail with "Address already in use"."""
     _start(tmp_path, spare=0, config=SNAPSHOT_OFTEN)

@@ -60,7 +60,7 @@ def run_experiment(env: Env, name: str, tmp_path: Path, rate: int = 150) -> dict
     return result
 
 
-# what a member's catch-up looks like in the brokers' logs (raft/shim.py, raft/snapshot.py,
+# what a member's catch-up looks like in the brokers' logs (raft/shim.py, raft/snapshot/,
 # raft_node.py, raft/election.py)
 CATCH_UP_MARKS = ("snapshot", "caught up", "raft ready", "NodeUp applied", "stepping down",
                   "made no progress", "compacted")

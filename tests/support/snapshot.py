@@ -12,7 +12,7 @@ from node.broker.exchange import Binding, Exchange
 from node.broker.fifo import PackedFifo
 from node.broker.queue import Message, Queue
 from node.replication.machine import BrokerState
-from node.replication.snapshot_format import RaftMeta, encode_snapshot, read_snapshot
+from node.replication.raft.snapshot import RaftMeta, encode_snapshot, read_snapshot
 
 META = RaftMeta((b"\x01", 41, 3), (b"\x01", 40, 3), ("127.0.0.1:1", "127.0.0.1:2"))
 _KEEP: dict[int, list[Any]] = {}  # per comparison: made messages kept alive

@@ -4,7 +4,8 @@ shim.py       RaftShim (what raft_node.RaftNode drives), the SyncObj subclass, t
 election.py   PreVote, fast election, term notice, startup grace (a mixin of RaftShim)
 log/          the Raft log on disk: checksummed segments, recovery, the term/vote meta file
 data_dir.py   the data dir is private: directories 0700, files 0600
-snapshot.py   the forked snapshot and its allowlisted loading (a mixin of RaftShim)
+snapshot/     snapshots: the file format (no pickle), the forked writer, sending,
+              receiving and loading them (SnapshotMixin, a mixin of RaftShim)
 compaction.py the snapshots the shim forces: log size, pinned segments, stop (a mixin of RaftShim)
 replicator.py the leader's flow-controlled AppendEntries and snapshot sending (base of the SyncObj)
 messages.py   our own Raft messages (mirrored index, PreVote, term notice)

@@ -66,8 +66,12 @@ from node.replication.raft.log import EntryHandle, LogDamaged, SegmentLog
 from node.replication.raft.log.upgrade import adopt, open_log
 from node.replication.raft.messages import MIRRORED
 from node.replication.raft.replicator import Replicator
-from node.replication.raft.snapshot import SnapshotMixin, SnapshotReceiver
-from node.replication.snapshot_format import RaftMeta, SnapshotFormatError
+from node.replication.raft.snapshot import (
+    RaftMeta,
+    SnapshotFormatError,
+    SnapshotMixin,
+    SnapshotReceiver,
+)
 from node.replication.view import PeerView, RaftView
 
 log = logging.getLogger(__name__)

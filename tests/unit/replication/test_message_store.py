@@ -19,7 +19,7 @@ from node.replication.effect import Deliver, Effect, GetOk
 from node.replication.machine import apply_batch, default_state
 from node.replication.machine.version import MACHINE_VERSION
 from node.replication.raft.log import SegmentLog
-from node.replication.snapshot_format import (
+from node.replication.raft.snapshot import (
     encode_snapshot,
     logged_entries,
     read_entries,
@@ -302,7 +302,7 @@ def test_a_backlog_of_several_chunks_is_streamed_into_the_snapshot_exactly(h: Lo
 def test_a_packed_record_with_a_negative_field_is_refused(h: LogHarness) -> None:
     """The reader's check that no record field is negative (it looks at each
     int64's sign byte) refuses a file written with one."""
-    from node.replication.snapshot_format import SnapshotFormatError, read_snapshot
+    from node.replication.raft.snapshot import SnapshotFormatError, read_snapshot
 
     h.state.machine_version = MACHINE_VERSION
     _open(h, "m")

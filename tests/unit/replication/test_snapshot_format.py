@@ -1,4 +1,4 @@
-"""The snapshot format (node/replication/snapshot_format.py, issue 26 item 1):
+"""The snapshot format (node/replication/raft/snapshot/, issue 26 item 1):
 a rich state round-trips exactly, and crafted bytes (a pickle, random bytes,
 unknown records, truncation, bit flips) raise SnapshotFormatError and never
 build anything but the broker's own records."""
@@ -18,7 +18,6 @@ import pytest
 from node.broker.channel import Channel, Consumer
 from node.broker.exchange import Binding, Exchange
 from node.broker.queue import Message, Queue
-from node.replication import snapshot_format as sf
 from node.replication.codec import encode
 from node.replication.command import (
     BasicQos,
@@ -30,18 +29,37 @@ from node.replication.command import (
     UserPut,
     VhostPut,
 )
+from node.replication.format import SNAPSHOT, SNAPSHOT_VERSION_SINCE, snapshot_version
 from node.replication.machine import BrokerState
-from node.replication.machine.version import PACKED_SNAPSHOTS
-from node.replication.snapshot_format import (
+from node.replication.machine.version import (
+    CLUSTER_METADATA,
+    COUNTED_RECORDS,
+    DEAD_LETTER_STORE,
+    FIRST_VERSION,
+    LIMITS,
+    MACHINE_VERSION,
+    PACKED_SNAPSHOTS,
+    QUORUM_SEMANTICS,
+)
+from node.replication.message_store import BUCKET_SHIFT
+from node.replication.raft.snapshot import (
     FORMAT_VERSION,
     HEADER_SIZE,
     MAGIC,
     RaftMeta,
     SnapshotFormatError,
     check,
+    check_file,
     encode_snapshot,
+    iter_fields,
+    read_meta,
     read_snapshot,
+    snapshot_size,
+    write_snapshot,
 )
+from node.replication.raft.snapshot.envelope import _HEADER
+from node.replication.raft.snapshot.reader import _Reader
+from node.replication.raft.snapshot.section import SECTIONS, Section, section
 from tests.support.machine import (
     Harness,
     chan,
@@ -143,7 +161,7 @@ def test_a_rich_state_round_trips_exactly() -> None:
 
 def test_the_format_names_every_slot_of_every_record() -> None:
     """A slot added to a broker class must be written (or named derived) by the format."""
-    for cls, fields in sf.iter_fields():
+    for cls, fields in iter_fields():
         assert sorted(fields) == sorted(cls.__slots__), cls.__name__  # type: ignore[attr-defined]
 
 
@@ -184,11 +202,56 @@ def test_from_machine_version_5_ready_messages_are_written_as_columns() -> None:
     assert encode_snapshot(restored, META) == data
 
 
+@pytest.mark.parametrize("machine_version", range(FIRST_VERSION, MACHINE_VERSION + 1))
+def test_the_format_a_cluster_writes_follows_its_machine_version(machine_version: int) -> None:
+    """format.snapshot_version is the writer's choice: version 3 below machine
+    version 3 (what builds before it read), 4 from QUORUM_SEMANTICS on, 5 from
+    PACKED_SNAPSHOTS on; the header says so."""
+    want = (5 if machine_version >= PACKED_SNAPSHOTS
+            else 4 if machine_version >= QUORUM_SEMANTICS else 3)
+    assert snapshot_version(machine_version) == want
+    state = BrokerState()
+    state.machine_version = machine_version
+    assert struct.unpack_from("<H", encode_snapshot(state, META), 8)[0] == want
+
+
+def test_the_snapshot_versions_start_at_the_machine_versions_that_bring_them() -> None:
+    assert SNAPSHOT_VERSION_SINCE == {3: FIRST_VERSION, 4: QUORUM_SEMANTICS, 5: PACKED_SNAPSHOTS}
+    assert (SNAPSHOT.version, SNAPSHOT.since) == (FORMAT_VERSION, PACKED_SNAPSHOTS)
+
+
+@pytest.mark.parametrize("machine_version", range(FIRST_VERSION, MACHINE_VERSION + 1))
+def test_the_trailing_sections_are_written_from_their_machine_versions(machine_version: int) -> None:
+    assert [(s.name, s.version, s.since) for s in SECTIONS] == [
+        ("policies", 1, FIRST_VERSION), ("machine", 1, COUNTED_RECORDS), ("access", 1, LIMITS),
+        ("dead-letters", 1, DEAD_LETTER_STORE), ("cluster", 1, CLUSTER_METADATA)]
+    state = BrokerState()
+    state.machine_version = machine_version
+    data = encode_snapshot(state, META)
+    r = _Reader(data, check(data))
+    r.entries()
+    r.meta()
+    r.state()
+    tags = []
+    while r.pos < len(data):  # an empty state: each section is one value (no dead letters)
+        tags.append(r.value()[0])
+    assert tags == [s.name for s in SECTIONS if machine_version >= s.since]
+    assert read_snapshot(data)[0].machine_version == machine_version
+
+
+def test_a_section_is_registered_once_and_after_those_of_older_clusters() -> None:
+    with pytest.raises(TypeError, match="two snapshot sections named 'access'"):
+        section("access", 1, MACHINE_VERSION + 1)(type("Again", (Section,), {}))
+    with pytest.raises(TypeError, match="is written after every section of older clusters"):
+        section("early", 1, FIRST_VERSION)(type("Early", (Section,), {}))
+    assert len(SECTIONS) == 5
+
+
 def test_the_writer_streams_to_a_file_at_an_offset() -> None:
     h = rich_state()
     buf = io.BytesIO()
     buf.write(b"junk")
-    n = sf.write_snapshot(buf, h.state, META)
+    n = write_snapshot(buf, h.state, META)
     assert buf.tell() == 4 + n
     assert_same_state(h.state, read_snapshot(buf.getvalue()[4:])[0])
 
@@ -290,16 +353,16 @@ def test_truncated_and_bit_flipped_snapshots_are_refused() -> None:
 
 def test_check_file_streams_the_crc_of_what_a_leader_is_about_to_send() -> None:
     data = encode_snapshot(rich_state().state, META)
-    sf.check_file(io.BytesIO(data + b"entries follow"), sf.snapshot_size(data[:HEADER_SIZE]))
+    check_file(io.BytesIO(data + b"entries follow"), snapshot_size(data[:HEADER_SIZE]))
     rnd = random.Random(8)
     for _ in range(100):  # past the magic (snapshot_size refuses those first) and the reserved field
         i = rnd.choice([8, 9, *range(12, len(data))])
         flipped = bytearray(data)
         flipped[i] ^= 1 << rnd.randrange(8)
         with pytest.raises(SnapshotFormatError):
-            sf.check_file(io.BytesIO(bytes(flipped)), sf.snapshot_size(bytes(flipped[:HEADER_SIZE])))
+            check_file(io.BytesIO(bytes(flipped)), snapshot_size(bytes(flipped[:HEADER_SIZE])))
     with pytest.raises(SnapshotFormatError, match="cut short"):
-        sf.check_file(io.BytesIO(data[:-5]), len(data))
+        check_file(io.BytesIO(data[:-5]), len(data))
 
 
 def test_crafted_bodies_under_a_valid_checksum_build_only_broker_records() -> None:
@@ -356,7 +419,7 @@ def test_check_refuses_a_damaged_file_before_decoding() -> None:
 
 
 def test_raft_meta_is_plain() -> None:
-    m = sf.read_meta(encode_snapshot(BrokerState(), RaftMeta((b"x", 9, 2), (b"y", 8, 2), ("h:1",))))
+    m = read_meta(encode_snapshot(BrokerState(), RaftMeta((b"x", 9, 2), (b"y", 8, 2), ("h:1",))))
     assert m == RaftMeta((b"x", 9, 2), (b"y", 8, 2), ("h:1",))
 
 
@@ -369,11 +432,11 @@ def test_live_counts_of_packed_records_in_or_out_of_log_order(col: list[int]) ->
     give the per-bucket counts of the plain fold."""
     from array import array
 
-    r = sf._Reader(bytes(sf._HEADER.size), 0)
+    r = _Reader(bytes(_HEADER.size), 0)
     r.logged = array("Q", sorted(set(col)))
     r._count_packed(array("q", col))
     want: dict[int, int] = {}
     for v in col:
-        b = v >> sf.BUCKET_SHIFT
+        b = v >> BUCKET_SHIFT
         want[b] = want.get(b, 0) + 1
     assert r.live == want

@@ -28,8 +28,8 @@ from node.replication.command import (
 )
 from node.replication.machine import apply_batch, default_state
 from node.replication.machine.version import CLUSTER_METADATA, MACHINE_VERSION
+from node.replication.raft.snapshot import encode_snapshot
 from node.replication.read_model import build
-from node.replication.snapshot_format import encode_snapshot
 from tests.support.machine import Harness
 from tests.support.snapshot import META, assert_same_state, snapshot_copy
 

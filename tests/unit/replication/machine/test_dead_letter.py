@@ -24,7 +24,7 @@ from node.replication.command import (
 from node.replication.effect import Confirm
 from node.replication.machine import BrokerState, apply_batch, default_state
 from node.replication.machine.version import DEAD_LETTER_STORE
-from node.replication.snapshot_format import iter_messages
+from node.replication.raft.snapshot import iter_messages
 from tests.support.machine import (
     Harness,
     ack,

@@ -14,7 +14,7 @@ from node.replication import codec
 from node.replication.command import Batch, ChannelOpen, QueueDeclare, SetMachineVersion
 from node.replication.machine import BrokerState, apply_batch, default_state
 from node.replication.machine.version import MACHINE_VERSION, MachineVersionError
-from node.replication.snapshot_format import RaftMeta, encode_snapshot, read_snapshot
+from node.replication.raft.snapshot import RaftMeta, encode_snapshot, read_snapshot
 from tests.support.machine import chan
 
 CH = chan()

@@ -18,7 +18,7 @@ from node.replication.command import (
     VhostPut,
 )
 from node.replication.machine.policy import queue_policies
-from node.replication.snapshot_format import HEADER_SIZE, MAGIC, encode_snapshot, read_snapshot
+from node.replication.raft.snapshot import HEADER_SIZE, MAGIC, encode_snapshot, read_snapshot
 from tests.support.machine import (
     Harness,
     bodies,

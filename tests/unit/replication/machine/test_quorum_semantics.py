@@ -471,7 +471,7 @@ def test_every_replica_applies_the_4_3_semantics_identically_across_a_snapshot()
     the same effects and the same state (snapshot bytes) at the end; the
     switch, levels, counts, deadlines and released tags included."""
     from node.replication.machine import apply_batch, default_state
-    from node.replication.snapshot_format import RaftMeta, encode_snapshot, read_snapshot
+    from node.replication.raft.snapshot import RaftMeta, encode_snapshot, read_snapshot
     meta = RaftMeta((b"", 5, 1), (b"", 4, 1), ("127.0.0.1:1",))
     h = harness(version=2)
     c1, c2 = h.open(chan(1)), h.open(chan(2))

@@ -40,7 +40,7 @@ from node.replication.effect import (
     Return,
 )
 from node.replication.machine import apply_batch, default_state, failure_effects
-from node.replication.snapshot_format import encode_snapshot
+from node.replication.raft.snapshot import encode_snapshot
 from tests.support.machine import (
     Harness,
     ack,

@@ -1,5 +1,5 @@
 """The forked snapshot writer lets go of every socket it inherited at once
-(node/replication/raft/snapshot.py _close_sockets): a SIGKILLed node's child
+(node/replication/raft/snapshot/child.py _close_sockets): a SIGKILLed node's child
 takes a while to die, and while it held the listening ports a restarted
 node could not bind them (CI: connection refused right after a kill -9)."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import socket
 
-from node.replication.raft.snapshot import _close_sockets
+from node.replication.raft.snapshot.child import _close_sockets
 
 
 def test_a_forked_child_closes_the_sockets_and_keeps_its_files(tmp_path: object) -> None:

@@ -21,14 +21,9 @@ from node.replication.machine import BrokerState
 from node.replication.message_store import PayloadCache, load, make_loc, split_loc
 from node.replication.raft.log import SegmentLog, encode_record
 from node.replication.raft.shim import RaftShim
-from node.replication.raft.snapshot import (
-    ENTRIES_MAGIC,
-    ENTRIES_VERSION,
-    SnapshotReceiver,
-    pysyncobj_raft_data,
-    raft_meta,
-)
-from node.replication.snapshot_format import SnapshotFormatError, encode_snapshot
+from node.replication.raft.snapshot import SnapshotFormatError, SnapshotReceiver, encode_snapshot
+from node.replication.raft.snapshot.raft_data import pysyncobj_raft_data, raft_meta
+from node.replication.raft.snapshot.transfer import ENTRIES_MAGIC, ENTRIES_VERSION
 from tests.support.machine import Harness, chan, pub, qdecl
 from tests.support.snapshot import META, assert_same_state
 
