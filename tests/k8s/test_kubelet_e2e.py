@@ -21,6 +21,9 @@ load -> a pod whose volume is lost comes back as a fresh member -> `helm
 uninstall` keeps the PVCs -> the upgrade from the previous release: its CRD,
 chart and image with a backlog, then `helm upgrade` to this one under streaming
 confirms (one pod at a time, a mixed-version cluster confirming, 0 lost).
+The leader-pod-kill experiment and the upgrade (its own image build) are marked
+`long` (make test-long); docs/testing.md names the cheaper tests that keep their
+guarantees in `make test`, which keeps this module near 10 minutes.
 (The node agent, k8s/node_agent.py, runs only the long scale-out-in experiment of
 tests/k8s/test_chaos_k8s.py, `make test-long`.)
 """
@@ -59,11 +62,18 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the kubelet and conta
                                 "root (namespaces, mounts, cgroups, iptables)")
 
 
+def _upgrade_selected(session: pytest.Session) -> bool:
+    return any(item.name.startswith("test_upgrade_from_previous_release") for item in session.items)
+
+
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory, built_image: str,
-        previous_release: tuple[str, Path]) -> Iterator[Env]:
+        request: pytest.FixtureRequest) -> Iterator[Env]:
     missing = missing_binaries(bin_dir()) + missing_node_binaries()
     assert not missing, f"run `make k8s-build` first (missing: {missing})"
+    images = [built_image]
+    if _upgrade_selected(request.session):  # `make test-long`: build and import it too
+        images.append(request.getfixturevalue("previous_release")[0])
     work = tmp_path_factory.mktemp("k8s-kubelet")
     cp = up(work / "k8s")
     node: KubeletNode | None = None
@@ -71,7 +81,7 @@ def env(tmp_path_factory: pytest.TempPathFactory, built_image: str,
         # broker and operator pods: containers of the image built from the
         # Dockerfile (the chart names it for both), under a real kubelet and containerd
         t0 = time.monotonic()
-        node = KubeletNode(cp, work / "node", [built_image, previous_release[0]]).start()
+        node = KubeletNode(cp, work / "node", images).start()
         print(f"kubelet node ready in {time.monotonic() - t0:.0f}s {node.timings}")
         e = Env(cp, node, work)
         repo, tag = built_image.rsplit(":", 1)
@@ -219,6 +229,7 @@ def test_helm_upgrade_scales_3_5_3_one_member_at_a_time_under_load(env: Env, dia
     one_change_at_a_time(env.views)
 
 
+@pytest.mark.long  # the gate: the leader pod deleted below, and the chaos subset's leader kill loop
 @pytest.mark.timeout(900)
 def test_leader_pod_kill_experiment_loses_nothing_under_the_kubelet(env: Env, diag: None,
                                                                      tmp_path: Path) -> None:
@@ -342,6 +353,7 @@ def image_of(pod: dict) -> str:
     return str(pod["spec"]["containers"][0]["image"])
 
 
+@pytest.mark.long  # the gate: the config roll above and tests/cluster/test_rolling_upgrade.py
 @pytest.mark.timeout(1500)
 def test_upgrade_from_previous_release_rolls_one_pod_at_a_time_and_keeps_every_confirm(
         env: Env, previous_release: tuple[str, Path], diag: None) -> None:
