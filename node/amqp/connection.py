@@ -8,7 +8,6 @@ proposals to the Proposer; their outcome comes back via apply_effect().
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import itertools
 import logging
 import os
@@ -38,6 +37,7 @@ from node.broker.limit import (
     user_connections_refused,
     vhost_connections_refused,
 )
+from node.broker.loopback import is_loopback
 from node.broker.password import check_password
 from node.broker.permission import FULL, KIND_NAMES, permitted
 from node.broker.vhost import DEFAULT_VHOST
@@ -112,17 +112,6 @@ class HeldBytes:
 
     def __init__(self) -> None:
         self.total = 0
-
-
-def is_loopback(host: str | None) -> bool:
-    if not host:
-        return False
-    try:
-        addr = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return False
-    mapped = getattr(addr, "ipv4_mapped", None)
-    return bool((mapped or addr).is_loopback)
 
 
 class Connection:
@@ -521,7 +510,7 @@ class Connection:
             self.hold_until = now + wait
             self.handshake_deadline += wait
         if password is not None and user in self.config.loopback_users \
-                and not is_loopback(self.peer_host):
+                and not is_loopback(self.peer_host, peer=True):
             # RabbitMQ's loopback_users rule: guest only from this machine
             self.connection_error(403, f"ACCESS_REFUSED - user '{user}' can only connect via localhost",
                                   10, 11)
