@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hmac
 import itertools
-import logging
-import os
 import platform
 import time
 from collections.abc import Callable, Iterable
@@ -41,7 +39,6 @@ from node.broker.loopback import is_loopback
 from node.broker.password import check_password
 from node.broker.permission import FULL, KIND_NAMES, permitted
 from node.broker.vhost import DEFAULT_VHOST
-from node.replication import message_store
 from node.replication.command import (
     BasicCredit,
     ChannelClose,
@@ -62,8 +59,6 @@ from node.replication.effect import (
     Return,
 )
 from node.replication.port import Proposer
-
-log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
 
@@ -716,6 +711,12 @@ class Connection:
 
     # ------------------------------------------------------------ effects
 
+    def delivers_to(self, chan: ChanId) -> bool:
+        """A delivery to `chan` would be written (the channel is open here):
+        only then does the shell read a stored message's bytes for it."""
+        ch = self.by_id.get(chan)
+        return ch is not None and ch.state == OPEN
+
     def apply_effect(self, e: Effect) -> None:
         if isinstance(e, ConnectionFailure):
             # The state closed the connection when it applied the failing command,
@@ -732,10 +733,11 @@ class Connection:
         if isinstance(e, Deliver):
             if ch.state != OPEN:
                 return
-            props, body = _bytes_of(e)
+            # a message in the log: read by the shell before (server.read_stored)
+            assert e.props is not None and e.body is not None, "unread stored message"
             self.out += frame.encode_deliver(ch.number, e.consumer_tag, e.delivery_tag,
                                              e.redelivered, e.exchange, e.routing_key,
-                                             props, body, self.frame_max)
+                                             e.props, e.body, self.frame_max)
             owed = ch.owed_credit
             owed[e.consumer_tag] = owed.get(e.consumer_tag, 0) + 1
             self.dirty.add(ch)
@@ -748,10 +750,10 @@ class Connection:
             self._reply(ch, e)
         elif isinstance(e, GetOk):
             if ch.state == OPEN:
-                props, body = _bytes_of(e)
+                assert e.props is not None and e.body is not None, "unread stored message"
                 self.out += frame.encode_get_ok(ch.number, e.delivery_tag, e.redelivered,
                                                 e.exchange, e.routing_key, e.message_count,
-                                                props, body, self.frame_max)
+                                                e.props, e.body, self.frame_max)
         elif isinstance(e, Return):
             if ch.state == OPEN:
                 self.out += frame.encode_return(ch.number, e.reply_code, e.reply_text, e.exchange,
@@ -841,22 +843,3 @@ class Connection:
             self.write(frame.encode_method(0, "Connection.Unblocked"))
         return True
 
-
-def _bytes_of(e: Deliver | GetOk) -> tuple[dict[str, Any], bytes]:
-    """A delivery's properties and body: in the effect, or read back from the
-    log here, on the event loop (message_store; a damaged record raises, so
-    the connection fails instead of getting it)."""
-    if e.stored is None:
-        assert e.props is not None and e.body is not None
-        return e.props, e.body
-    try:
-        props, body = message_store.load(e.stored, e.props, e.body)
-    except message_store.StoredMessageError as exc:
-        if exc.damaged:  # as the raft thread does: never served; the restart repairs the log
-            log.critical("raft log damaged: %s; exiting (the restart drops it and re-fetches)", exc)
-            logging.shutdown()
-            os._exit(3)
-        raise
-    if e.delivery_count >= 0 or e.acquired_count >= 0:
-        props = message_store.with_delivery_count(props, e.delivery_count, e.acquired_count)
-    return props, body

@@ -159,7 +159,7 @@ ACCESS_FIELDS = ("vhost_limits", "user_limits", "topic_permissions", "connection
 CLUSTER_FIELDS = ("global_parameters", "protected_vhosts")
 # slots not in the field lists: written another way (references, messages) or derived
 DERIVED = {
-    "BrokerState": ("exchanges", "queues", "channels", "live", "fetch_props", "policy_ae",
+    "BrokerState": ("exchanges", "queues", "channels", "live", "policy_ae",
                     "deadline_chans", "dead_letters",
                     "machine_version", "runs_version", *POLICY_FIELDS, *ACCESS_FIELDS,
                     *CLUSTER_FIELDS, "counts"),
