@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from node.amqp.config import WireConfig
-from node.amqp.connection import CLOSED, Connection, HeldBytes, next_serial
+from node.amqp.connection import Connection, next_serial
+from node.amqp.endpoint import CLOSED, HeldBytes
 from node.amqp.throttle import LoginThrottle
 from node.amqp.tls import peer_common_name
 from node.broker.ids import ConnId
