@@ -22,7 +22,8 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from node.amqp import frame
-from node.amqp.connection import RUNNING, Connection, next_serial
+from node.amqp.connection import Connection, next_serial
+from node.amqp.endpoint import RUNNING
 from node.broker.ids import ConnId
 from node.broker.permission import FULL
 

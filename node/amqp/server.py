@@ -1,6 +1,8 @@
 """Thin asyncio shell around Connection state machines: sockets, timers,
 write batching and flow control (S11, publisher congestion, memory alarm).
-Replicated state is read from the proposer's ReadModel only."""
+Replicated state is read from the proposer's ReadModel only. A delivery
+whose bytes are in the log is read here, on the event loop, before its
+connection gets it (read_stored): the connection does no log I/O."""
 from __future__ import annotations
 
 import asyncio
@@ -14,11 +16,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from node.amqp.config import WireConfig
-from node.amqp.connection import CLOSED, Connection, HeldBytes, next_serial
+from node.amqp.connection import Connection, next_serial
+from node.amqp.endpoint import CLOSED, HeldBytes
 from node.amqp.throttle import LoginThrottle
 from node.amqp.tls import peer_common_name
 from node.broker.ids import ConnId
-from node.replication.effect import ConnectionFailure, Effect
+from node.replication import message_store
+from node.replication.effect import ConnectionFailure, Deliver, Effect, GetOk
 from node.replication.message_store import LOOP_CACHE
 from node.replication.port import Proposer
 
@@ -348,6 +352,9 @@ class AmqpServer:
             if proto is None or proto.conn is None:
                 continue
             try:
+                if isinstance(e, Deliver | GetOk) and e.stored is not None \
+                        and proto.conn.delivers_to(e.chan):
+                    e = read_stored(e)
                 proto.conn.apply_effect(e)
             except Exception:
                 log.exception("error applying %s", type(e).__name__)
@@ -496,6 +503,24 @@ class AmqpServer:
     def _debug(self) -> dict[str, Any]:
         return {"connections": len(self.conns), "opened": len(self.opened),
                 "handshaking": len(self.handshaking), "alarm": self.alarm}
+
+
+def read_stored(e: Deliver | GetOk) -> Deliver | GetOk:
+    """A delivery with its properties and body read back from the log here,
+    on the event loop (message_store; a damaged record raises, so the
+    connection fails instead of getting it)."""
+    try:
+        props, body = message_store.load(e.stored, e.props, e.body)
+    except message_store.StoredMessageError as exc:
+        if exc.damaged:  # as the raft thread does: never served; the restart repairs the log
+            log.critical("raft log damaged: %s; exiting (the restart drops it and re-fetches)", exc)
+            logging.shutdown()
+            os._exit(3)
+        raise
+    if e.delivery_count >= 0 or e.acquired_count >= 0:
+        props = message_store.with_delivery_count(props, e.delivery_count, e.acquired_count)
+    # props, body and stored are the fifth, fourth and third last fields of both
+    return tuple.__new__(type(e), (*e[:-5], props, body, None, *e[-2:]))  # type: ignore[no-any-return]
 
 
 def throttle_from(config: WireConfig) -> LoginThrottle:

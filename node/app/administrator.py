@@ -13,8 +13,8 @@ import asyncio
 import time
 from typing import Any, Protocol
 
-from node.app.config import is_loopback
 from node.broker.limit import VHOST, limit_error, topic_pattern_error
+from node.broker.loopback import is_loopback
 from node.broker.parameter import CLUSTER_NAME, global_parameter_error
 from node.broker.password import hash_password, password_hash_ok
 from node.broker.permission import check_patterns
@@ -65,7 +65,7 @@ class Replica(Protocol):
 def member_address_refusal(address: str, links_authenticated: bool) -> str | None:
     """Why a member at `address` (HOST:PORT) cannot be added, or None."""
     host = address.rpartition(":")[0]
-    if links_authenticated or is_loopback(host):
+    if links_authenticated or is_loopback(host, peer=False):
         return None
     return (f"refusing to add a member at {address}: this cluster's Raft links are not "
             "authenticated (no [raft] password and no TLS), so anyone could claim that "

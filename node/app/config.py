@@ -12,13 +12,13 @@ message (the CLI prints it and exits 2).
 """
 from __future__ import annotations
 
-import ipaddress
 import os
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from node.amqp.config import TlsConfig, WireConfig
+from node.broker.loopback import is_loopback
 from node.replication.config import RaftConfig
 
 
@@ -193,17 +193,6 @@ def check_cluster_password(cfg: NodeConfig) -> None:
         raise ConfigError(NO_CLUSTER_PASSWORD)
 
 
-def is_loopback(host: str) -> bool:
-    """`host` (an IP or "localhost", IPv6 with or without brackets) is on loopback."""
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def raft_bind_host(host: str, bind_host: str | None, authenticated: bool) -> str | None:
     """Where the Raft port listens. With authenticated links (password or
     TLS): where the operator said (--raft-listen), else every address (None).
@@ -212,7 +201,7 @@ def raft_bind_host(host: str, bind_host: str | None, authenticated: bool) -> str
     --raft-listen says otherwise (main logs a warning then)."""
     if authenticated or bind_host:
         return bind_host
-    if is_loopback(host):
+    if is_loopback(host, peer=False):
         return host.strip("[]")
     return "::1" if ":" in host else "127.0.0.1"
 

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from node.amqp.config import ipv6_available
-from node.app.config import is_loopback
 from node.app.pki import make_ca, make_member
+from node.broker.loopback import is_loopback
 
 EXIT_USAGE = 2
 MAX_NODES = 10  # HTTP (P+10000+i), admin (P+10010+i), metrics (P+10020+i) stay apart
@@ -65,7 +65,7 @@ def layout(nodes: int, base_port: int, host: str = "127.0.0.1") -> list[dict[str
     out = []
     listen = amqp_listen(host)
     # every node runs here: the admin API (all power) stays on loopback
-    admin_host = host if is_loopback(host) else "127.0.0.1"
+    admin_host = host if is_loopback(host, peer=False) else "127.0.0.1"
     for i in range(nodes):
         out.append({
             "id": f"n{i + 1}",

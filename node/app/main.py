@@ -26,7 +26,6 @@ from node.app.config import (
     check_data_dir,
     check_http_tls,
     check_tls,
-    is_loopback,
     parse_peers,
     raft_authenticated,
     raft_bind_host,
@@ -34,6 +33,7 @@ from node.app.config import (
 )
 from node.app.config_file import apply_file, check_listen, validate
 from node.app.memory import fix_mmap_threshold
+from node.broker.loopback import is_loopback
 from node.replication.config import SHORT_RAFT_PASSWORD
 from node.replication.machine.version import MACHINE_VERSION
 from node.replication.raft.log import LogDamaged
@@ -214,8 +214,8 @@ def _warn_admin(cfg: NodeConfig) -> None:
         log.warning("INSECURE (--insecure-dev): the gRPC admin API on %s:%d has no token: any "
                     "local user%s can create administrators and change membership. Throwaway "
                     "development nodes only.", cfg.admin.listen, cfg.admin_port,
-                    "" if is_loopback(cfg.admin.listen) else " and anyone who reaches it")
-    elif cfg.admin.tls() is None and not is_loopback(cfg.admin.listen):
+                    "" if is_loopback(cfg.admin.listen, peer=False) else " and anyone who reaches it")
+    elif cfg.admin.tls() is None and not is_loopback(cfg.admin.listen, peer=False):
         log.warning("the gRPC admin API listens on %s:%d without TLS: its token crosses the "
                     "network in clear ([admin] tls_cert/tls_key)", cfg.admin.listen,
                     cfg.admin_port)
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
                     "reaches the Raft port %s:%d can take part in the log. Throwaway development "
                     "clusters only.",
                     cfg.raft.host, cfg.raft.port)
-    if not raft_authenticated(cfg) and cfg.raft.bind_host and not is_loopback(cfg.raft.bind_host):
+    if not raft_authenticated(cfg) and cfg.raft.bind_host and not is_loopback(cfg.raft.bind_host, peer=False):
         log.warning("INSECURE: the Raft port listens on %s (--raft-listen) with neither a [raft] "
                     "password nor TLS: anyone who reaches %s:%d can take part in the log",
                     cfg.raft.bind_host, cfg.raft.bind_host, cfg.raft.port)

@@ -8,7 +8,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from node.amqp.connection import RUNNING, VERSION
+from node.amqp.endpoint import RUNNING
+from node.amqp.handshake import VERSION
 from node.amqp.internal import AmqpSession
 from node.amqp.server import AmqpServer
 from node.app.administrator import Administrator

@@ -16,7 +16,7 @@ import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from node.amqp.connection import is_loopback
+from node.broker.loopback import is_loopback
 from node.broker.password import check_password
 from node.http.server import HttpError
 
@@ -83,7 +83,7 @@ def authenticate(authorization: str | None, peer_host: str,
     user, sep, password = raw.partition(":")
     if not sep:
         raise _unauthorized("Not_Authorized")
-    if user in loopback_users and not is_loopback(peer_host):
+    if user in loopback_users and not is_loopback(peer_host, peer=True):
         raise _unauthorized(f"User '{user}' can only log in via localhost")
     if users:
         entry = users.get(user)

@@ -25,12 +25,13 @@ class Reply(NamedTuple):
 
 
 class Deliver(NamedTuple):
-    """props/body None: read from the log through `stored` where the wire
-    sends it (message_store.load), then `delivery_count` >= 0 is added as the
+    """props/body None: read from the log through `stored` by the AMQP server
+    before the connection gets it (node/amqp/server.py read_stored:
+    message_store.load), then `delivery_count` >= 0 is added as the
     x-delivery-count header and `acquired_count` >= 0 as x-acquired-count.
     `stored` is (loc, size) as apply makes it, and (handle, props offset,
-    props length, size) once the node resolved it (raft_node._resolve: it
-    is the third last field of Deliver and GetOk)."""
+    props length, size) once the node resolved it (message_store.LogReader:
+    it is the third last field of Deliver and GetOk)."""
 
     chan: ChanId
     consumer_tag: str

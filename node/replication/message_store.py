@@ -11,8 +11,10 @@ Reading back happens off the raft thread: the effect of a delivery carries
 raft thread, see raft/log/handle.EntryHandle) preads and checks the whole
 record; the event loop keeps the last payloads read in a PayloadCache, so a
 consumer draining a queue reads and checks each entry once, not once per
-message. Dead-lettering (x-death) reads a message's properties on the raft
-thread (rare: queues with a DLX).
+message (node/amqp/server.py reads them before the connection gets the
+delivery). Dead-lettering (x-death) reads a message's properties on the raft
+thread (rare: queues with a DLX): the state machine is handed a read-only
+PropsReader for that (the node's LogReader), it does no I/O by itself.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from node.replication.codec import CodecError, decode_from
+from node.replication.effect import Deliver, Effect, GetOk
 
 # live-message counts per 16 Raft indices (retention of log segments): fine enough
 # that a segment is freed soon after its messages, one dict item per 16 entries
@@ -31,6 +34,13 @@ class Handle(Protocol):
     idx: int
 
     def payload(self) -> bytes: ...
+
+
+class PropsReader(Protocol):
+    """Read only: the properties of a message stored in the log, by its loc
+    (what apply is given to read them with; None where messages are inline)."""
+
+    def props(self, loc: int) -> dict[str, Any]: ...
 
 
 def make_loc(idx: int, props_at: int, props_len: int) -> int:
@@ -161,3 +171,46 @@ def with_delivery_count(props: dict[str, Any], count: int, acquired: int = -1
         headers["x-acquired-count"] = acquired
     props["headers"] = headers
     return props
+
+
+class LogReader:
+    """This node's log as the raft thread reads messages from it (a
+    PropsReader): the properties of a stored message for apply, and the
+    handles deliveries of stored bytes carry to the event loop."""
+
+    def __init__(self, entry_handle: Callable[[int], Handle]) -> None:
+        self._entry_handle = entry_handle  # raft thread only (it reads the log's index)
+        self._cache = PayloadCache(4 << 20)  # dead-lettering's reads
+        self._handles: dict[int, Handle] = {}  # index -> handle, the last few made
+
+    def props(self, loc: int) -> dict[str, Any]:
+        idx, at, n = split_loc(loc)
+        payload = self._cache.get(idx, self._entry_handle(idx).payload)
+        return decode_props(payload, at, n)
+
+    def resolve(self, effects: list[Effect]) -> list[Effect]:
+        """`effects` with every delivery of bytes in the log given a handle the
+        event loop reads them by (raft thread: only it may look into the log's
+        index)."""
+        return [self._resolve(e) if (type(e) is Deliver or type(e) is GetOk) and e.stored is not None  # type: ignore[union-attr]
+                else e for e in effects]
+
+    def _resolve(self, e: Effect) -> Effect:
+        """Deliveries come in runs from one entry: its handle is reused (a few
+        kept, each keeps its segment's fd open, so the set stays small)."""
+        assert isinstance(e, Deliver | GetOk)
+        loc, size = e.stored
+        idx, at, n = split_loc(loc)
+        handles = self._handles
+        h = handles.get(idx)
+        if h is None:
+            if len(handles) >= 32:
+                handles.clear()
+            h = handles[idx] = self._entry_handle(idx)
+        # stored is the third last field of both: no _replace (slow, per message)
+        return tuple.__new__(type(e), (*e[:-3], (h, at, n, size), *e[-2:]))  # type: ignore[no-any-return]
+
+    def clear(self) -> None:
+        """A snapshot replaced the state (and what the log holds)."""
+        self._cache.clear()
+        self._handles.clear()

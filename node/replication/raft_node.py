@@ -62,13 +62,13 @@ from node.replication.machine import (
     skipped_effects,
 )
 from node.replication.machine.version import COUNTED_RECORDS, too_old
-from node.replication.message_store import BUCKET_SHIFT, PayloadCache, decode_props, split_loc
+from node.replication.message_store import BUCKET_SHIFT, LogReader
 from node.replication.metric import Histogram
 from node.replication.pipeline import Flush, Limits, Pipeline
 from node.replication.port import EffectSink
 from node.replication.raft import RaftShim, clock
 from node.replication.read_model import Management, ModelPublisher, ReadModel, management_rows
-from node.replication.status import NodeStatus, PeerStatus
+from node.replication.status import NodeStatus, peer_rows
 from node.replication.view import RaftView
 
 log = logging.getLogger(__name__)
@@ -98,15 +98,14 @@ class RaftNode:
         self.address = f"{config.host}:{config.port}"
         self.incarnation = time.time_ns()
         self.state: BrokerState = default_state()
-        self.state.fetch_props = self._fetch_props
         self.state.runs_version = config.machine_version
         self.machine_version = 0  # the cluster's, as applied here (raft thread writes)
         self._machine_changed()
-        self._raft_cache = PayloadCache(4 << 20)  # dead-lettering's reads (raft thread)
-        self._handles: dict[int, Any] = {}  # index -> EntryHandle, the last few made (raft thread)
         self.on_removed: Callable[[str], None] | None = None
         self.seed_users: dict[str, str] = {}  # name -> password hash, for a new cluster
         self.shim = RaftShim(self, self.node_id, data_dir, config)
+        # the log's messages as apply (read only) and deliveries read them (raft thread)
+        self.log_reader = LogReader(self.shim.entry_handle)
         # the loop thread reads the state only through this (immutable, per tick)
         self.model_publisher = ModelPublisher(loop, self.state)
         self.peer_security = self.shim.peer_security
@@ -184,7 +183,7 @@ class RaftNode:
         verdict = batch_verdict(self.state, batch)
         if verdict != APPLIED:
             return verdict
-        effects = apply_batch(self.state, batch, index, spans)
+        effects = apply_batch(self.state, batch, index, spans, self.log_reader)
         self.applied_batches += 1
         if self.state.machine_version != self.machine_version:
             self._machine_changed(index)
@@ -194,32 +193,9 @@ class RaftNode:
         mine = [e for e in effects if effect_node(e) == me and effect_serial(e) >= first]
         if mine:
             if spans is not None:
-                mine = [self._resolve(e) if (type(e) is Deliver or type(e) is GetOk) and e.stored is not None  # type: ignore[union-attr]
-                        else e for e in mine]
+                mine = self.log_reader.resolve(mine)
             self._held.append((index, (batch.node, batch.incarnation, batch.seq), mine))
         return verdict
-
-    def _resolve(self, e: Effect) -> Effect:
-        """A delivery of bytes in the log: a handle the event loop reads them by
-        (raft thread: only it may look into the log's index). Deliveries come
-        in runs from one entry: its handle is reused (a few kept, each keeps
-        its segment's fd open, so the set stays small)."""
-        assert isinstance(e, Deliver | GetOk)
-        loc, size = e.stored
-        idx, at, n = split_loc(loc)
-        handles = self._handles
-        h = handles.get(idx)
-        if h is None:
-            if len(handles) >= 32:
-                handles.clear()
-            h = handles[idx] = self.shim.entry_handle(idx)
-        # stored is the third last field of both: no _replace (slow, per message)
-        return tuple.__new__(type(e), (*e[:-3], (h, at, n, size), *e[-2:]))  # type: ignore[no-any-return]
-
-    def _fetch_props(self, loc: int) -> dict[str, Any]:
-        idx, at, n = split_loc(loc)
-        payload = self._raft_cache.get(idx, self.shim.entry_handle(idx).payload)
-        return decode_props(payload, at, n)
 
     def retains(self, first: int, last: int) -> bool:
         """Whether log entries first..last hold bytes of messages the state
@@ -290,9 +266,7 @@ class RaftNode:
         state.runs_version = runs
         old, self.state = self.state, state
         self._machine_changed(index)
-        state.fetch_props = self._fetch_props  # (its messages are inline: read from the snapshot)
-        self._raft_cache.clear()
-        self._handles.clear()
+        self.log_reader.clear()
         if not old.members:
             return  # our own dump at start: no client has seen anything yet
         owed = skipped_effects(old, state, self.node_id, self.incarnation)
@@ -616,17 +590,6 @@ class RaftNode:
             machine_version=self.machine_version,
             runs_machine_version=self.config.machine_version,
             confirm_latency=self.confirm_latency.snapshot(),
-            peers=self._peer_rows(),
+            peers=peer_rows(self._view, self.member_id),
         )
 
-    def _peer_rows(self) -> tuple[PeerStatus, ...]:
-        """Every other Raft node as this node's last tick saw it (the leader's
-        match indexes and reply times are meaningful on the leader only)."""
-        view = self._view
-        if view is None:
-            return ()
-        return tuple(PeerStatus(p.member or self.member_id(p.address), p.address, p.match_index,
-                                p.connected, p.lost,
-                                round(max(0.0, view.now - p.last_reply), 3)
-                                if p.last_reply else None, p.machine_version)
-                     for p in view.peers)

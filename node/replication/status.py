@@ -1,7 +1,7 @@
 """NodeStatus: one immutable, typed snapshot of a node's Raft and broker figures.
 
 RaftNode.status() builds it on the caller's thread from the read model and
-counters; the app adds what only it knows (connections, AMQP ports) and the
+counters (its peers from the last RaftView: peer_rows); the app adds what only it knows (connections, AMQP ports) and the
 management API the members' addresses, each with `dataclasses.replace`. Typed
 readers use the attributes; the generic ones (the gRPC Status message, the
 Prometheus text, JSON) take `to_dict()`, whose keys and order are the wire
@@ -9,8 +9,12 @@ contract (docs/operations.md, node/admin/admin.proto).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from node.replication.view import RaftView
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +34,19 @@ class PeerStatus:
         return {"member": self.member, "address": self.address, "match_index": self.match_index,
                 "connected": self.connected, "lost": self.lost, "reply_age": self.reply_age,
                 "machine_version": self.machine_version}
+
+
+def peer_rows(view: RaftView | None, member_id: Callable[[str], str | None]
+              ) -> tuple[PeerStatus, ...]:
+    """Every other Raft node as this node's last tick saw it (the leader's
+    match indexes and reply times are meaningful on the leader only)."""
+    if view is None:
+        return ()
+    return tuple(PeerStatus(p.member or member_id(p.address), p.address, p.match_index,
+                            p.connected, p.lost,
+                            round(max(0.0, view.now - p.last_reply), 3)
+                            if p.last_reply else None, p.machine_version)
+                 for p in view.peers)
 
 
 @dataclass(frozen=True, slots=True)

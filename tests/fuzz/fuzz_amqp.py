@@ -50,7 +50,8 @@ from pamqp import header as pheader
 from node.amqp import frame
 from node.amqp.channel import CLOSING_LOCAL
 from node.amqp.config import WireConfig
-from node.amqp.connection import CLOSING, Connection
+from node.amqp.connection import Connection
+from node.amqp.endpoint import CLOSING
 from node.broker.ids import ConnId
 from node.replication.command import Batch, Command
 from node.replication.effect import Effect, effect_node

@@ -13,7 +13,8 @@ from pamqp.body import ContentBody
 
 from node.amqp import frame
 from node.amqp.config import WireConfig
-from node.amqp.connection import RUNNING, Connection
+from node.amqp.connection import Connection
+from node.amqp.endpoint import RUNNING
 from node.broker.ids import ConnId
 from node.replication.read_model import ReadModel
 

@@ -34,6 +34,7 @@ from node.replication.machine.sessions import SessionHandlers
 from node.replication.machine.state import BrokerState
 from node.replication.machine.topology import TopologyHandlers
 from node.replication.machine.version import VersionHandlers
+from node.replication.message_store import PropsReader
 
 
 class Applier(SessionHandlers, MembershipHandlers, AccessHandlers, TopologyHandlers,
@@ -79,15 +80,17 @@ _ROUTE_CHANGES = frozenset((QueueDeclare, QueueBind, ExchangeDeclare, ExchangeBi
 
 
 def apply_batch(state: BrokerState, batch: Batch, index: int = 0,
-                spans: dict[int, tuple[int, int]] | None = None) -> list[Effect]:
+                spans: dict[int, tuple[int, int]] | None = None,
+                reader: PropsReader | None = None) -> list[Effect]:
     """`index` and `spans` (codec.decode_batch): where the batch sits in the
-    Raft log, so that its messages keep locations there instead of bytes."""
+    Raft log, so that its messages keep locations there instead of bytes;
+    `reader` reads the properties of such messages back (dead-lettering)."""
     if batch_verdict(state, batch) != APPLIED:
         return []
     state.dedup[(batch.node, batch.incarnation)] = batch.seq + 1
     if batch.now > state.now:
         state.now = batch.now
-    ap = Applier(state, index, spans)
+    ap = Applier(state, index, spans, reader)
     for cmd in batch.commands:
         ap.run(cmd)
     return ap.fx

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from node.broker.vhost import SEP, ResourceKey, resource_key
 from node.replication.effect import Effect, Reply
 from node.replication.machine.errors import _ChanErr
-from node.replication.message_store import BUCKET_SHIFT
+from node.replication.message_store import BUCKET_SHIFT, PropsReader
 
 if TYPE_CHECKING:
     from node.broker.channel import Channel, Consumer
@@ -57,10 +57,11 @@ class ApplierBase:
     """What every handler mixin shares: the state, the effects collected so
     far and the queues whose delivery may have become possible."""
 
-    __slots__ = ("s", "fx", "dirty", "index", "spans")
+    __slots__ = ("s", "fx", "dirty", "index", "spans", "reader")
 
     def __init__(self, state: BrokerState, index: int = 0,
-                 spans: dict[int, tuple[int, int]] | None = None) -> None:
+                 spans: dict[int, tuple[int, int]] | None = None,
+                 reader: PropsReader | None = None) -> None:
         self.s = state
         self.fx: list[Effect] = []
         self.dirty: dict[str, Queue] = {}
@@ -69,6 +70,9 @@ class ApplierBase:
         # location instead of their bytes. None: bytes kept inline (tests, tools)
         self.index = index
         self.spans = spans
+        # the properties of a message in the log, by loc (read only; dead-lettering,
+        # on the raft thread): the node's log reader, None where messages are inline
+        self.reader = reader
 
     def hold(self, m: Message) -> None:
         """Count a message in: its bytes, and its log bucket."""

@@ -3,7 +3,7 @@ connection table they count against (issue 28), and the checks applied in
 the log: max-queues at queue.declare, topic permissions at publish and
 bind/unbind (the machine knows exchange types and, from ConnectionOpen,
 each channel's user). Connection and channel limits are checked by the wire
-against the read model's counts (node/amqp/connection.py).
+against the read model's counts (node/amqp/access.py).
 """
 from __future__ import annotations
 

@@ -190,8 +190,8 @@ class PublishHandlers(ApplierBase):
         if m.props is not None:
             props = dict(m.props)
         else:  # in the log: read on this (the raft) thread; only queues with a DLX
-            assert m.loc is not None and s.fetch_props is not None
-            props = dict(s.fetch_props(m.loc))
+            assert m.loc is not None and self.reader is not None
+            props = dict(self.reader.props(m.loc))
         headers = dict(props.get("headers") or {})
         deaths = [d for d in (headers.get("x-death") or []) if isinstance(d, dict)]
         entry: dict[str, Any] | None = None

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Callable
 from typing import Any
 
 from node.broker.channel import Channel
@@ -29,7 +28,7 @@ class BrokerState:
     __slots__ = ("now", "exchanges", "queues", "channels", "conns", "exclusive",
                  "ttl_index", "expires_index", "dedup", "counter", "message_bytes",
                  "members", "in_sync", "draining", "users", "vhosts", "permissions",
-                 "config_version", "live", "fetch_props", "policies", "operator_policies",
+                 "config_version", "live", "policies", "operator_policies",
                  "policy_ae", "machine_version", "runs_version", "deadline_chans", "vhost_limits",
                  "user_limits", "topic_permissions", "connections", "counts",
                  "dead_letters", "global_parameters", "protected_vhosts")
@@ -74,9 +73,6 @@ class BrokerState:
         # while a count is > 0). Never written: a snapshot holds its messages'
         # places in the log, and the counts are rebuilt from them on a load.
         self.live: dict[int, int] = {}
-        # loc -> the properties of a message in the log (dead-lettering, on the
-        # raft thread); set by the node, None where messages are inline only
-        self.fetch_props: Callable[[int], dict[str, Any]] | None = None
         # (vhost, name) -> Policy: policies and operator policies (config: they
         # bump config_version); snapshotted in their own section
         self.policies: dict[tuple[str, str], Policy] = {}

@@ -13,7 +13,8 @@ from pamqp.body import ContentBody
 from node.amqp import frame
 from node.amqp.channel import ConfirmTracker
 from node.amqp.config import WireConfig
-from node.amqp.connection import CLOSED, CLOSING, Connection
+from node.amqp.connection import Connection
+from node.amqp.endpoint import CLOSED, CLOSING
 from node.amqp.throttle import LoginThrottle
 from node.broker.ids import ConnId
 from node.replication import command as C

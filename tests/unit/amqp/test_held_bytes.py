@@ -10,7 +10,8 @@ from pamqp.body import ContentBody
 
 from node.amqp.channel import ChannelException
 from node.amqp.config import WireConfig
-from node.amqp.connection import BUFFER_FULL, Connection, HeldBytes
+from node.amqp.connection import BUFFER_FULL, Connection
+from node.amqp.endpoint import HeldBytes
 from node.broker.ids import ConnId
 from node.replication import command as C
 from tests.support.wire_client import Client

@@ -3,13 +3,17 @@ members it may add."""
 from __future__ import annotations
 
 from node.app.administrator import member_address_refusal
-from node.app.config import is_loopback, raft_bind_host
+from node.app.config import raft_bind_host
+from node.broker.loopback import is_loopback
 
 
 def test_is_loopback() -> None:
-    assert is_loopback("127.0.0.1") and is_loopback("127.0.0.3") and is_loopback("::1")
-    assert is_loopback("[::1]") and is_loopback("localhost")
-    assert not is_loopback("10.0.0.1") and not is_loopback("::") and not is_loopback("node-1.svc")
+    def configured(host: str) -> bool:
+        return is_loopback(host, peer=False)
+
+    assert configured("127.0.0.1") and configured("127.0.0.3") and configured("::1")
+    assert configured("[::1]") and configured("localhost")
+    assert not configured("10.0.0.1") and not configured("::") and not configured("node-1.svc")
 
 
 def test_unauthenticated_raft_binds_loopback_unless_told() -> None:

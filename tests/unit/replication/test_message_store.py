@@ -37,13 +37,9 @@ class LogHarness:
         self.log = SegmentLog(str(tmp / "log"), str(tmp / "meta"), segment_bytes=1 << 16)
         self.log.add(b"\x00", 1, 1)  # (pysyncobj's first NO_OP entry)
         self.state = default_state()
-        self.state.fetch_props = self._fetch_props
+        self.reader = message_store.LogReader(self.log.handle)  # what apply reads props with
         self.seq = 0
         self.cache = message_store.PayloadCache()
-
-    def _fetch_props(self, loc: int) -> dict[str, Any]:
-        idx, at, n = message_store.split_loc(loc)
-        return message_store.decode_props(self.log.handle(idx).payload(), at, n)
 
     def run(self, *cmds: Command) -> list[Effect]:
         self.seq += 1
@@ -52,7 +48,7 @@ class LogHarness:
         self.log.add(command, idx, 1)
         spans: dict[int, tuple[int, int]] = {}
         batch = decode_batch(self.log[-1][0], 1, spans)
-        return apply_batch(self.state, batch, idx, spans)
+        return apply_batch(self.state, batch, idx, spans, self.reader)
 
     def read(self, e: Deliver | GetOk) -> tuple[dict[str, Any], bytes]:
         """What the wire sends: bytes in the effect, or read from the log."""
@@ -243,7 +239,6 @@ def test_a_packed_backlog_survives_a_snapshot_as_it_was(h: LogHarness, machine_v
         h.run(get(C, "t"))
         h.run(nack(C, tag, requeue=False))
     restored = snapshot_copy(h.state)
-    restored.fetch_props = h.state.fetch_props  # (set by the node, not in the file)
     assert_same_state(h.state, restored)
     assert encode_snapshot(restored, META) == encode_snapshot(h.state, META)
     for name in ("p", "t", "dead"):
