@@ -86,16 +86,17 @@ RULES = (
          forbidden=("node.http", "node.admin", "node.app", "node.replication.raft",
                     "node.replication.raft_node", "pysyncobj"),
          sample=("node/amqp/server.py", "from node import app\n")),
-    # docs/ARCHITECTURE.md's map says amqp -> replication.{command,effect,port,read_model};
-    # the tree also imports message_store (where a message's bytes are in the log)
+    # as docs/ARCHITECTURE.md's map: amqp -> replication.{command,effect,port,read_model,
+    # message_store}; message_store: server.py's read_stored reads a delivery's bytes
     Rule("node/amqp imports of node/replication are limited to command, effect, port, "
          "read_model and message_store",
          scope=("node/amqp/",), forbidden=("node.replication",),
          allowed=("node.replication.command", "node.replication.effect", "node.replication.port",
                   "node.replication.read_model", "node.replication.message_store"),
          sample=("node/amqp/connection.py", "from node.replication.pipeline import Pipeline\n")),
-    # the map says http -> amqp (internal, throttle), replication.read_model; the tree also
-    # imports node.amqp.connection (is_loopback, the product version), node.amqp.frame,
+    # of node.amqp, http imports internal (AmqpReplyError, context.py), throttle (LoginGate,
+    # app.py) and frame (encode_method, resources/queues.py); is_loopback comes from
+    # node.broker.loopback (auth.py) and the product version from the Backend; besides,
     # node.replication.status (NodeStatus) and node.broker (the pure model)
     Rule("node/http imports of node/ are limited to node.http, node.amqp, node.broker, "
          "node.replication.read_model and node.replication.status (no app, admin or raft)",
@@ -111,8 +112,9 @@ RULES = (
          scope=("node/replication/",), forbidden=("node",),
          allowed=("node.replication", "node.broker"),
          sample=("node/replication/raft_node.py", "from node.amqp.server import AmqpServer\n")),
-    # the map says machine/ -> broker, replication.{command,effect}; the tree also imports
-    # message_store (publish.py, delivery.py and handler.py: where a message's bytes are)
+    # as the map: machine/ -> broker, replication.{command,effect,message_store}; message_store
+    # for the PropsReader Protocol and pure helpers (make_loc, BUCKET_SHIFT,
+    # with_delivery_count), never the log itself
     Rule("node/replication/machine imports of node/ are limited to node.broker and "
          "node.replication's machine, command, effect and message_store",
          scope=("node/replication/machine/",), forbidden=("node",),

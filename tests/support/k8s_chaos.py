@@ -60,8 +60,10 @@ def run_experiment(env: Env, name: str, tmp_path: Path, rate: int = 150) -> dict
     return result
 
 
-# what a member's catch-up looks like in the brokers' logs (raft/shim.py, raft/snapshot/,
-# raft_node.py, raft/election.py)
+# what a member's catch-up looks like in the brokers' logs: raft/replicator.py ("caught up",
+# "made no progress", "sending ... the snapshot"), raft/snapshot/ and raft/compaction.py (the
+# other snapshot lines), raft_node.py ("raft ready", "NodeUp applied"), raft/election.py
+# ("stepping down"), raft/log/retention.py ("compacted")
 CATCH_UP_MARKS = ("snapshot", "caught up", "raft ready", "NodeUp applied", "stepping down",
                   "made no progress", "compacted")
 

@@ -23,7 +23,7 @@ DEFAULT_EXCHANGES = (("", "direct"), ("amq.direct", "direct"), ("amq.fanout", "f
 
 class BrokerState:
     """The whole replicated state: plain objects, dicts as ordered sets
-    (node/replication/snapshot_format.py writes and reads it)."""
+    (node/replication/raft/snapshot/: writer.py writes it, reader.py reads it)."""
 
     __slots__ = ("now", "exchanges", "queues", "channels", "conns", "exclusive",
                  "ttl_index", "expires_index", "dedup", "counter", "message_bytes",

@@ -2,12 +2,12 @@
 
 With its halves in this package it is the only code that touches SyncObj and
 its private state: election.py (PreVote, fast election, term notice, startup
-grace), snapshot.py (the forked snapshot and its loading) and compaction.py
-(the snapshots it forces) are mixins of RaftShim; replicator.py is the
-leader's sending side of _BrokerLog (flow-controlled AppendEntries, the
-snapshot in chunks); log/ is the log on disk; link/ is the network
-half (pysyncobj's TCPTransport over our links) and broker_transport.py the
-shim's part of it; messages.py names our messages.
+grace), snapshot/ (SnapshotMixin: the forked snapshot, sending, receiving and
+loading it) and compaction.py (the snapshots it forces) are mixins of
+RaftShim; replicator.py is the leader's sending side of _BrokerLog
+(flow-controlled AppendEntries, the snapshot in chunks); log/ is the log on
+disk; link/ is the network half (pysyncobj's TCPTransport over our links)
+and broker_transport.py the shim's part of it; messages.py names our messages.
 The shim runs the raft thread: it ticks SyncObj, flushes the journal once per
 tick (group commit), releases the held AppendEntries acks after that flush,
 gates elections (PreVote), and then fills one immutable RaftView that it

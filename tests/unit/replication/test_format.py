@@ -2,7 +2,8 @@
 bytes, each written version among those read, FORMATS complete, the snapshot's
 versions by machine version consistent; and docs/formats.md's table lists
 exactly FORMATS (artifact, magic, version, reads, since, module), naming for
-each old version a test that exists."""
+each old version a test that exists; each Format's `where` exists and takes
+that Format from format.py."""
 from __future__ import annotations
 
 import ast
@@ -101,3 +102,35 @@ def test_the_doc_names_an_existing_test_for_each_old_version() -> None:
             path, _, test = _code(where).partition("::")
             assert (REPO / path).is_file() and _defines(REPO / path, test), (f.name, where)
         assert covered == old, (f.name, cell)
+
+
+def _constant_of(f: Format) -> str:
+    """The name format.py gives `f` (SEGMENT, SNAPSHOT, ...)."""
+    (name,) = [k for k, v in vars(fmt).items() if v is f]
+    return name
+
+
+def _uses(source: str, constant: str) -> bool:
+    """`<format module>.<constant>` (the module as `from node.replication import
+    format [as x]` binds it) or `from node.replication.format import <constant>`."""
+    tree = ast.parse(source)
+    names = {a.asname or a.name for n in ast.walk(tree)
+             if isinstance(n, ast.ImportFrom) and n.module == "node.replication"
+             for a in n.names if a.name == "format"}
+    for n in ast.walk(tree):
+        if (isinstance(n, ast.Attribute) and n.attr == constant
+                and isinstance(n.value, ast.Name) and n.value.id in names):
+            return True
+        if (isinstance(n, ast.ImportFrom) and n.module == "node.replication.format"
+                and any(a.name == constant for a in n.names)):
+            return True
+    return False
+
+
+def test_each_format_names_an_existing_module_that_takes_its_magic_from_here() -> None:
+    for f in FORMATS:
+        path = REPO / f.where
+        assert path.is_file() or path.is_dir(), (f.name, f.where)
+        sources = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+        constant = _constant_of(f)
+        assert any(_uses(s.read_text(encoding="utf-8"), constant) for s in sources), (f.name, constant)

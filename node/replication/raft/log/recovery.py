@@ -73,7 +73,7 @@ class Recovery:
         doomed: list[str] = []  # files to remove, once it is decided that the node starts
         paths = [os.path.join(self.dir, name) for name in names]
         # two at a time: a sealed segment is checked by one CRC over its bytes
-        # (segment_index), which runs without the GIL
+        # (index.py's crc_range), which runs without the GIL
         # (the last segment is walked whatever the budget)
         verify = [self._take_budget(os.path.getsize(p)) for p in reversed(paths[:-1])][::-1] + [True]
         with ThreadPoolExecutor(2) as pool:
