@@ -42,6 +42,9 @@ def test_spark_standalone_up_starts_a_master_and_two_alive_workers(
     assert ss._alive_workers(c.master_ui) == 2
 
 
+# 1.5 minutes: make test keeps the standalone cluster's start (above) and the same checker's
+# verdicts in local mode (test_check_history.py's CLI tests)
+@pytest.mark.long
 def test_checker_on_standalone_cluster_finds_lost_unexpected_and_corrupted(
         cluster: tuple[Any, Path], tmp_path: Path) -> None:
     c, base = cluster

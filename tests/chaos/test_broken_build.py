@@ -36,6 +36,9 @@ def _run_broken(experiment: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     return code, row
 
 
+# a minute: make test keeps test_power_cut.py's broken build (confirms before fsync: the
+# power-cut experiment reports the loss and fails) and the confirm gate's unit tests
+@pytest.mark.long
 def test_unsafe_early_confirm_makes_the_suite_fail(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     # a failure, not a skip: without the flag the proof that the suite catches loss is gone
@@ -47,8 +50,7 @@ def test_unsafe_early_confirm_makes_the_suite_fail(tmp_path: Path,
     assert any("steady state after" in r for r in row["reasons"]), row["reasons"]
 
 
-# 74 s in CI: make test keeps test_unsafe_early_confirm_makes_the_suite_fail (the same
-# broken build caught) and test_power_cut.py's broken build
+# 74 s in CI: make test keeps test_power_cut.py's broken build
 @pytest.mark.long
 def test_unsafe_early_confirm_is_caught_by_the_mixed_experiment(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:

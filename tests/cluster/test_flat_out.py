@@ -15,6 +15,8 @@ import time
 from functools import partial
 from typing import Any
 
+import pytest
+
 from harness.client import declare, queue_depth, uniq_queue
 from harness.process import Cluster, ClusterNode
 from harness.publisher import StreamPublisher
@@ -39,6 +41,9 @@ def _brief(st: dict[str, Any]) -> dict[str, Any]:
                                    "longest_leader_gap_ms")}
 
 
+# a minute of load: make test keeps test_replication_load.py's no-election tests (4 publishers
+# with no window on 2 followers: no term change, no leader change, no DISCARDED)
+@pytest.mark.long
 def test_flat_out_60s_no_leader_change_no_discarded(cluster: Cluster) -> None:
     leader = cluster.leader()
     f1, f2 = cluster.followers()
