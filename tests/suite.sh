@@ -7,9 +7,12 @@
 #      start in the background at nice 19: they take the CPU the tests leave idle
 #      (waits for elections, timeouts, restarts) and yield it at once to the tests,
 #      whose timing bounds are written for 2 cores of their own.
-#   2. Every test outside tests/k8s.
+#   2. Every test outside tests/k8s and the background lane below.
 #   3. The Kubernetes tests, once the background job is done (its log is printed if it
-#      failed), with the image it built.
+#      failed), with the image it built; beside them, at nice 19, the background lane:
+#      the tests that start no broker and bound no time (the Spark history checker's
+#      tests, the fuzz smoke run, the bench helpers, the layer and testing-doc rules),
+#      which take the CPU the kubelet's pods leave idle. Its output is printed after.
 #
 # Each phase writes a JUnit XML file under $RESULTS; tests/slowest.py prints the 40
 # slowest of both (.ci/run prints them again at the very end of its output).
@@ -36,12 +39,17 @@ prep() {
 # its own process group (setsid), so that an interrupted run stops all of it
 setsid nice -n 19 bash -c "$(declare -f prep); IMAGE_REF=$IMAGE_REF; prep" > "$prep_log" 2>&1 &
 prep_pid=$!
-trap 'kill -- -"$prep_pid" 2>/dev/null; exit 130' INT TERM
+trap 'kill -- -"$prep_pid" 2>/dev/null; [ -n "${lane_pid:-}" ] && kill "$lane_pid" 2>/dev/null; exit 130' INT TERM
+
+# the background lane: no broker processes, no time bounds (see above)
+LANE=(tests/analysis tests/fuzz tests/bench tests/test_layers.py tests/test_testing_doc.py)
+ignore=(--ignore=tests/k8s)
+for t in "${LANE[@]}"; do ignore+=("--ignore=$t"); done
 
 common=(-q -p no:cacheprovider -m "not long")
-"$PY" -m pytest "${common[@]}" --junitxml="$RESULTS/main.xml" --ignore=tests/k8s tests "$@"
+"$PY" -m pytest "${common[@]}" --junitxml="$RESULTS/main.xml" "${ignore[@]}" tests "$@"
 rc_main=$?
-echo "suite: tests outside tests/k8s: exit $rc_main in $(( $(date +%s) - t0 )) s"
+echo "suite: the first phase (all but tests/k8s and the background lane): exit $rc_main in $(( $(date +%s) - t0 )) s"
 
 w0=$(date +%s)
 wait "$prep_pid"
@@ -51,14 +59,23 @@ if [ "$rc_prep" != 0 ]; then
   echo "suite: the background k8s/build.sh or k8s/image.sh failed; its log:" >&2
   tail -n 60 "$prep_log" >&2
   rc_k8s=1
-else
-  t1=$(date +%s)
+fi
+t1=$(date +%s)
+lane_log="$RESULTS/background-lane.log"
+nice -n 19 "$PY" -m pytest "${common[@]}" --junitxml="$RESULTS/lane.xml" "${LANE[@]}" "$@" \
+  > "$lane_log" 2>&1 &
+lane_pid=$!
+if [ "$rc_prep" = 0 ]; then
   MIRRORQ_PREBUILT_IMAGE=$IMAGE_REF "$PY" -m pytest "${common[@]}" \
     --junitxml="$RESULTS/k8s.xml" tests/k8s "$@"
   rc_k8s=$?
   echo "suite: tests/k8s: exit $rc_k8s in $(( $(date +%s) - t1 )) s"
 fi
+wait "$lane_pid"
+rc_lane=$?
+echo "suite: the background lane (${LANE[*]}): exit $rc_lane, done $(( $(date +%s) - t1 )) s after it started; its output:"
+cat "$lane_log"
 
 "$PY" tests/slowest.py "$RESULTS"/*.xml
 echo "suite: make test's pytest phases took $(( $(date +%s) - t0 )) s in all"
-[ "$rc_main" = 0 ] && [ "$rc_k8s" = 0 ]
+[ "$rc_main" = 0 ] && [ "$rc_k8s" = 0 ] && [ "$rc_lane" = 0 ]

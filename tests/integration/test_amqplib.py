@@ -24,6 +24,8 @@ import pytest
 from node.amqp.config import ipv6_available
 from tests.broker_proc import Broker
 
+pytestmark = pytest.mark.slow  # Node.js and npm: make test-fast leaves it out
+
 AMQPLIB = "amqplib@2"  # the major users get from `npm install amqplib` today
 SCRIPT_TIMEOUT = 30.0  # a hang (the bug) shows up as this timeout
 

@@ -18,6 +18,8 @@ import pytest
 
 from tests.broker_proc import REPO
 
+pytestmark = pytest.mark.slow  # the Java bench client: make test-fast leaves it out
+
 JARS = ["/usr/share/java/amqp-client.jar", "/usr/share/java/slf4j-api.jar",
         "/usr/share/java/slf4j-nop.jar"]
 

@@ -35,6 +35,8 @@ import pytest
 
 from harness.process import Cluster, free_port, port_open
 
+pytestmark = pytest.mark.slow  # headless Chromium: make test-fast leaves it out
+
 N_MESSAGES = 37
 PAGE_DEADLINE = 45.0
 USER, PASSWORD = "guest", "guest"

@@ -22,7 +22,7 @@ JAVA_SRC = REPO / "tests" / "java"
 JARS = [Path("/usr/share/java/amqp-client.jar"), Path("/usr/share/java/slf4j-api.jar"),
         Path("/usr/share/java/slf4j-nop.jar")]
 COMPILE_TIMEOUT = 120
-pytestmark = pytest.mark.rabbitmq_ok
+pytestmark = [pytest.mark.rabbitmq_ok, pytest.mark.slow]  # slow: a JVM per test (not in make test-fast)
 
 
 @pytest.fixture(scope="module")
