@@ -16,6 +16,8 @@ import pytest
 
 from tests.broker_proc import REPO
 
+pytestmark = pytest.mark.slow  # a half-minute soak run: make test-fast leaves it out
+
 SOAK = REPO / "soak" / "soak.py"
 HARD_TIMEOUT = 150.0  # the run itself takes ~30 s; this only bounds a hung run on a loaded machine
 
