@@ -154,7 +154,9 @@ if [[ ! -x "$BIN/etcd" ]]; then
   say "etcd $ETCD_VERSION from Debian's etcd-server"
   deb="$(apt_download etcd-server "$ETCD_VERSION")"
   dpkg -x "$deb" "$WORK/etcd"
-  "$WORK/etcd/usr/bin/etcd" --version | grep -q "etcd Version: $ETCD_VERSION" \
+  # (the output is taken whole first: `| grep -q` under pipefail fails when grep exits
+  # before the writer is done, which a niced build met: SIGPIPE, status 141)
+  [[ "$("$WORK/etcd/usr/bin/etcd" --version)" == *"etcd Version: $ETCD_VERSION"* ]] \
     || die "the unpacked etcd does not report version $ETCD_VERSION"
   install_bin "$WORK/etcd/usr/bin/etcd" etcd
 fi
@@ -175,7 +177,7 @@ if (( ${#kube_missing[@]} )); then
   done
   export GOROOT="$WORK/go/usr/lib/go-1.15"
   [[ -x "$GOROOT/bin/go" ]] || die "no go binary in $GOROOT after unpacking"
-  "$GOROOT/bin/go" version | grep -q "go$GO_VERSION " || die "unpacked Go is not $GO_VERSION: $("$GOROOT/bin/go" version)"
+  [[ "$("$GOROOT/bin/go" version)" == *"go$GO_VERSION "* ]] || die "unpacked Go is not $GO_VERSION: $("$GOROOT/bin/go" version)"
 
   PATH_EXTRA="$GOROOT/bin"
   if ! command -v rsync >/dev/null; then
@@ -220,7 +222,7 @@ if (( ${#kube_missing[@]} )); then
   for b in "${kube_missing[@]}"; do
     [[ "$b" != pause ]] || continue
     [[ -x "$out/$b" ]] || die "the build made no $b (looked in $out)"
-    "$out/$b" --version 2>&1 | grep -q "Kubernetes $K8S_VERSION" \
+    [[ "$("$out/$b" --version 2>&1)" == *"Kubernetes $K8S_VERSION"* ]] \
       || die "$b reports '$("$out/$b" --version 2>&1)', not Kubernetes $K8S_VERSION"
     install_bin "$out/$b" "$b"
   done
