@@ -1,9 +1,11 @@
 """The slowest tests of JUnit XML files (pytest --junitxml), setup and teardown
-included: `python tests/slowest.py data/test-results/*.xml [--top 40]`.
-tests/suite.sh and .ci/run print them; docs/testing.md keeps a table of them."""
+included: `python tests/slowest.py data/test-results/*.xml [--top 40] [--markdown]`.
+tests/suite.sh and .ci/run print them; `--markdown` gives docs/testing.md's table,
+with what each test proves: its docstring's first sentence, else its name."""
 from __future__ import annotations
 
 import argparse
+import ast
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -23,10 +25,28 @@ def durations(paths: list[Path]) -> list[tuple[float, str, str]]:
     return sorted(rows, reverse=True)
 
 
+def proves(test_id: str) -> str:
+    """What a test proves, from its source: the docstring's first sentence, or its name."""
+    path, _, name = test_id.partition("::")
+    func = name.split("[")[0]
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        tree = None
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == func:
+            doc = " ".join((ast.get_docstring(node) or "").split())
+            if doc:
+                first = doc.split(". ")[0].rstrip(".")
+                return first if len(first) <= 160 else first[:157] + "..."
+    return func.removeprefix("test_").replace("_", " ")
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("files", nargs="*", type=Path)
     ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--markdown", action="store_true", help="a table for docs/testing.md")
     args = ap.parse_args(argv)
     files = [f for f in args.files if f.is_file()]
     if not files:
@@ -34,6 +54,11 @@ def main(argv: list[str]) -> int:
         return 0
     rows = durations(files)
     total = sum(r[0] for r in rows)
+    if args.markdown:
+        print("| s | test | what it proves |\n|---|---|---|")
+        for seconds, test_id, _outcome in rows[:args.top]:
+            print(f"| {seconds:.0f} | `{test_id}` | {proves(test_id).replace('|', '/')} |")
+        return 0
     print(f"== the {min(args.top, len(rows))} slowest of {len(rows)} tests "
           f"({total:.0f} s in tests in all) ==")
     for seconds, test_id, outcome in rows[:args.top]:
