@@ -149,6 +149,7 @@ GUEST, WRONG = basic("guest", "guest"), basic("guest", "wrong")
 
 # ------------------------------------------------------------------ tests
 
+@pytest.mark.slow  # waits out the throttle: make test runs it, make test-fast does not
 def test_opening_connections_first_does_not_bypass_the_throttle(
         tmp_path: Path, node_factory: list[NodeProcess]) -> None:
     """60 sockets opened first, then wrong passwords on them one by one: after
@@ -196,6 +197,7 @@ def test_opening_connections_first_does_not_bypass_the_throttle(
         c.abort()
 
 
+@pytest.mark.slow  # waits out the throttle: make test runs it, make test-fast does not
 def test_http_basic_auth_is_throttled_per_address(
         tmp_path: Path, node_factory: list[NodeProcess]) -> None:
     """200 wrong guesses on one keep-alive connection take >= 9 s (old code:

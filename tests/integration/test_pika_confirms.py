@@ -380,6 +380,7 @@ def test_s22_100k_outstanding_unconfirmed_throughput_does_not_collapse(raw: Any,
 
 # ---------------------------------------------------------------- S23
 
+@pytest.mark.slow  # half a minute: make test runs it, make test-fast does not
 def test_s23_drop_with_outstanding_confirms_then_republish_no_loss(raw: Any,
                                                                    amqp: Amqp) -> None:
     q = amqp.queue(durable=True)
