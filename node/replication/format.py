@@ -11,7 +11,10 @@ version is written (1: every build since the artifact exists).
 """
 from __future__ import annotations
 
+import sys
+from array import array
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -57,3 +60,12 @@ SNAPSHOT_VERSION_SINCE = {3: 1, 4: 3, 5: 5}
 def snapshot_version(machine_version: int) -> int:
     """The snapshot format a cluster at `machine_version` writes (every member reads it)."""
     return max(v for v, since in SNAPSHOT_VERSION_SINCE.items() if machine_version >= since)
+
+
+def little_endian(a: array[Any]) -> bytes:
+    """An array's bytes little-endian, the byte order of every format above."""
+    if sys.byteorder == "little":
+        return a.tobytes()
+    copy = array(a.typecode, a)
+    copy.byteswap()
+    return copy.tobytes()

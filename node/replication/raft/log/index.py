@@ -50,14 +50,6 @@ def index_path(segment_path: str) -> str:
     return segment_path + SUFFIX
 
 
-def _le(a: array[int]) -> bytes:
-    if sys.byteorder == "little":
-        return a.tobytes()
-    b = array(a.typecode, a)
-    b.byteswap()
-    return b.tobytes()
-
-
 def _from_le(typecode: str, raw: memoryview) -> array[int]:
     a = array(typecode)
     a.frombytes(raw)
@@ -97,9 +89,9 @@ def write_index(segment_path: str, first: int, end: int, segment_crc: int, offse
     crash it is either whole and right or fails its own CRC."""
     head = _HEAD.pack(MAGIC, VERSION, SPARSE if idxs is not None else 0, len(offsets), first, end,
                       segment_crc)
-    parts = [head, _le(offsets), _le(terms)]
+    parts = [head, format.little_endian(offsets), format.little_endian(terms)]
     if idxs is not None:
-        parts.append(_le(idxs))
+        parts.append(format.little_endian(idxs))
     body = b"".join(parts)
     path = index_path(segment_path)
     tmp = path + ".tmp"

@@ -20,6 +20,7 @@ from bisect import bisect_right
 from typing import Any
 
 from node.broker.fifo import CHUNK, PackedFifo
+from node.replication.format import little_endian
 from node.replication.raft.snapshot.envelope import (
     _U64,
     SnapshotFormatError,
@@ -31,14 +32,6 @@ from node.replication.raft.snapshot.message import _MessageReader, _MessageWrite
 
 _NO_PAIR = 0xFFFFFFFF  # version 5: a ready message written as an object
 _POSITIVE_TOP = bytes(range(128))  # an int64's last byte (little-endian) when it is >= 0
-
-
-def _little(a: array[Any]) -> bytes:
-    if sys.byteorder == "little":
-        return a.tobytes()
-    copy = array(a.typecode, a)
-    copy.byteswap()
-    return copy.tobytes()
 
 
 def _write_packed(w: _Writer, ready: PackedFifo, msgs: _MessageWriter) -> None:
@@ -57,18 +50,18 @@ def _write_packed(w: _Writer, ready: PackedFifo, msgs: _MessageWriter) -> None:
     w.out.append(_U64.pack(len(ready)))
     w.out.append(_U64.pack(ready.transient))
     for k, (nums, _exp, _refs) in enumerate(ready.column_chunks()):
-        w.out.append(_little(nums))
+        w.out.append(little_endian(nums))
         _flush_every(w, k)
     if not ready.has_expiry():
         w.out.append(b"\x00")
     else:
         w.out.append(b"\x01")
         for k, (_nums, exp, refs) in enumerate(ready.column_chunks()):
-            w.out.append(bytes(8 * len(refs)) if exp is None else _little(exp))
+            w.out.append(bytes(8 * len(refs)) if exp is None else little_endian(exp))
             _flush_every(w, k)
     w.value(table)
     for k, (_nums, _exp, refs) in enumerate(ready.column_chunks()):
-        w.out.append(_little(array("I", [at[id(r)] if type(r) is tuple else _NO_PAIR for r in refs])))
+        w.out.append(little_endian(array("I", [at[id(r)] if type(r) is tuple else _NO_PAIR for r in refs])))
         _flush_every(w, k)
     for m in objects:
         msgs.write(m)
