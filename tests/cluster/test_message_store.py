@@ -253,13 +253,15 @@ def _log_dir_bytes(node: ClusterNode) -> int:
 
 
 def test_a_few_unsettled_messages_do_not_keep_the_log_on_disk(cluster_factory: Callable[..., Cluster]) -> None:
-    """Issue 27 item 4: one publish in 200 goes to a queue nobody consumes,
-    the rest pass through a consumer. Those few messages sit in every
+    """Issue 27 item 4: one publish in 100 goes to a queue nobody consumes,
+    the rest pass through a consumer (1.5-3.5 KB bodies, about 100 to a
+    256 KiB segment: a stuck message in nearly every segment, each keeping its
+    16-entry bucket live, 16 % of the segment). Those few messages sit in every
     segment; compaction moves their entries into sparse segments and frees
     the rest: the log on disk ends at a small part of the bytes that passed,
     and the stuck messages are served intact, also after a restart. Without
     compaction every segment stays (one live message keeps a whole segment)."""
-    c = cluster_factory(1, config="compaction_min_entries = 200\nsegment_bytes = 1048576\n")
+    c = cluster_factory(1, config="compaction_min_entries = 200\nsegment_bytes = 262144\n")
     c.start()
     node = c.leader()
     flow, stuck = uniq_queue("flow"), uniq_queue("stuck")
@@ -271,9 +273,9 @@ def test_a_few_unsettled_messages_do_not_keep_the_log_on_disk(cluster_factory: C
     try:
         ch = conn.channel()
         ch.confirm_delivery()
-        for i in range(6000):
-            body = b"%d:" % i + rnd.randbytes(rnd.randrange(2000, 6000))
-            if i % 200 == 100:
+        for i in range(1500):
+            body = b"%d:" % i + rnd.randbytes(rnd.randrange(1500, 3500))
+            if i % 100 == 50:
                 sent_stuck.append(body)
                 ch.basic_publish("", stuck, body, pika.BasicProperties(delivery_mode=2))
             else:
@@ -281,7 +283,7 @@ def test_a_few_unsettled_messages_do_not_keep_the_log_on_disk(cluster_factory: C
                 ch.basic_publish("", flow, body, pika.BasicProperties(delivery_mode=2))
     finally:
         conn.close()
-    assert len(drain(node, flow, idle=1.0)) == 6000 - len(sent_stuck)
+    assert len(drain(node, flow, idle=1.0)) == 1500 - len(sent_stuck)
     # (a snapshot is forced once the last one pins mostly settled entries, then one segment a second)
     wait_for(lambda: node.status()["log_compactions"] >= 3 and _log_dir_bytes(node) < passed // 4,
              timeout=120, what=f"the log compacted below a quarter of the {passed} bytes that passed")

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from pysyncobj.monotonic import monotonic as clock
 
 from node.replication.config import RaftConfig
+from node.replication.message_store import BUCKET_SHIFT
 
 if TYPE_CHECKING:
     from node.replication.raft.shim import Owner, _BrokerLog
@@ -110,8 +111,8 @@ class CompactionMixin:
 
     def _snapshot_pins_dead_segments(self) -> bool:
         """Whether no snapshot was taken for PIN_QUIET seconds and the latest
-        one alone keeps retained segments on disk (their messages settled
-        since): a quiet queue after a drain takes no snapshot by entry count,
+        one alone keeps retained segments, or messages in them, on disk (they
+        settled since): a quiet queue after a drain takes no snapshot by entry count,
         and those segments would stay until the next one. Under load
         snapshots come by entry count and this never fires."""
         now = clock()
@@ -125,4 +126,13 @@ class CompactionMixin:
         so = self._so
         assert so is not None
         retains = self.owner.retains
-        return any(not retains(seg.first, seg.last) for seg in so._SyncObj__raftLog.hidden)
+        hidden = so._SyncObj__raftLog.hidden
+        if any(not retains(seg.first, seg.last) for seg in hidden):
+            return True
+        # every retained segment still holds a live message (a few never settled):
+        # the snapshot pins settled ones beside them (its buckets all lie below
+        # Raft's start), and only a new snapshot lets compaction rewrite those
+        # segments. One pass over its buckets, as live_messages() above is.
+        last = (1 << BUCKET_SHIFT) - 1
+        return bool(hidden) and any(not retains(b << BUCKET_SHIFT, (b << BUCKET_SHIFT) + last)
+                                    for b in self.snapshot_buckets)
