@@ -28,6 +28,7 @@ RESULTS=${RESULTS:-data/test-results}
 IMAGE_REF=localhost/mirrorq:e2e  # tests/k8s/conftest.py IMAGE_REF
 mkdir -p "$RESULTS"
 rm -f "$RESULTS"/*.xml
+touch "$RESULTS/main.xml.start"  # (what this run wrote is newer)
 t0=$(date +%s)
 
 prep_log="$RESULTS/k8s-prep.log"
@@ -90,6 +91,11 @@ rc_lane=$?
 echo "suite: the background lane (${LANE[*]}): exit $rc_lane, done $(( $(date +%s) - t1 )) s after it started; its output:"
 cat "$lane_log"
 
+chaos_log=data/chaos-ci/suite.log  # tests/chaos/test_ci_subset.py's run of the CI chaos subset
+if [ -f "$chaos_log" ] && [ "$chaos_log" -nt "$RESULTS/main.xml.start" ]; then
+  echo "suite: the CI chaos subset (tests/chaos/test_ci_subset.py):"
+  sed -n '/^| experiment/,$p' "$chaos_log"
+fi
 "$PY" tests/slowest.py "$RESULTS"/*.xml
 echo "suite: make test's pytest phases took $(( $(date +%s) - t0 )) s in all"
 [ "$rc_main" = 0 ] && [ "$rc_k8s" = 0 ] && [ "$rc_lane" = 0 ]

@@ -16,6 +16,15 @@ so the verdict comes from the journal: status "completed", not deviated, the
 hypothesis met before AND after, every method activity succeeded; and from the
 history report: drained, lost == 0, corrupted == 0. Short durations are the defaults here (each
 experiment about a minute); any CHAOS_* variable already set wins.
+
+Two checkers judge every history. While the experiments run, each one's
+steady-state probe uses the pure-Python check (probes.fallback_check); at the
+end ONE Spark job (chaos/analysis/check_history.py) reads every experiment's
+history, and a row passes only when Spark also finds nothing lost, corrupted
+or duplicated and both count the same confirmed, lost, corrupted and duplicate
+messages. One Spark start instead of one per experiment: about 20 s each here.
+`--checker each` (or CHAOS_CHECKER=spark set by the caller) runs Spark inside
+every experiment instead, as before.
 """
 from __future__ import annotations
 
@@ -155,7 +164,7 @@ def run_one(name: str, out: Path, env: dict[str, str], timeout: float) -> dict[s
     if report_file.exists():  # written by the after-method probe
         report = json.loads(report_file.read_text())
     elif run_dir.exists():
-        report = history_report(run_dir, report_file)
+        report = history_report(run_dir, report_file, checker=env.get("CHAOS_CHECKER"))
     if report is None:
         row["reasons"].append("no history")
         ok = False
@@ -170,6 +179,54 @@ def run_one(name: str, out: Path, env: dict[str, str], timeout: float) -> dict[s
                                   f"complete={report.get('complete')}")
     row["verdict"] = "PASS" if ok else "FAIL"
     return row
+
+
+AGREE = ("confirmed", "lost", "corrupted", "duplicates")  # both checkers must count these alike
+
+
+def spark_verdicts(rows: list[dict[str, Any]], out: Path, timeout: float) -> float:
+    """One Spark job over every experiment's history (rows that ran): each row
+    gains `spark` (its run's report) and fails when Spark finds a loss, has no
+    verdict for it, or disagrees with the per-experiment check. Returns the seconds."""
+    from chaosmirrorq.probes import CHECKER
+
+    t0 = time.monotonic()
+    ran = [r for r in rows if r.get("dir") and (Path(r["dir"]) / "history").is_dir()]
+    if not ran:
+        return 0.0
+    report_path, chart = out / "spark-report.json", out / "spark-report.png"
+    report_path.unlink(missing_ok=True)
+    cmd = [sys.executable, str(CHECKER), *(str(Path(r["dir"]) / "history") for r in ran),
+           "--out", str(report_path), "--chart", str(chart)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        failure = f"exit {proc.returncode}: {(proc.stderr.strip().splitlines() or [''])[-1][:200]}"
+    except subprocess.TimeoutExpired:
+        failure = f"timed out after {timeout:.0f}s"
+    runs: dict[str, Any] = {}
+    if report_path.exists():
+        try:
+            runs = json.loads(report_path.read_text()).get("runs") or {}
+        except json.JSONDecodeError:
+            runs = {}
+    by_dir = {str(Path(v.get("dir", "")).resolve()): v for v in runs.values() if isinstance(v, dict)}
+    for r in ran:
+        sr = by_dir.get(str((Path(r["dir"]) / "history").resolve()))
+        why = []
+        if sr is None:
+            why.append(f"no Spark verdict for its history (checker {failure})")
+        else:
+            r["spark"] = {k: sr.get(k) for k in (*AGREE, "ok", "drained")}
+            if sr.get("ok") is not True or sr.get("lost") != 0 or sr.get("corrupted") or sr.get("duplicates"):
+                why.append(f"Spark check: ok={sr.get('ok')} lost={sr.get('lost')} "
+                           f"corrupted={sr.get('corrupted')} duplicates={sr.get('duplicates')}")
+            differ = [f"{k} {r.get(k)} vs {sr.get(k)}" for k in AGREE if r.get(k) != sr.get(k)]
+            if differ:
+                why.append("the Python and Spark checks disagree: " + ", ".join(differ))
+        if why and r["verdict"] == "PASS":
+            r["verdict"] = "FAIL"
+        r["reasons"] += why
+    return round(time.monotonic() - t0, 1)
 
 
 def cleanup_leftovers(base: Path) -> None:
@@ -228,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--long", action="store_true", help="do not apply the short CHAOS_* defaults")
     ap.add_argument("--no-skip", action="store_true",
                     help="fail when an experiment is skipped (implied by --subset ci)")
+    ap.add_argument("--checker", choices=("once", "each"), default="once",
+                    help="Spark once over every history at the end (each experiment judged by the "
+                         "Python check meanwhile), or inside each experiment")
     args = ap.parse_args(argv)
     no_skip = args.no_skip or args.subset == "ci"
 
@@ -238,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.long:
         for k, v in SHORT.items():
             env.setdefault(k, v)
+    spark_once = args.checker == "once" and "CHAOS_CHECKER" not in os.environ
+    if spark_once:
+        env["CHAOS_CHECKER"] = "fallback"  # the probes; Spark judges every history at the end
     from chaosmirrorq.netns import netns_unavailable_reason
     no_netns = netns_unavailable_reason()
     if no_netns:
@@ -256,6 +319,14 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"[chaos] {name}: {row['verdict']} in {row.get('seconds')}s confirmed={row.get('confirmed')} "
               f"lost={row.get('lost')} corrupted={row.get('corrupted')} {'; '.join(row['reasons'])}", flush=True)
+    if spark_once:
+        print("[chaos] the Spark check of every history ...", flush=True)
+        secs = spark_verdicts(rows, out, timeout=float(os.environ.get("CHAOS_CHECKER_TIMEOUT", "600")))
+        for r in rows:
+            if "spark" in r or r.get("dir"):
+                print(f"[chaos] {r['experiment']}: Spark {r.get('spark')} -> {r['verdict']}", flush=True)
+        print(f"[chaos] Spark checked {sum(1 for r in rows if r.get('dir'))} histories in {secs}s "
+              f"({out / 'spark-report.json'})", flush=True)
     total = round(time.monotonic() - t0, 1)
     (out / "summary.json").write_text(json.dumps({"rows": rows, "seconds": total}, indent=2, default=str))
     print()

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from chaosmirrorq import suite
 
 from tests.support.chaos_env import KILL_UNDER_BACKLOG, short_env
 
 
+@pytest.mark.long  # the CI chaos subset runs leader-kill-loop in the gate (docs/testing.md, Pairs)
 def test_leader_kill_experiment_end_to_end(tmp_path: Path) -> None:
     row = suite.run_one("leader-kill-loop", tmp_path, short_env(**KILL_UNDER_BACKLOG), timeout=300)
     journal = json.loads((tmp_path / "leader-kill-loop" / "journal.json").read_text())

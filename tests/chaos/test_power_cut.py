@@ -34,6 +34,7 @@ def _power_cut(tmp_path: Path, **extra: str) -> tuple[dict[str, Any], dict[str, 
     return row, out
 
 
+@pytest.mark.long  # the CI chaos subset runs power-cut in the gate (docs/testing.md, Pairs)
 def test_power_cut_loses_no_confirmed_message(tmp_path: Path) -> None:
     row, out = _power_cut(tmp_path)
     assert row["confirmed"] and row["confirmed"] > 200, row
