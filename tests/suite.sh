@@ -13,9 +13,10 @@
 #      writes do not queue in front of the brokers' fsyncs.
 #   3. The Kubernetes tests, once the background job is done (its log is printed if it
 #      failed), with the image it built; beside them, at nice 19, the background lane:
-#      the tests that start no broker and bound no time (the Spark history checker's
-#      tests, the fuzz smoke run, the bench helpers, the layer and testing-doc rules),
-#      which take the CPU the kubelet's pods leave idle. Its output is printed after.
+#      `make lint` (ruff, mypy) and the tests that start no broker and bound no time
+#      (the Spark history checker's tests, the fuzz smoke run, the bench helpers, the
+#      layer and testing-doc rules), which take the CPU the kubelet's pods leave idle.
+#      Its output is printed after. (make test-fast runs lint first, for quick feedback.)
 #
 # Each phase writes a JUnit XML file under $RESULTS; tests/slowest.py prints the 40
 # slowest of both (.ci/run prints them again at the very end of its output).
@@ -77,7 +78,11 @@ if [ "$rc_prep" != 0 ]; then
 fi
 t1=$(date +%s)
 lane_log="$RESULTS/background-lane.log"
-nice -n 19 "$PY" -m pytest "${common[@]}" --junitxml="$RESULTS/lane.xml" "${LANE[@]}" "$@" \
+# shellcheck disable=SC2016
+nice -n 19 bash -c 'make --no-print-directory lint; lint=$?
+  "$0" -m pytest "$@"; rc=$?
+  echo "suite: lint (ruff, mypy) exit $lint"
+  [ "$lint" = 0 ] && [ "$rc" = 0 ]' "$PY" "${common[@]}" --junitxml="$RESULTS/lane.xml" "${LANE[@]}" "$@" \
   > "$lane_log" 2>&1 &
 lane_pid=$!
 if [ "$rc_prep" = 0 ]; then
@@ -88,7 +93,7 @@ if [ "$rc_prep" = 0 ]; then
 fi
 wait "$lane_pid"
 rc_lane=$?
-echo "suite: the background lane (${LANE[*]}): exit $rc_lane, done $(( $(date +%s) - t1 )) s after it started; its output:"
+echo "suite: the background lane (lint, ${LANE[*]}): exit $rc_lane, done $(( $(date +%s) - t1 )) s after it started; its output:"
 cat "$lane_log"
 
 chaos_log=data/chaos-ci/suite.log  # tests/chaos/test_ci_subset.py's run of the CI chaos subset

@@ -79,10 +79,28 @@ class Amqp:
                  what=f"{queue} to hold {n} ready messages (has {self.count(queue)})")
 
     def drain(self, queue: str, limit: int = 100000) -> list[tuple[bytes, bool]]:
-        """basic.get (no-ack) everything ready: [(body, redelivered)]."""
+        """Take everything ready, in queue order: [(body, redelivered)]. What the
+        queue holds at the start is consumed with a prefetch of exactly that many
+        (so nothing past it is delivered to be requeued) and settled by one
+        multiple ack: a basic.get per message costs a replicated command each
+        (20,000 took 30 s). basic.get (no-ack) then takes whatever is left."""
         ch = self._aux().channel()
-        out = []
+        out: list[tuple[bytes, bool]] = []
         try:
+            ready = min(ch.queue_declare(queue, passive=True).method.message_count, limit, 65535)
+            if ready > 1:
+                ch.basic_qos(prefetch_count=ready)
+                last = 0
+                for m, _p, b in ch.consume(queue, inactivity_timeout=2.0):
+                    if m is None:  # (some expired meanwhile): basic.get below
+                        break
+                    out.append((b, m.redelivered))
+                    last = m.delivery_tag
+                    if len(out) >= ready:
+                        break
+                ch.cancel()  # nothing past `ready` was delivered: none requeued
+                if last:
+                    ch.basic_ack(last, multiple=True)
             while len(out) < limit:
                 m, _p, b = ch.basic_get(queue, auto_ack=True)
                 if m is None:
