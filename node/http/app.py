@@ -37,6 +37,7 @@ from node.http.server import (
 from node.http.stats import LATENCY_SAMPLE, SAMPLE_INTERVAL
 
 STATIC_DIR = Path(__file__).with_name("static")
+STATIC_METHODS = ("GET", "HEAD")  # all the console's files answer
 
 
 class ManagementApi:
@@ -98,7 +99,12 @@ class ManagementApi:
         a cross-site Origin on a write (403); the largest body allowed."""
         path = req.path
         if not path.startswith("/api/") and path != "/api":
-            return SMALL_BODY
+            # the console's files: GET/HEAD, never a body (405/413 unread, the
+            # connection closed: an anonymous client gets no byte of it buffered)
+            if req.method not in STATIC_METHODS:
+                raise HttpError(405, "method_not_allowed", f"{req.method} is not allowed here",
+                                {"Allow": ", ".join(STATIC_METHODS)})
+            return 0
         self.router.resolve(req.method, path)
         req.principal = self._throttled_auth(req)
         if req.method not in ("GET", "HEAD") and not same_origin(

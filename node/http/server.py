@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 MAX_LINE = 16 * 1024  # request line and each header line
 MAX_HEADERS = 100
+MAX_HEAD = 64 * 1024  # request line and headers together, read before any credential
 MAX_BODY = 64 * 1024 * 1024  # definitions files can be large: authenticated imports only
 SMALL_BODY = 1024 * 1024  # any other request's body
 REQUEST_TIMEOUT = 30.0  # to read a request's body once its headers came
@@ -336,6 +337,7 @@ class HttpServer:
         if not version.startswith("HTTP/1."):
             raise HttpError(400, "bad_request", "unsupported HTTP version")
         headers: dict[str, str] = {}
+        size = len(line)
         for _ in range(MAX_HEADERS + 1):
             try:
                 raw = await reader.readline()
@@ -343,6 +345,9 @@ class HttpServer:
                 raise HttpError(431, "bad_request", "header line too long") from None
             if not raw:
                 raise ConnectionError("eof in headers")
+            size += len(raw)
+            if size > MAX_HEAD:  # 100 lines of 16 KiB each would be 1.6 MiB per socket
+                raise HttpError(431, "bad_request", f"headers over {MAX_HEAD} bytes")
             text = raw.decode("latin-1").rstrip("\r\n")
             if not text:
                 break
