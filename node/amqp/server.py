@@ -525,4 +525,5 @@ def read_stored(e: Deliver | GetOk) -> Deliver | GetOk:
 
 def throttle_from(config: WireConfig) -> LoginThrottle:
     return LoginThrottle(config.login_failure_limit, config.login_failure_window,
-                         config.login_failure_delay, config.login_failure_max_delay)
+                         config.login_failure_delay, config.login_failure_max_delay,
+                         address_limit=config.login_failure_address_limit)

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from node.amqp.throttle import LoginGate
-from node.http.auth import Principal, authenticate
+from node.http.auth import Principal, authenticate, claimed_user
 from node.http.backend import Backend
 from node.http.context import Context, Handler
 from node.http.query import pick_columns
@@ -123,7 +123,8 @@ class ManagementApi:
         if gate is None or not authorization or req.session.get("proven") == authorization:
             return self._auth(req)
         now = time.monotonic()
-        wait = gate.wait(req.peer_host, now)
+        user = claimed_user(authorization)
+        wait = gate.wait(req.peer_host, now, user)
         if wait is None:
             raise HttpError(429, "too_many_requests",
                             f"too many login attempts from {req.peer_host}, retry later",
@@ -132,9 +133,9 @@ class ManagementApi:
         try:
             principal = self._auth(req)
         except HttpError as err:
-            gate.record(req.peer_host, err.status != 401, now)
+            gate.record(req.peer_host, err.status != 401, now, user)
             raise
-        gate.record(req.peer_host, True, now)
+        gate.record(req.peer_host, True, now, user)
         req.session["proven"] = authorization
         return principal
 
