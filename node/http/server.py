@@ -217,9 +217,10 @@ class HttpServer:
         self._per_address: dict[str, int] = {}
 
     async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._client, host, port, ssl=self.tls,
-                                                  limit=MAX_LINE, reuse_address=True,
-                                                  ssl_handshake_timeout=10.0 if self.tls else None)
+        # TLS is started by _client once the socket is counted: a handshake in
+        # asyncio's listener came before any cap, so idle sockets escaped them all
+        self._server = await asyncio.start_server(self._client, host, port,
+                                                  limit=MAX_LINE, reuse_address=True)
 
     @property
     def port(self) -> int:
@@ -240,6 +241,8 @@ class HttpServer:
             self._server = None
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.tls is not None:  # the ClientHello waits for start_tls (which resumes)
+            writer.transport.pause_reading()  # type: ignore[attr-defined]
         task = asyncio.current_task()
         if task is not None:
             self._clients.add(task)
@@ -250,9 +253,10 @@ class HttpServer:
                       self.max_per_address):
             log.warning("HTTP connection from %s refused: %d open from it, %d in all",
                         peer_host, from_address, len(self._clients) - 1)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._send(writer, error_response(HttpError(
-                    503, "service_unavailable", "too many connections")), False), 2.0)
+            if self.tls is None:  # a TLS client gets no answer before a handshake it may not have
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._send(writer, error_response(HttpError(
+                        503, "service_unavailable", "too many connections")), False), 2.0)
             with contextlib.suppress(Exception):
                 writer.close()
             if task is not None:
@@ -261,6 +265,8 @@ class HttpServer:
         self._per_address[peer_host] = from_address + 1
         session: dict[str, Any] = {}
         try:
+            if self.tls is not None and not await self._start_tls(writer):
+                return
             while True:
                 try:
                     # request line and headers within idle_timeout: an idle or trickling
@@ -316,6 +322,18 @@ class HttpServer:
                 self._per_address[peer_host] = left
             else:
                 self._per_address.pop(peer_host, None)
+
+    async def _start_tls(self, writer: asyncio.StreamWriter) -> bool:
+        """The TLS handshake of a counted socket, within idle_timeout; whether it
+        completed (a failed or late one is closed by the caller)."""
+        assert self.tls is not None
+        try:
+            # awaited directly: a wait_for task would let the loop read the ClientHello
+            # into the plain stream first (the handshake timeout bounds it instead)
+            await writer.start_tls(self.tls, ssl_handshake_timeout=self.idle_timeout)
+        except (OSError, ssl.SSLError, TimeoutError, AttributeError):
+            return False  # AttributeError: the socket went mid-handshake (asyncio has none left)
+        return True
 
     async def _read_head(self, reader: asyncio.StreamReader,
                          peer_host: str) -> tuple[Request, bool, int] | None:
