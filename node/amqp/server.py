@@ -75,7 +75,9 @@ class _Protocol(asyncio.Protocol):
     def tls_ready(self, transport: asyncio.Transport) -> None:
         """The TLS handshake is done: the connection starts on its transport."""
         self.transport = transport
-        if self.server.draining():  # maintenance mode began during the handshake
+        # maintenance mode began during the handshake, or the peer went since (its
+        # connection_lost came before there was a connection to release)
+        if self.server.draining() or transport.is_closing():
             self.server.forget(self)
             transport.abort()
             return
