@@ -26,9 +26,12 @@ class WireConfig:
     max_handshakes: int = 1024
     max_handshakes_per_address: int = 64
     # login throttle (node/amqp/throttle.py), shared with HTTP basic auth: failed logins
-    # per client address free within the window (0 = off), then each answer is withheld
-    # login_failure_delay seconds, doubling per failure up to login_failure_max_delay
+    # per (client address, user name) free within the window (0 = off), then each answer
+    # for that name from there is withheld login_failure_delay seconds, doubling per
+    # failure up to login_failure_max_delay; past login_failure_address_limit failures
+    # from an address (any names; 0 = no such bound) every login from it is held alike
     login_failure_limit: int = 10
+    login_failure_address_limit: int = 100
     login_failure_window: float = 60.0
     login_failure_delay: float = 1.0
     login_failure_max_delay: float = 10.0

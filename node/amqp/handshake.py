@@ -120,7 +120,7 @@ class Handshake(Endpoint):
             if isinstance(login, str) and isinstance(pw, str):
                 user, password = login, pw
         gate, host, now = self.login_gate, self.peer_host or "", self.clock()
-        wait = gate.wait(host, now) if gate is not None else 0.0
+        wait = gate.wait(host, now, user) if gate is not None else 0.0
         if wait is None:  # this address's queue of held answers is full: not even checked
             self.connection_error(403, f"ACCESS_REFUSED - too many login attempts from {host}, "
                                        "retry later", 10, 11)
@@ -136,7 +136,7 @@ class Handshake(Endpoint):
             return
         ok = password is not None and self._authenticate(user, password)
         if gate is not None:
-            gate.record(host, ok, now)
+            gate.record(host, ok, now, user)
         if not ok:
             if self.auth_failure_close:
                 self.connection_error(

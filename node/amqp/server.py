@@ -38,8 +38,12 @@ _TCP_CLOSE, _TCP_CLOSE_WAIT = 7, 8  # Linux tcp_states.h (CLOSE_WAIT: the peer s
 
 
 class _Protocol(asyncio.Protocol):
-    def __init__(self, server: AmqpServer) -> None:
+    def __init__(self, server: AmqpServer, tls: ssl.SSLContext | None = None) -> None:
         self.server = server
+        # amqps: the handshake is started here once the socket is counted (a handshake
+        # in asyncio's listener came before any cap: idle sockets escaped them all)
+        self.tls = tls
+        self._early: list[bytes] | None = None  # bytes between the TLS handshake and conn
         self.conn: Connection | None = None
         self.transport: asyncio.Transport | None = None
         self.reading_paused = False
@@ -48,20 +52,44 @@ class _Protocol(asyncio.Protocol):
         self._hold: asyncio.TimerHandle | None = None  # a throttled login's answer is due
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """At accept, before any byte (amqps: before TLS): the caps, then the
+        TLS handshake or the connection."""
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         srv = self.server
         if srv.draining():  # maintenance mode: no new clients (the listener closes too)
             transport.abort()
             return
         peer = transport.get_extra_info("peername")
         self.peer_host = str(peer[0]) if peer else ""
-        # amqps: called once the handshake is done (a failed one never gets here)
-        self.peer_cn = peer_common_name(transport.get_extra_info("peercert"))
         if not srv.admit_handshake(self):
             transport.abort()
             return
+        if self.tls is None:
+            self._open(transport)
+            return
+        transport.pause_reading()  # the ClientHello is for the TLS layer (start_tls resumes)
+        self._early = []
+        srv.start_tls(self, transport, self.tls)
+
+    def tls_ready(self, transport: asyncio.Transport) -> None:
+        """The TLS handshake is done: the connection starts on its transport."""
+        self.transport = transport
+        # maintenance mode began during the handshake, or the peer went since (its
+        # connection_lost came before there was a connection to release)
+        if self.server.draining() or transport.is_closing():
+            self.server.forget(self)
+            transport.abort()
+            return
+        early, self._early = self._early or [], None
+        self._open(transport)
+        for data in early:
+            self.data_received(data)
+
+    def _open(self, transport: asyncio.Transport) -> None:
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
+        srv = self.server
+        self.peer_cn = peer_common_name(transport.get_extra_info("peercert"))
         # throttle and connection limit are asked when the client logs in and opens
         conn = Connection(srv.proposer, ConnId(srv.node_id, next_serial()), srv.config,
                           peer_host=self.peer_host or None, login_gate=srv.throttle,
@@ -73,6 +101,8 @@ class _Protocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         conn = self.conn
         if conn is None:
+            if self._early is not None:  # TLS is up, tls_ready not yet run
+                self._early.append(data)
             return
         try:
             conn.data_received(data)
@@ -191,6 +221,7 @@ class AmqpServer:
         self._disk_checked = float("-inf")
         self._disk_low_flag = False
         self._servers: list[asyncio.base_events.Server] = []
+        self._tls_handshakes: set[asyncio.Task[None]] = set()  # amqps sockets in TLS
         self._timer: asyncio.Task[None] | None = None
         # (addresses, port, SSLContext or None for plain AMQP); None once closed: no reopening
         self._listen: list[tuple[list[str], int, ssl.SSLContext | None]] | None = None
@@ -222,10 +253,10 @@ class AmqpServer:
         servers: list[asyncio.base_events.Server] = []
         try:
             for hosts, port, ctx in self._listen:
-                # the handshake timeout bounds sockets that never finish TLS (e.g. plaintext)
+                # amqps too is a plain listener: each socket is counted, then starts TLS
                 servers.append(await loop.create_server(
-                    lambda: _Protocol(self), hosts, port, reuse_address=True, ssl=ctx,
-                    ssl_handshake_timeout=self.config.handshake_timeout if ctx else None))
+                    lambda ctx=ctx: _Protocol(self, ctx), hosts, port,  # type: ignore[misc]
+                    reuse_address=True))
         except BaseException:
             for server in servers:
                 server.close()
@@ -305,6 +336,30 @@ class AmqpServer:
         self.handshaking[id(proto)] = proto
         self._handshaking_from[host] = from_host + 1
         return True
+
+    def start_tls(self, proto: _Protocol, transport: asyncio.Transport,
+                  ctx: ssl.SSLContext) -> None:
+        """An admitted amqps socket's TLS handshake, within handshake_timeout
+        (then the AMQP handshake has its own)."""
+        task = asyncio.get_running_loop().create_task(self._tls(proto, transport, ctx))
+        self._tls_handshakes.add(task)
+        task.add_done_callback(self._tls_handshakes.discard)
+
+    async def _tls(self, proto: _Protocol, transport: asyncio.Transport,
+                   ctx: ssl.SSLContext) -> None:
+        loop = asyncio.get_running_loop()
+        secure: asyncio.Transport | None = None
+        try:
+            secure = await loop.start_tls(transport, proto, ctx, server_side=True,
+                                          ssl_handshake_timeout=self.config.handshake_timeout)
+        except (OSError, ssl.SSLError, TimeoutError) as exc:
+            log.debug("amqps handshake from %s failed: %s", proto.peer_host, exc)
+        finally:  # also cancelled (shutdown): the socket goes, and its place in the caps
+            if secure is None:
+                transport.abort()
+                self.forget(proto)
+        if secure is not None:
+            proto.tls_ready(secure)
 
     def handshake_done(self, proto: _Protocol) -> None:
         """The socket left the handshake (opened, evicted or gone)."""
@@ -487,6 +542,8 @@ class AmqpServer:
             self._timer = None
         for server in self._servers:
             server.close()
+        for task in list(self._tls_handshakes):
+            task.cancel()
         for proto in list(self.conns.values()):
             conn = proto.conn
             # also the CLOSED ones still lingering after their CloseOk (force_close
@@ -525,4 +582,5 @@ def read_stored(e: Deliver | GetOk) -> Deliver | GetOk:
 
 def throttle_from(config: WireConfig) -> LoginThrottle:
     return LoginThrottle(config.login_failure_limit, config.login_failure_window,
-                         config.login_failure_delay, config.login_failure_max_delay)
+                         config.login_failure_delay, config.login_failure_max_delay,
+                         address_limit=config.login_failure_address_limit)

@@ -18,6 +18,7 @@ from node.app.config import AdminConfig, ConfigError, HttpConfig, NodeConfig, ch
 
 _WIRE_KEYS = {"frame_max", "channel_max", "heartbeat", "consumer_credit", "consumer_timeout",
               "max_message_size", "inflight_publish_bytes", "login_failure_limit",
+              "login_failure_address_limit",
               "max_connections", "disk_free_limit",
               "max_handshakes", "max_handshakes_per_address", "max_connection_buffer"}
 # seconds (positive numbers)

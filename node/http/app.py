@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from node.amqp.throttle import LoginGate
-from node.http.auth import Principal, authenticate
+from node.http.auth import Principal, authenticate, claimed_user
 from node.http.backend import Backend
 from node.http.context import Context, Handler
 from node.http.query import pick_columns
@@ -37,6 +37,7 @@ from node.http.server import (
 from node.http.stats import LATENCY_SAMPLE, SAMPLE_INTERVAL
 
 STATIC_DIR = Path(__file__).with_name("static")
+STATIC_METHODS = ("GET", "HEAD")  # all the console's files answer
 
 
 class ManagementApi:
@@ -98,7 +99,12 @@ class ManagementApi:
         a cross-site Origin on a write (403); the largest body allowed."""
         path = req.path
         if not path.startswith("/api/") and path != "/api":
-            return SMALL_BODY
+            # the console's files: GET/HEAD, never a body (405/413 unread, the
+            # connection closed: an anonymous client gets no byte of it buffered)
+            if req.method not in STATIC_METHODS:
+                raise HttpError(405, "method_not_allowed", f"{req.method} is not allowed here",
+                                {"Allow": ", ".join(STATIC_METHODS)})
+            return 0
         self.router.resolve(req.method, path)
         req.principal = self._throttled_auth(req)
         if req.method not in ("GET", "HEAD") and not same_origin(
@@ -117,7 +123,8 @@ class ManagementApi:
         if gate is None or not authorization or req.session.get("proven") == authorization:
             return self._auth(req)
         now = time.monotonic()
-        wait = gate.wait(req.peer_host, now)
+        user = claimed_user(authorization)
+        wait = gate.wait(req.peer_host, now, user)
         if wait is None:
             raise HttpError(429, "too_many_requests",
                             f"too many login attempts from {req.peer_host}, retry later",
@@ -126,9 +133,9 @@ class ManagementApi:
         try:
             principal = self._auth(req)
         except HttpError as err:
-            gate.record(req.peer_host, err.status != 401, now)
+            gate.record(req.peer_host, err.status != 401, now, user)
             raise
-        gate.record(req.peer_host, True, now)
+        gate.record(req.peer_host, True, now, user)
         req.session["proven"] = authorization
         return principal
 

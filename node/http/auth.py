@@ -61,6 +61,19 @@ def parse_tags(value: object) -> tuple[str, ...]:
     return tuple(t.strip() for t in items if t.strip())
 
 
+def claimed_user(authorization: str) -> str:
+    """The user name a Basic Authorization header claims, unchecked (what the
+    login throttle keys on); "" for a bearer token or anything unreadable."""
+    scheme, _, cred = authorization.partition(" ")
+    if scheme.lower() != "basic":
+        return ""
+    try:
+        raw = base64.b64decode(cred.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        return ""
+    return raw.partition(":")[0]
+
+
 def authenticate(authorization: str | None, peer_host: str,
                  users: Mapping[str, tuple[str, tuple[str, ...]]],
                  configured: Mapping[str, str], loopback_users: list[str] | tuple[str, ...],

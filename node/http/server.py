@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 MAX_LINE = 16 * 1024  # request line and each header line
 MAX_HEADERS = 100
+MAX_HEAD = 64 * 1024  # request line and headers together, read before any credential
 MAX_BODY = 64 * 1024 * 1024  # definitions files can be large: authenticated imports only
 SMALL_BODY = 1024 * 1024  # any other request's body
 REQUEST_TIMEOUT = 30.0  # to read a request's body once its headers came
@@ -216,9 +217,10 @@ class HttpServer:
         self._per_address: dict[str, int] = {}
 
     async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._client, host, port, ssl=self.tls,
-                                                  limit=MAX_LINE, reuse_address=True,
-                                                  ssl_handshake_timeout=10.0 if self.tls else None)
+        # TLS is started by _client once the socket is counted: a handshake in
+        # asyncio's listener came before any cap, so idle sockets escaped them all
+        self._server = await asyncio.start_server(self._client, host, port,
+                                                  limit=MAX_LINE, reuse_address=True)
 
     @property
     def port(self) -> int:
@@ -239,6 +241,8 @@ class HttpServer:
             self._server = None
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.tls is not None:  # the ClientHello waits for start_tls (which resumes)
+            writer.transport.pause_reading()  # type: ignore[attr-defined]
         task = asyncio.current_task()
         if task is not None:
             self._clients.add(task)
@@ -249,9 +253,10 @@ class HttpServer:
                       self.max_per_address):
             log.warning("HTTP connection from %s refused: %d open from it, %d in all",
                         peer_host, from_address, len(self._clients) - 1)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._send(writer, error_response(HttpError(
-                    503, "service_unavailable", "too many connections")), False), 2.0)
+            if self.tls is None:  # a TLS client gets no answer before a handshake it may not have
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._send(writer, error_response(HttpError(
+                        503, "service_unavailable", "too many connections")), False), 2.0)
             with contextlib.suppress(Exception):
                 writer.close()
             if task is not None:
@@ -260,6 +265,8 @@ class HttpServer:
         self._per_address[peer_host] = from_address + 1
         session: dict[str, Any] = {}
         try:
+            if self.tls is not None and not await self._start_tls(writer):
+                return
             while True:
                 try:
                     # request line and headers within idle_timeout: an idle or trickling
@@ -316,6 +323,18 @@ class HttpServer:
             else:
                 self._per_address.pop(peer_host, None)
 
+    async def _start_tls(self, writer: asyncio.StreamWriter) -> bool:
+        """The TLS handshake of a counted socket, within idle_timeout; whether it
+        completed (a failed or late one is closed by the caller)."""
+        assert self.tls is not None
+        try:
+            # awaited directly: a wait_for task would let the loop read the ClientHello
+            # into the plain stream first (the handshake timeout bounds it instead)
+            await writer.start_tls(self.tls, ssl_handshake_timeout=self.idle_timeout)
+        except (OSError, ssl.SSLError, TimeoutError, AttributeError):
+            return False  # AttributeError: the socket went mid-handshake (asyncio has none left)
+        return True
+
     async def _read_head(self, reader: asyncio.StreamReader,
                          peer_host: str) -> tuple[Request, bool, int] | None:
         """The next request without its body, whether to keep the connection
@@ -336,6 +355,7 @@ class HttpServer:
         if not version.startswith("HTTP/1."):
             raise HttpError(400, "bad_request", "unsupported HTTP version")
         headers: dict[str, str] = {}
+        size = len(line)
         for _ in range(MAX_HEADERS + 1):
             try:
                 raw = await reader.readline()
@@ -343,6 +363,9 @@ class HttpServer:
                 raise HttpError(431, "bad_request", "header line too long") from None
             if not raw:
                 raise ConnectionError("eof in headers")
+            size += len(raw)
+            if size > MAX_HEAD:  # 100 lines of 16 KiB each would be 1.6 MiB per socket
+                raise HttpError(431, "bad_request", f"headers over {MAX_HEAD} bytes")
             text = raw.decode("latin-1").rstrip("\r\n")
             if not text:
                 break

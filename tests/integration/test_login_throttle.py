@@ -43,12 +43,13 @@ class Client(RawClient):
             self.send(pframe.marshal(pheader.ProtocolHeader(), 0))
             self.expect(spec.Connection.Start)
 
-    def login(self, password: str, timeout: float = 30.0) -> tuple[float, object]:
-        """Start-ok as guest; how long the answer took and the answer."""
+    def login(self, password: str, timeout: float = 30.0,
+              user: str = "guest") -> tuple[float, object]:
+        """Start-ok as `user`; how long the answer took and the answer."""
         t0 = time.monotonic()
         self.send_frame(spec.Connection.StartOk(
             client_properties={"capabilities": {"authentication_failure_close": True}},
-            mechanism="PLAIN", response=f"\0guest\0{password}", locale="en_US"))
+            mechanism="PLAIN", response=f"\0{user}\0{password}", locale="en_US"))
         _, answer = self.read_frame(timeout)
         return time.monotonic() - t0, answer
 
@@ -256,6 +257,50 @@ def test_amqp_and_http_failures_share_one_budget(
     c.open()
     elapsed, answer = Client(n, "127.0.0.5").login("guest")
     assert isinstance(answer, spec.Connection.Tune) and elapsed < 0.5
+
+
+def test_one_names_failures_do_not_hold_another_users_login(
+        tmp_path: Path, node_factory: list[NodeProcess]) -> None:
+    """Issue 42 item 7, with the default throttle: behind SNAT every client
+    shares 127.0.0.1. 12 wrong logins for alice there (the 11th and 12th held
+    1 and 2 s), then guest's right login from the same address, over AMQP and
+    over HTTP, is answered at once. Before: held 4 s each (keyed on the address
+    only; 28 s and a refusal unchecked in the issue)."""
+    n = http_node(tmp_path, node_factory, "")
+    took = []
+    for _ in range(12):
+        elapsed, answer = Client(n).login("wrong", user="alice")
+        assert login_failed(answer), answer
+        took.append(elapsed)
+    assert took[10] >= 0.9 and took[11] >= 1.9, took  # alice's guesses are slowed down
+    c = Client(n)
+    elapsed, answer = c.login("guest")
+    assert isinstance(answer, spec.Connection.Tune) and elapsed < 0.5, (answer, elapsed)
+    c.open()
+    elapsed, status = Http(n).timed(GUEST)
+    assert status == 200 and elapsed < 0.5, (status, elapsed)
+    c.abort()
+
+
+def test_spraying_user_names_is_bounded_per_address(
+        tmp_path: Path, node_factory: list[NodeProcess]) -> None:
+    """Each fresh name has its free failures, but past
+    login_failure_address_limit failures from one address (any names) every
+    login from it is held, the right ones too; another address is not."""
+    n = http_node(tmp_path, node_factory,
+                  "login_failure_limit = 3\nlogin_failure_address_limit = 10\n"
+                  "login_failure_window = 600\nlogin_failure_delay = 0.5\n"
+                  "login_failure_max_delay = 0.5\n")
+    h = Http(n, "127.0.0.7")
+    for i in range(10):
+        elapsed, status = h.timed(basic(f"user{i}", "wrong"))
+        assert status == 401 and elapsed < 0.3, (i, elapsed)
+    elapsed, status = h.timed(basic("user10", "wrong"))
+    assert status == 401 and elapsed >= 0.45, elapsed
+    elapsed, answer = Client(n, "127.0.0.7").login("guest")
+    assert isinstance(answer, spec.Connection.Tune) and elapsed >= 0.45, (answer, elapsed)
+    elapsed, status = Http(n, "127.0.0.8").timed(GUEST)
+    assert status == 200 and elapsed < 0.3, (status, elapsed)
 
 
 def test_idle_sockets_do_not_fill_max_connections(

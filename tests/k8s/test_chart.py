@@ -367,7 +367,7 @@ def test_network_policy_and_management_tls_values(helm: str) -> None:
     # admin: this release's operator pods by default
     (peer,) = spec["networkPolicy"]["adminFrom"]
     assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
-    assert spec["networkPolicy"]["enabled"] is True and "metricsFrom" not in spec["networkPolicy"]
+    assert spec["networkPolicy"]["enabled"] is True
     objs = build_all(Spec.from_cr(spec), "mirrorq", "mq")
     (np,) = by_kind(objs, "NetworkPolicy")
     (admin,) = [r for r in np["spec"]["ingress"] if r["ports"][0]["port"] == 15682]
@@ -540,3 +540,41 @@ def test_crd_status_conditions() -> None:
     doc = {"apiVersion": "mirrorq.io/v1alpha1", "kind": "MirrorqCluster", "metadata": {"name": "a"},
            "spec": {"replicas": 1}, "status": status}
     js.validate(doc, _crd_schema())
+
+
+def _selects_by_pod_label_anywhere(peers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Peers that admit a pod by its labels whatever its namespace (an empty
+    namespaceSelector): any tenant who can create a pod can put the label on it."""
+    return [p for p in peers if "podSelector" in p and "namespaceSelector" in p
+            and not p["namespaceSelector"]]
+
+
+@pytest.mark.parametrize("name", ["defaults", "big", "tls"])
+def test_default_network_policy_names_its_namespaces(helm: str, name: str) -> None:
+    """Issue 42 item 8: metrics and the admin port admit pods from named
+    namespaces only (Prometheus': networkPolicy.prometheusNamespace, default
+    monitoring; the operator's: the release's), in the MirrorqCluster and in
+    the NetworkPolicy the operator builds from it. Before: `namespaceSelector:
+    {}` with app.kubernetes.io/name prometheus / mirrorq-operator."""
+    from mirrorq_operator.builders import build_all
+    from mirrorq_operator.model import Spec
+    (cr,) = by_kind(docs_of(helm, VALUE_SETS[name]), "MirrorqCluster")
+    np_spec = cr["spec"]["networkPolicy"]
+    for key, namespace in (("metricsFrom", "monitoring"), ("adminFrom", "mq")):
+        (peer,) = np_spec[key]
+        assert peer["namespaceSelector"] == {
+            "matchLabels": {"kubernetes.io/metadata.name": namespace}}, key
+        assert peer["podSelector"]["matchLabels"], key
+    (np,) = by_kind(build_all(Spec.from_cr(cr["spec"]), "mirrorq", "mq"), "NetworkPolicy")
+    for rule in np["spec"]["ingress"]:
+        assert not _selects_by_pod_label_anywhere(rule.get("from", [])), rule
+
+
+def test_prometheus_namespace_value(helm: str) -> None:
+    (cr,) = by_kind(docs_of(helm, ["--set", "networkPolicy.prometheusNamespace=observability"]),
+                    "MirrorqCluster")
+    (peer,) = cr["spec"]["networkPolicy"]["metricsFrom"]
+    assert peer["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "observability"}
+    out = render(helm, ["--set", "networkPolicy.prometheusNamespace=Not A Namespace"])
+    assert out.returncode != 0 and "prometheusNamespace" in out.stderr

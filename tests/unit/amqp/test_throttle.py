@@ -85,7 +85,8 @@ def test_memory_is_bounded() -> None:
     assert t.tracked() == 100  # the least recently seen are forgotten
     for _ in range(10_000):
         t.record(H, False, 0.0)
-    assert len(t._addresses[H].failures) == 3 + 3 + 1  # limit + doublings to the cap + 1
+    assert len(t._pairs[(H, "")].failures) == 3 + 3 + 1  # limit + doublings to the cap + 1
+    assert len(t._addresses[H].failures) == 100 + 3 + 1  # the address bound likewise
     assert t.failures("10.1.0.0", 0.0) == 0  # evicted
 
 
@@ -103,3 +104,49 @@ def test_zero_limit_is_off() -> None:
         t.record(H, False, 0.0)
         assert t.wait(H, 0.0) == 0.0
     assert t.tracked() == 0
+
+
+def test_failures_for_one_name_do_not_hold_another_names_login() -> None:
+    """Issue 42 item 7: behind SNAT every client shares an address. Failures for
+    alice hold alice's next answers only; bob's right login is answered at once
+    (before: held 4 s after 12 failures, as the address's)."""
+    t = LoginThrottle(limit=10, window=60.0, delay=1.0, max_delay=10.0)
+    now = 0.0
+    for _ in range(12):
+        w = t.wait(H, now, "alice")
+        assert w is not None
+        t.record(H, False, now, "alice")
+        now += w
+    assert t.wait(H, now, "alice") == 4.0
+    assert t.wait(H, now, "bob") == 0.0
+    assert t.failures(H, now) == 12 and t.failures(H, now, "bob") == 0
+
+
+def test_spraying_names_is_bounded_per_address() -> None:
+    """Each fresh name has its free failures, but past address_limit failures
+    from the address (any names) every login from it is held, one after another."""
+    t = LoginThrottle(limit=3, window=60.0, delay=1.0, max_delay=4.0, max_wait=1e9,
+                      address_limit=20)
+    for i in range(20):
+        assert t.wait(H, 0.0, f"u{i}") == 0.0
+        t.record(H, False, 0.0, f"u{i}")
+    waits = []
+    for i in range(20, 24):
+        w = t.wait(H, 0.0, f"u{i}")
+        assert w is not None
+        waits.append(w)
+        t.record(H, False, 0.0, f"u{i}")
+    assert waits == [1.0, 3.0, 7.0, 11.0]  # 1, +2, +4, then +4 (the cap)
+    assert t.wait("10.0.0.6", 0.0, "u0") == 0.0  # other addresses unaffected
+    assert t.wait(H, 0.0, "bob") == 15.0  # a right login queues too: the bound is the address's
+    long = LoginThrottle(limit=3, window=60.0, address_limit=0)  # no address bound
+    for i in range(500):
+        long.record(H, False, 0.0, f"u{i}")
+    assert long.wait(H, 0.0, "fresh") == 0.0
+
+
+def test_long_names_share_a_key() -> None:
+    t = LoginThrottle(limit=2, window=60.0)
+    for i in range(2):
+        t.record(H, False, 0.0, "x" * 10_000 + str(i))  # only the first 256 characters key
+    assert t.wait(H, 0.0, "x" * 300) == 1.0
