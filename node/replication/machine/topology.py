@@ -129,6 +129,7 @@ class TopologyHandlers(ApplierBase):
             return
         del s.exchanges[x.name]
         s.policy_ae.pop(x.name, None)
+        s.exchange_policy.pop(x.name, None)
         for key, b in list(x.bindings.items()):
             x.remove_binding(key)
             self._dest_incoming(b.dest).pop((x.name, key), None)
@@ -379,6 +380,7 @@ class TopologyHandlers(ApplierBase):
             return
         q.deleted = True
         del s.queues[q.name]
+        s.queue_policy.pop(q.name, None)
         self.dirty.pop(q.name, None)
         for c in list(q.consumers.values()):
             c.channel.consumers.pop(c.tag, None)
