@@ -368,13 +368,11 @@ def management_rows(state: Any) -> Management:
     dead_letters = getattr(state, "dead_letters", {})
     has_policies = bool(getattr(state, "policies", None) or getattr(state, "operator_policies", None))
     # the apply's cached winners (machine/policy.py); a bare state (tests) is matched
-    cached = {"queue": getattr(state, "queue_policy", None),
-              "exchange": getattr(state, "exchange_policy", None)}
+    index = getattr(state, "policy_index", None)
 
     def policy_of(key: str, kind: str, qtype: str) -> tuple[Any, Any]:
-        table = cached[kind]
-        if table is not None:
-            return table.get(key, (None, None))
+        if index is not None:
+            return index.winners(kind, key)
         return matching(state.policies, state.operator_policies, key, kind, qtype)
 
     for key, q in state.queues.items():

@@ -30,7 +30,7 @@ class BrokerState:
                  "ttl_index", "expires_index", "dedup", "counter", "message_bytes",
                  "members", "in_sync", "draining", "users", "vhosts", "permissions",
                  "config_version", "live", "policies", "operator_policies",
-                 "policy_ae", "policy_index", "queue_policy", "exchange_policy", "machine_version", "runs_version", "deadline_chans", "vhost_limits",
+                 "policy_ae", "policy_index", "machine_version", "runs_version", "deadline_chans", "vhost_limits",
                  "user_limits", "topic_permissions", "connections", "counts",
                  "dead_letters", "global_parameters", "protected_vhosts")
 
@@ -81,13 +81,11 @@ class BrokerState:
         # exchange key -> the alternate exchange its policy names (derived from
         # the policies: rebuilt after a snapshot load, never written)
         self.policy_ae: dict[str, str] = {}
-        # derived from the policies too (machine/policy.py): their compiled
-        # patterns per vhost, and each queue's / exchange's (policy, operator
-        # policy) when either is set, so a read is O(1) and a policy write
-        # re-evaluates its vhost's objects only
+        # derived from the policies too (node/broker/policy_index.py): their
+        # compiled patterns per vhost and the ones matching each queue and
+        # exchange, so reading a queue's policies is O(1) and a policy write
+        # tests one pattern against its vhost's objects only
         self.policy_index = PolicyIndex()
-        self.queue_policy: dict[str, tuple[Policy | None, Policy | None]] = {}
-        self.exchange_policy: dict[str, tuple[Policy | None, Policy | None]] = {}
         # the cluster's machine version (replicated: SetMachineVersion, machine/version.py;
         # a snapshot's machine section) and the one this build runs (local: set
         # by the node; a state that asks for more is refused, never applied)

@@ -395,7 +395,7 @@ def _only(v: object, allowed: tuple[type, ...], seen: set[int]) -> None:
     seen.add(id(v))
     if isinstance(v, PolicyIndex):
         # derived after the load: the policies read, with patterns compiled by RE2
-        _only(v._policies(), allowed, seen)
+        _only(v.plain(), allowed, seen)
         return
     if not isinstance(v, allowed) or callable(v):
         raise AssertionError(f"built a {type(v).__name__}")
