@@ -51,7 +51,7 @@ async def health_vhosts(ctx: Context, _r: Request, _p: dict[str, str], p: Princi
 
 async def aliveness(ctx: Context, _r: Request, params: dict[str, str], p: Principal) -> Response:
     vhost = params["vhost"]
-    ctx.need_vhost(p, vhost)
+    ctx.need_vhost_access(p, vhost)  # it declares, publishes and gets there
 
     async def check(s: Any) -> None:
         await s.call("Queue.Declare", {"queue": "aliveness-test", "durable": False,
