@@ -161,3 +161,39 @@ def test_every_vhost_scoped_write_needs_permissions_on_the_vhost(
     assert _messages(node) == 5
     names = {q["name"] for q in _ok(admin.get(_url(node, f"/api/queues/{VICTIM}"), timeout=T)).json()}
     assert names == {"orders"}
+
+
+def test_permission_patterns_run_on_re2(node: NodeProcess) -> None:
+    """Issue 42 item 10: a pathological configure pattern costs linear time
+    (before, Python's backtracking re took seconds of the node's event loop
+    over one 26-character name), and a pattern RE2 refuses is a 400."""
+    import time
+
+    import pika
+
+    admin = _session(node, ("guest", "guest"))
+    _ok(admin.put(_url(node, "/api/users/slowpoke"), json={"password": "slow", "tags": ""},
+                  timeout=T))
+    for bad in ("(a)\\1", "(?=a)b", "x" * 1001):
+        r = admin.put(_url(node, f"/api/permissions/{HOME}/slowpoke"), timeout=T,
+                      json={"configure": bad, "write": ".*", "read": ".*"})
+        assert r.status_code == 400 and "configure pattern" in r.json()["reason"], r.text
+    _ok(admin.put(_url(node, f"/api/permissions/{HOME}/slowpoke"), timeout=T,
+                  json={"configure": "^(a+)+$", "write": ".*", "read": ".*"}))
+    conn = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", node.amqp_port, HOME, pika.PlainCredentials("slowpoke", "slow"),
+        heartbeat=0, connection_attempts=1, socket_timeout=60, blocked_connection_timeout=120))
+    try:
+        ch = conn.channel()
+        t0 = time.monotonic()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            ch.queue_declare("a" * 26 + "!")
+        took = time.monotonic() - t0
+        assert refused.value.reply_code == 403
+        ch = conn.channel()
+        ch.queue_declare("a" * 26)  # the pattern still permits what it matches
+        ch.queue_delete("a" * 26)
+    finally:
+        conn.close()
+    print(f"\nrefused declare of a 27-character name under ^(a+)+$: {took * 1000:.1f} ms")
+    assert took < 1.0, took
