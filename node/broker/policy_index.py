@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 from node.broker.pattern import PatternError, compile_pattern
 from node.broker.policy import Policy, applies_to
+from node.broker.vhost import split_key
 
 Matched = tuple[Policy | None, Policy | None]  # (policy, operator policy)
 NONE: Matched = (None, None)
@@ -68,7 +69,7 @@ def _remove(entries: list[Entry], order: tuple[float, str]) -> bool:
 
 
 class PolicyIndex:
-    __slots__ = ("_by", "_named", "_objects")
+    __slots__ = ("_by", "_named", "_objects", "_members")
 
     def __init__(self) -> None:
         # (operator, vhost) -> that family's policies of the vhost, in winning order
@@ -77,6 +78,8 @@ class PolicyIndex:
         # (kind, key) -> ([matching policies], [matching operator policies]),
         # each in winning order; objects matched by neither are absent
         self._objects: dict[tuple[str, str], tuple[list[Entry], list[Entry]]] = {}
+        # vhost -> its queues and exchanges by (kind, key): what a policy write visits
+        self._members: dict[str, dict[tuple[str, str], Obj]] = {}
 
     def __eq__(self, other: object) -> bool:
         """The same policies and matches (compiled patterns aside)."""
@@ -86,11 +89,13 @@ class PolicyIndex:
 
     __hash__ = None  # type: ignore[assignment]
 
-    def plain(self) -> tuple[dict[Any, list[Policy]], dict[Any, list[list[Policy]]]]:
+    def plain(self) -> tuple[dict[Any, list[Policy]], dict[Any, list[list[Policy]]],
+                             dict[str, list[tuple[str, str]]]]:
         """The index as policies only, keys sorted (compared, inspected)."""
         return ({k: [e.policy for e in v] for k, v in sorted(self._by.items())},
                 {k: [[e.policy for e in fam] for fam in v]
-                 for k, v in sorted(self._objects.items())})
+                 for k, v in sorted(self._objects.items())},
+                {v: sorted(m) for v, m in sorted(self._members.items())})
 
     def __repr__(self) -> str:
         return f"PolicyIndex({self.plain()!r})"
@@ -107,8 +112,9 @@ class PolicyIndex:
 
     # ------------------------------------------------------------ objects
     def add_object(self, o: Obj, vhost: str) -> Matched:
-        """Match a new object against its vhost's policies (each one RE2
-        search) and return its winners."""
+        """Register a new object of `vhost`, match it against the vhost's
+        policies (each one RE2 search) and return its winners."""
+        self._members.setdefault(vhost, {})[(o.kind, o.key)] = o
         lists: tuple[list[Entry], list[Entry]] = (
             [e for e in self._by.get((False, vhost), ()) if entry_matches(e, o)],
             [e for e in self._by.get((True, vhost), ()) if entry_matches(e, o)])
@@ -120,13 +126,18 @@ class PolicyIndex:
 
     def drop_object(self, kind: str, key: str) -> None:
         self._objects.pop((kind, key), None)
+        vhost = split_key(key)[0]
+        members = self._members.get(vhost)
+        if members is not None:
+            members.pop((kind, key), None)
+            if not members:
+                del self._members[vhost]
 
     # ----------------------------------------------------------- policies
-    def put(self, operator: bool, p: Policy, objects: Iterable[Obj]
-            ) -> list[tuple[Obj, Matched]]:
+    def put(self, operator: bool, p: Policy) -> list[tuple[Obj, Matched]]:
         """Add or replace `p` (by name), compiling its pattern once, and move
-        it in the lists of `objects` (its vhost's); the objects whose winners
-        changed, with their new ones."""
+        it in the lists of its vhost's objects (those only); the objects
+        whose winners changed, with their new ones."""
         old = self._named.get((operator, p.vhost, p.name))
         e = Entry((-p.priority, p.name), p, _compiled(p.pattern))
         entries = self._by.setdefault((operator, p.vhost), [])
@@ -134,10 +145,9 @@ class PolicyIndex:
             _remove(entries, old.order)
         bisect.insort(entries, e, key=_order)
         self._named[(operator, p.vhost, p.name)] = e
-        return self._move(operator, old, e, objects)
+        return self._move(operator, p.vhost, old, e)
 
-    def remove(self, operator: bool, vhost: str, name: str, objects: Iterable[Obj]
-               ) -> list[tuple[Obj, Matched]]:
+    def remove(self, operator: bool, vhost: str, name: str) -> list[tuple[Obj, Matched]]:
         old = self._named.pop((operator, vhost, name), None)
         if old is None:
             return []
@@ -145,19 +155,20 @@ class PolicyIndex:
         _remove(entries, old.order)
         if not entries:
             self._by.pop((operator, vhost), None)
-        return self._move(operator, old, None, objects)
+        return self._move(operator, vhost, old, None)
 
     def drop_vhost(self, vhost: str) -> None:
-        """Forget a deleted vhost's policies (its objects go one by one)."""
+        """Forget a deleted vhost's policies (its objects go one by one, as
+        they are deleted)."""
         for operator in (False, True):
             for e in self._by.pop((operator, vhost), ()):
                 self._named.pop((operator, vhost, e.policy.name), None)
 
-    def _move(self, operator: bool, old: Entry | None, new: Entry | None,
-              objects: Iterable[Obj]) -> list[tuple[Obj, Matched]]:
+    def _move(self, operator: bool, vhost: str, old: Entry | None, new: Entry | None
+              ) -> list[tuple[Obj, Matched]]:
         slot = 1 if operator else 0
         changed: list[tuple[Obj, Matched]] = []
-        for o in objects:
+        for o in list(self._members.get(vhost, {}).values()):
             lists = self._objects.get((o.kind, o.key))
             before = self.winners(o.kind, o.key)
             if lists is not None and old is not None:
@@ -182,7 +193,7 @@ def build(policies: dict[tuple[str, str], Policy],
     index = PolicyIndex()
     for operator, table in ((False, policies), (True, operator_policies)):
         for p in table.values():
-            index.put(operator, p, ())
+            index.put(operator, p)
     for o, vhost in objects:
         index.add_object(o, vhost)
     return index

@@ -54,16 +54,14 @@ def forget_exchange(s: BrokerState, key: str) -> None:
     s.policy_index.drop_object("exchange", key)
 
 
-def _objects(s: BrokerState, vhost: str | None = None) -> Iterator[tuple[Obj, str]]:
-    """Every queue and exchange (of `vhost`), with its vhost."""
+def _objects(s: BrokerState) -> Iterator[tuple[Obj, str]]:
+    """Every queue and exchange, with its vhost."""
     for key, q in s.queues.items():
         v, name = split_key(key)
-        if vhost is None or v == vhost:
-            yield Obj("queue", key, name, queue_type(q.arguments)), v
+        yield Obj("queue", key, name, queue_type(q.arguments)), v
     for key in s.exchanges:
         v, name = split_key(key)
-        if vhost is None or v == vhost:
-            yield Obj("exchange", key, name), v
+        yield Obj("exchange", key, name), v
 
 
 def rebuild_policy_ae(s: BrokerState) -> None:
@@ -94,7 +92,7 @@ class PolicyHandlers(ApplierBase):
         table[(cmd.vhost, cmd.name)] = p
         _config_changed(s)
         # its pattern compiled once, here; tested against the vhost's objects only
-        self._reapply(s.policy_index.put(cmd.operator, p, self._of(cmd.vhost)))
+        self._reapply(s.policy_index.put(cmd.operator, p))
 
     @handles(PolicyClear)
     def policy_clear(self, cmd: PolicyClear) -> None:
@@ -104,11 +102,7 @@ class PolicyHandlers(ApplierBase):
             return
         del table[(cmd.vhost, cmd.name)]
         _config_changed(s)
-        self._reapply(s.policy_index.remove(cmd.operator, cmd.vhost, cmd.name,
-                                            self._of(cmd.vhost)))
-
-    def _of(self, vhost: str) -> list[Obj]:
-        return [o for o, _v in _objects(self.s, vhost)]
+        self._reapply(s.policy_index.remove(cmd.operator, cmd.vhost, cmd.name))
 
     def _reapply(self, changed: list[tuple[Obj, Matched]]) -> None:
         """Settle the queues whose winners moved, record the exchanges'

@@ -12,7 +12,7 @@ from node.broker.dead_letter import DeadLetterStore
 from node.broker.exchange import Exchange
 from node.broker.ids import ChanId, ConnId
 from node.broker.policy import Policy
-from node.broker.policy_index import PolicyIndex
+from node.broker.policy_index import Obj, PolicyIndex
 from node.broker.queue import Queue
 from node.broker.vhost import DEFAULT_VHOST, resource_key
 from node.replication.machine.version import FIRST_VERSION, MACHINE_VERSION
@@ -140,6 +140,7 @@ def _add_vhost(s: BrokerState, vhost: str) -> None:
     for name, type_ in DEFAULT_EXCHANGES:
         key = resource_key(vhost, name)
         s.exchanges[key] = Exchange(key, type_, durable=True)
+        s.policy_index.add_object(Obj("exchange", key, name), vhost)  # no policies yet
 
 
 def default_state() -> BrokerState:

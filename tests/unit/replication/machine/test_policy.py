@@ -210,7 +210,8 @@ def test_the_cached_winners_equal_a_full_match_after_any_sequence_of_writes() ->
     of both families, and a snapshot load rebuilds the same caches."""
     import random
 
-    from node.broker.policy import matching, queue_type
+    from node.broker.policy import alternate_exchange, effective_definition, matching, queue_type
+    from node.broker.vhost import split_key
 
     rnd = random.Random(7)
     h = Harness()
@@ -224,11 +225,18 @@ def test_the_cached_winners_equal_a_full_match_after_any_sequence_of_writes() ->
         operator = rnd.random() < 0.3
         name = f"p{rnd.randrange(8)}"
         roll = rnd.random()
-        if roll < 0.05:  # objects come and go between policy writes
+        if roll < 0.03:  # a second vhost comes and goes, its default exchanges with it
+            h.run(VhostDelete("v2") if "v2" in h.state.vhosts else VhostPut("v2"))
+        elif roll < 0.08 and "v2" in h.state.vhosts:
+            h.run(PolicySet(operator, "v2", name, rnd.choice(["amq", "direct$", "^$"]),
+                            "exchanges", rnd.randrange(3), {"alternate-exchange": "ae"}))
+        elif roll < 0.1 and "v2" in h.state.vhosts:
+            h.run(PolicyClear(operator, "v2", name))
+        elif roll < 0.15:  # objects come and go between policy writes
             h.run(QueueDelete(c, rnd.choice(names), False, False, False))
-        elif roll < 0.1:
+        elif roll < 0.2:
             h.run(qdecl(c, rnd.choice(names), durable=True))
-        elif roll < 0.3:
+        elif roll < 0.4:
             h.run(PolicyClear(operator, "/", name))
         else:
             definition = {"max-length": rnd.randrange(100)} if operator or rnd.random() < 0.5 \
@@ -245,6 +253,15 @@ def test_the_cached_winners_equal_a_full_match_after_any_sequence_of_writes() ->
         for key in s.exchanges:
             want = matching(s.policies, s.operator_policies, key, "exchange")
             assert s.policy_index.winners("exchange", key) == want, (step, key)
+        members = s.policy_index.plain()[2]
+        want_members: dict[str, list[tuple[str, str]]] = {}
+        for kind, table in (("queue", s.queues), ("exchange", s.exchanges)):
+            for key in table:
+                want_members.setdefault(split_key(key)[0], []).append((kind, key))
+        assert members == {v: sorted(m) for v, m in sorted(want_members.items())}, step
+        ae = {k: alternate_exchange({}, effective_definition(*matching(
+            s.policies, s.operator_policies, k, "exchange"))) for k in s.exchanges}
+        assert s.policy_ae == {k: v for k, v in ae.items() if v is not None}, step
     restored = snapshot_copy(h.state)
     assert restored.policy_index == h.state.policy_index
     assert restored.policy_ae == h.state.policy_ae
