@@ -13,6 +13,12 @@ import asyncio
 import time
 from typing import Any, Protocol
 
+from node.broker.definition_limit import (
+    DefinitionLimits,
+    parameter_error,
+    policy_count_error,
+    policy_size_error,
+)
 from node.broker.limit import VHOST, limit_error, topic_pattern_error
 from node.broker.loopback import is_loopback
 from node.broker.parameter import CLUSTER_NAME, global_parameter_error
@@ -75,8 +81,11 @@ def member_address_refusal(address: str, links_authenticated: bool) -> str | Non
 class Administrator:
     """Implements node.admin.service.Membership."""
 
-    def __init__(self, replica: Replica, links_authenticated: bool = True) -> None:
+    def __init__(self, replica: Replica, links_authenticated: bool = True,
+                 limits: DefinitionLimits | None = None) -> None:
         self.replica = replica
+        # policies per vhost, policy and global parameter sizes (checked before proposing)
+        self.limits = limits or DefinitionLimits()
         # no Raft password and no TLS: a member elsewhere than loopback could be
         # impersonated by anyone who claims its address (issue 26)
         self.links_authenticated = links_authenticated
@@ -240,7 +249,11 @@ class Administrator:
             if why is not None:
                 raise ValueError(why)
             self._metadata_on()
-            new = name not in self.read_model().global_parameters
+            params = self.read_model().global_parameters
+            new = name not in params
+            why = parameter_error(name, value, len(params), new, self.limits)
+            if why is not None:
+                raise ValueError(why)
             await self.replica.commit([GlobalParameterSet(name, value)], timeout)
             return new
 
@@ -287,7 +300,8 @@ class Administrator:
         async with self._changing:
             if not name:
                 raise ValueError("a policy needs a name")
-            why = policy_error(pattern, definition, priority, apply_to, operator)
+            why = (policy_size_error(name, pattern, definition, self.limits)
+                   or policy_error(pattern, definition, priority, apply_to, operator))
             if why is not None:
                 raise ValueError(f"Validation failed\n\n{why}\n")
             model = self.read_model()
@@ -295,6 +309,11 @@ class Administrator:
                 raise KeyError(f"no vhost {vhost!r}")
             table = model.operator_policies if operator else model.policies
             new = (vhost, name) not in table
+            if new:
+                why = policy_count_error(vhost, sum(1 for v, _ in table if v == vhost),
+                                         self.limits)
+                if why is not None:
+                    raise ValueError(f"Validation failed\n\n{why}\n")
             await self.replica.commit([PolicySet(operator, vhost, name, pattern, apply_to,
                                                  priority, dict(definition))], timeout)
             return new

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from node.amqp.config import TlsConfig, WireConfig
+from node.broker.definition_limit import DefinitionLimits
 from node.broker.loopback import is_loopback
 from node.replication.config import RaftConfig
 
@@ -107,6 +108,9 @@ class NodeConfig:
     admin_port: int | None = None
     metrics_port: int | None = None
     wire: WireConfig = field(default_factory=WireConfig)
+    # policies per vhost and the size of policies and global parameters
+    # (node/broker/definition_limit.py; top-level keys of node.toml)
+    definitions: DefinitionLimits = field(default_factory=DefinitionLimits)
     # memory_high_watermark as a fraction of the memory the node may use (the
     # cgroup limit or RAM; node.app.memory), resolved into wire.memory_high_watermark
     # at start; None: that absolute value (0 = off). Compared with the process's

@@ -9,12 +9,14 @@ message (the CLI prints it and exits 2).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import tomllib
 from typing import Any
 
 from node.amqp.config import VERIFY_MODES, TlsConfig
 from node.app.config import AdminConfig, ConfigError, HttpConfig, NodeConfig, check_admin_token
+from node.broker.definition_limit import SETTINGS as _DEFINITION_SETTINGS
 
 _WIRE_KEYS = {"frame_max", "channel_max", "heartbeat", "consumer_credit", "consumer_timeout",
               "max_message_size", "inflight_publish_bytes", "login_failure_limit",
@@ -24,6 +26,8 @@ _WIRE_KEYS = {"frame_max", "channel_max", "heartbeat", "consumer_credit", "consu
 # seconds (positive numbers)
 _WIRE_SECONDS = {"login_failure_window", "login_failure_delay", "login_failure_max_delay",
                  "handshake_timeout"}
+# policies per vhost, policy and global parameter sizes: (lower, upper) bounds
+_DEFINITION_KEYS = {name: (lo, hi) for name, lo, hi in _DEFINITION_SETTINGS}
 _RAFT_KEYS = {"password", "password_file", "batch_max_commands", "batch_max_bytes", "max_inflight_batches",
               "max_inflight_bytes", "election_min", "election_max", "leader_fallback",
               "compaction_min_entries", "compaction_min_time", "tick_interval",
@@ -43,6 +47,7 @@ DEPRECATED_KEYS = {
 # node.toml keys (dotted) whose values are numbers: what a string-only source
 # (a Kubernetes CR's spec.config) must write as TOML numbers
 NUMERIC_KEYS = frozenset(_WIRE_KEYS | _WIRE_SECONDS | {"memory_high_watermark"} | DEPRECATED_KEYS.keys()
+                         | _DEFINITION_KEYS.keys()
                          | {f"raft.{k}" for k in _RAFT_KEYS
                             if k not in ("password", "password_file", "tls_cert", "tls_key", "tls_ca")})
 
@@ -87,6 +92,9 @@ def apply_file(cfg: NodeConfig, path: str) -> None:
                 cfg.memory_high_watermark_relative = None
         elif key in _WIRE_KEYS:
             setattr(cfg.wire, key, _int(key, value, 0, 2**40))
+        elif key in _DEFINITION_KEYS:
+            lo, hi = _DEFINITION_KEYS[key]
+            cfg.definitions = dataclasses.replace(cfg.definitions, **{key: _int(key, value, lo, hi)})
         elif key in DEPRECATED_KEYS:
             cfg.deprecations.append(f"{key} in {path} is ignored: {DEPRECATED_KEYS[key]}")
         elif key == "raft" and isinstance(value, dict):

@@ -73,7 +73,8 @@ class Node:
         self.memory = ProcessMemory(cfg.wire.memory_high_watermark)
         self.amqp = AmqpServer(self.raft, cfg.node_id, cfg.wire, self.throttle, memory=self.memory)
         self.raft.on_removed = self._removed
-        self.administrator = Administrator(self.raft, links_authenticated=raft_authenticated(cfg))
+        self.administrator = Administrator(self.raft, links_authenticated=raft_authenticated(cfg),
+                                           limits=cfg.definitions)
         # queue rows are built on the raft thread at its next tick (read_model.ModelPublisher)
         self.admin = AdminServer(self.status_dict, self.administrator, queues=self.raft.queue_rows,
                                  token=cfg.admin.token, tls=cfg.admin.tls()) \

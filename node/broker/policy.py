@@ -154,18 +154,17 @@ def queue_type(arguments: Mapping[str, Any]) -> str:
 def applies(p: Policy, vhost: str, name: str, kind: str, qtype: str = "classic") -> bool:
     """Does `p` apply to the queue (kind "queue", of type qtype) or exchange
     (kind "exchange") `name` of `vhost`?"""
-    if p.vhost != vhost:
-        return False
+    return p.vhost == vhost and applies_to(p, kind, qtype) and searches(p.pattern, name)
+
+
+def applies_to(p: Policy, kind: str, qtype: str = "classic") -> bool:
+    """Does `p` apply to objects of this kind and queue type (its pattern aside)?"""
     if kind == "exchange":
-        if p.apply_to not in ("all", "exchanges"):
-            return False
-    else:
-        if p.apply_to not in ("all", "queues", f"{qtype}_queues"):
-            return False
-        unsupported = _UNSUPPORTED[qtype]
-        if any(k in unsupported for k in p.definition):
-            return False
-    return searches(p.pattern, name)
+        return p.apply_to in ("all", "exchanges")
+    if p.apply_to not in ("all", "queues", f"{qtype}_queues"):
+        return False
+    unsupported = _UNSUPPORTED[qtype]
+    return not any(k in unsupported for k in p.definition)
 
 
 def best(policies: Iterable[Policy], vhost: str, name: str, kind: str,

@@ -121,6 +121,27 @@ def visible_vhosts(p: Principal, vhosts: Mapping[str, None],
     return [v for v in vhosts if (p.name, v) in permissions]
 
 
+def access_vhosts(p: Principal, vhosts: Mapping[str, None],
+                  permissions: Mapping[tuple[str, str], tuple[str, str, str]]) -> list[str]:
+    """The vhosts `p` may act in or read policies of: every one for an
+    administrator, else those it has permissions on (RabbitMQ's
+    list_login_vhosts; the monitoring tag only makes vhosts visible)."""
+    if p.administrator:
+        return list(vhosts)
+    return [v for v in vhosts if (p.name, v) in permissions]
+
+
+def require_vhost_access(p: Principal, vhost: str, vhosts: Mapping[str, None],
+                         permissions: Mapping[tuple[str, str], tuple[str, str, str]]) -> None:
+    """RabbitMQ's user_matches_vhost (is_authorized_vhost, is_authorized_policies):
+    404 for an unknown vhost, 403 unless `p` is an administrator or has
+    permissions on it, whatever its other tags (monitoring included)."""
+    if vhost not in vhosts:
+        raise HttpError(404, "not_found", "Object Not Found")
+    if not p.administrator and (p.name, vhost) not in permissions:
+        raise HttpError(403, "not_authorised", "User not authorised to access virtual host")
+
+
 def require_admin(p: Principal) -> None:
     if not p.administrator:
         raise HttpError(403, "not_authorised", "Not administrator user")

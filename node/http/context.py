@@ -8,7 +8,13 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from node.broker.parameter import cluster_name
-from node.http.auth import Principal, require_vhost, visible_vhosts
+from node.http.auth import (
+    Principal,
+    access_vhosts,
+    require_vhost,
+    require_vhost_access,
+    visible_vhosts,
+)
 from node.http.errors import amqp_error
 from node.http.server import HttpError, Request, Response
 from node.http.stats import LatencyWindow, RateSampler, cluster_json
@@ -44,8 +50,18 @@ class Context:
         return set(visible_vhosts(p, m.vhosts, m.permissions))
 
     def need_vhost(self, p: Principal, vhost: str) -> None:
+        """May `p` see `vhost`'s objects (monitoring sees every vhost)?"""
         m = self.model()
         require_vhost(p, vhost, m.vhosts, m.permissions)
+
+    def need_vhost_access(self, p: Principal, vhost: str) -> None:
+        """May `p` act in `vhost` (an administrator, or permissions on it)?"""
+        m = self.model()
+        require_vhost_access(p, vhost, m.vhosts, m.permissions)
+
+    def access_vhosts_for(self, p: Principal) -> set[str]:
+        m = self.model()
+        return set(access_vhosts(p, m.vhosts, m.permissions))
 
     def nodes(self) -> list[str]:
         st = self.b.status()
@@ -56,6 +72,9 @@ class Context:
         """Run `fn(session)` on an in-process AMQP session as `p`; AMQP
         errors become RabbitMQ's HTTP answers."""
         from node.amqp.internal import AmqpReplyError
+        # every write in a vhost (queues, exchanges, bindings, publish, get)
+        # needs access to it, whatever the tags (RabbitMQ's is_authorized_vhost)
+        self.need_vhost_access(p, vhost)
         try:
             async with self.b.session(p.name, vhost, p.token) as s:
                 return await fn(s)

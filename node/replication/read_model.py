@@ -367,13 +367,20 @@ def management_rows(state: Any) -> Management:
     queues = []
     dead_letters = getattr(state, "dead_letters", {})
     has_policies = bool(getattr(state, "policies", None) or getattr(state, "operator_policies", None))
+    # the apply's cached winners (machine/policy.py); a bare state (tests) is matched
+    index = getattr(state, "policy_index", None)
+
+    def policy_of(key: str, kind: str, qtype: str) -> tuple[Any, Any]:
+        if index is not None:
+            return index.winners(kind, key)
+        return matching(state.policies, state.operator_policies, key, kind, qtype)
+
     for key, q in state.queues.items():
         vhost, name = split_key(key)
         un = unacked.get(id(q), (0, 0))
         owner = (q.owner.node, q.owner.serial) if q.owner is not None else None
         stats = getattr(q, "stats", None) or [0, 0, 0, 0]
-        p, op = (matching(state.policies, state.operator_policies, key, "queue",
-                          queue_type(q.arguments)) if has_policies else (None, None))
+        p, op = policy_of(key, "queue", queue_type(q.arguments)) if has_policies else (None, None)
         queues.append(MQueue(vhost, name, bool(q.durable), bool(q.auto_delete), bool(q.exclusive),
                              owner, MappingProxyType(_plain(q.arguments)), q.home,
                              q.ready_count(), un[0], int(q.ready_bytes), un[1], len(q.consumers),
@@ -385,8 +392,7 @@ def management_rows(state: Any) -> Management:
     bindings = []
     for key, x in state.exchanges.items():
         vhost, name = split_key(key)
-        xp, xop = (matching(state.policies, state.operator_policies, key, "exchange")
-                    if has_policies else (None, None))
+        xp, xop = policy_of(key, "exchange", "classic") if has_policies else (None, None)
         exchanges.append(MExchange(vhost, name, x.type, bool(x.durable), bool(x.auto_delete),
                                    bool(x.internal), MappingProxyType(_plain(x.arguments)),
                                    xp.name if xp else None, xop.name if xop else None))

@@ -191,6 +191,8 @@ def test_float_keys_match_the_node() -> None:
     node = set()
     for key in NUMERIC_KEYS - DEPRECATED_KEYS.keys():  # those are read and ignored
         obj, attr = (cfg.raft, key[5:]) if key.startswith("raft.") else (cfg.wire, key)
+        if not key.startswith("raft.") and not hasattr(cfg.wire, key):
+            obj = cfg.definitions  # policy and parameter bounds: whole numbers
         if isinstance(getattr(obj, attr), float):
             node.add(key)
     text = (CHART / "templates" / "_helpers.tpl").read_text()

@@ -76,7 +76,7 @@ def binding_post(kind: str) -> Handler:
         vhost, source, dest = params["vhost"], params["source"], params["dest"]
         if vhost not in ctx.model().vhosts:
             raise HttpError(404, "not_found", "vhost_not_found")
-        ctx.need_vhost(p, vhost)
+        ctx.need_vhost_access(p, vhost)
         rk = body.get("routing_key", "")
         if not isinstance(rk, str):
             raise bad_request("routing_key must be a string")

@@ -52,7 +52,7 @@ async def exchange_put(ctx: Context, req: Request, params: dict[str, str],
     body = json_object(req.json())
     if vhost not in ctx.model().vhosts:
         raise HttpError(404, "not_found", "vhost_not_found")
-    ctx.need_vhost(p, vhost)
+    ctx.need_vhost_access(p, vhost)
     xtype = body.get("type")
     if not isinstance(xtype, str) or not xtype:
         raise bad_request("exchange type is required")

@@ -51,7 +51,7 @@ async def health_vhosts(ctx: Context, _r: Request, _p: dict[str, str], p: Princi
 
 async def aliveness(ctx: Context, _r: Request, params: dict[str, str], p: Principal) -> Response:
     vhost = params["vhost"]
-    ctx.need_vhost(p, vhost)
+    ctx.need_vhost_access(p, vhost)  # it declares, publishes and gets there
 
     async def check(s: Any) -> None:
         await s.call("Queue.Declare", {"queue": "aliveness-test", "durable": False,
@@ -129,15 +129,17 @@ async def health_quorum_leaders(ctx: Context, _r: Request, params: dict[str, str
     """quorum-queues-without-elected-leaders/{all-vhosts | vhost/{vhost}}[/pattern/{pattern}]
     (RabbitMQ's default pattern: .*, matched anywhere in the name)."""
     vhost = params.get("vhost")
-    if vhost is not None and vhost not in ctx.model().vhosts:
-        raise not_found()
+    if vhost is not None:
+        ctx.need_vhost(p, vhost)  # 404 unknown; a failure names queues: visible vhosts only
+    vis = ctx.vhosts_for(p)
     try:
         pattern = compile_pattern(params.get("pattern", ".*"))
     except PatternError as err:
         raise bad_request(f"invalid pattern: {err}") from None
     rows = await ctx.rows()
     queues = [(q.vhost, q.name) for q in rows.queues
-              if (vhost is None or q.vhost == vhost) and q.arguments.get("x-queue-type") == "quorum"
+              if (vhost is None or q.vhost == vhost) and q.vhost in vis
+              and q.arguments.get("x-queue-type") == "quorum"
               and pattern.search(q.name)]
     st = ctx.b.status()
     return _answer(hc.quorum_queues_without_leader(hc.serving(st.has_quorum, st.leader), queues))

@@ -29,13 +29,13 @@ def _need_policymaker(p: Principal) -> None:
 async def parameters(ctx: Context, req: Request, params: dict[str, str], p: Principal) -> Response:
     _need_policymaker(p)
     if "vhost" in params:
-        ctx.need_vhost(p, params["vhost"])
+        ctx.need_vhost_access(p, params["vhost"])
     return filter_sort_page(req, [])
 
 
 async def parameter(ctx: Context, _r: Request, params: dict[str, str], p: Principal) -> Response:
     _need_policymaker(p)
-    ctx.need_vhost(p, params["vhost"])
+    ctx.need_vhost_access(p, params["vhost"])
     raise not_found()
 
 

@@ -26,7 +26,7 @@ def _authorize(ctx: Context, p: Principal, operator: bool, vhost: str | None) ->
     elif not p.policymaker:
         raise HttpError(403, "not_authorised", "Not policymaker user")
     if vhost is not None:
-        ctx.need_vhost(p, vhost)
+        ctx.need_vhost_access(p, vhost)  # is_authorized_policies: monitoring is not enough
 
 
 def _table(ctx: Context, operator: bool) -> Any:
@@ -35,7 +35,7 @@ def _table(ctx: Context, operator: bool) -> Any:
 
 
 def _listing(ctx: Context, p: Principal, operator: bool, vhost: str | None) -> list[Policy]:
-    vis = ctx.vhosts_for(p)
+    vis = ctx.access_vhosts_for(p)
     pols = [pol for pol in _table(ctx, operator).values()
             if pol.vhost in vis and (vhost is None or pol.vhost == vhost)]
     return sorted(pols, key=lambda pol: pol.priority)  # RabbitMQ lists by priority, ascending
@@ -62,7 +62,7 @@ def handlers(operator: bool) -> dict[str, Handler]:
         _authorize(ctx, p, operator, None)
         if vhost not in ctx.model().vhosts:
             raise HttpError(404, "not_found", "vhost_not_found")
-        ctx.need_vhost(p, vhost)
+        ctx.need_vhost_access(p, vhost)
         body = json_object(req.json())
         for key in ("pattern", "definition"):
             if key not in body:

@@ -61,7 +61,7 @@ async def queue_put(ctx: Context, req: Request, params: dict[str, str], p: Princ
     body = json_object(req.json())
     if vhost not in ctx.model().vhosts:
         raise HttpError(404, "not_found", "vhost_not_found")
-    ctx.need_vhost(p, vhost)
+    ctx.need_vhost_access(p, vhost)
     durable = boolean(body, "durable", True)
     auto_delete = boolean(body, "auto_delete", False)
     args = arguments(body)

@@ -58,6 +58,7 @@ class AccessHandlers(ApplierBase):
         for table in (s.policies, s.operator_policies):
             for k in [k for k in table if k[0] == vhost]:
                 del table[k]
+        s.policy_index.drop_vhost(vhost)
         self.drop_access_of_vhost(vhost)
         _config_changed(s)
         conns = dict.fromkeys(ch.id.conn_id for ch in s.channels.values() if ch.vhost == vhost)

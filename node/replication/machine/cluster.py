@@ -6,6 +6,7 @@ changes nothing, the same on every member.
 """
 from __future__ import annotations
 
+from node.broker.definition_limit import parameter_over_ceiling
 from node.replication.command import GlobalParameterClear, GlobalParameterSet, VhostProtection
 from node.replication.machine.handler import ApplierBase, handles
 from node.replication.machine.state import _config_changed
@@ -23,6 +24,9 @@ class ClusterHandlers(ApplierBase):
         s = self.s
         if not self._metadata_on():
             return
+        if parameter_over_ceiling(cmd.name, cmd.value, len(s.global_parameters),
+                                  cmd.name not in s.global_parameters):
+            return  # refused before proposing; this holds whatever a node's settings said
         s.global_parameters[cmd.name] = cmd.value
         _config_changed(s)
 

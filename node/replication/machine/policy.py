@@ -5,15 +5,18 @@ and a new queue or exchange takes its policies when declared.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+from node.broker.definition_limit import policy_over_ceiling
 from node.broker.exchange import Exchange
 from node.broker.policy import (
     Policy,
     alternate_exchange,
     effective_definition,
-    matching,
     queue_settings,
     queue_type,
 )
+from node.broker.policy_index import NONE, Matched, Obj, build
 from node.broker.queue import Queue
 from node.broker.vhost import split_key
 from node.replication.command import PolicyClear, PolicySet
@@ -21,39 +24,54 @@ from node.replication.machine.handler import ApplierBase, handles
 from node.replication.machine.state import BrokerState, _config_changed
 from node.replication.machine.version import QUORUM_SEMANTICS
 
-Matched = tuple[Policy | None, Policy | None]
-
 
 def queue_policies(s: BrokerState, q: Queue) -> Matched:
-    """The policy and the operator policy that apply to `q`."""
-    return matching(s.policies, s.operator_policies, q.name, "queue", queue_type(q.arguments))
+    """The policy and the operator policy that apply to `q` (O(1))."""
+    return s.policy_index.winners("queue", q.name)
 
 
-def exchange_policies(s: BrokerState, key: str) -> Matched:
-    return matching(s.policies, s.operator_policies, key, "exchange")
+def _queue_obj(q: Queue) -> Obj:
+    return Obj("queue", q.name, split_key(q.name)[1], queue_type(q.arguments))
+
+
+def _set_ae(s: BrokerState, key: str, m: Matched) -> None:
+    ae = alternate_exchange({}, effective_definition(*m)) if m != NONE else None
+    if ae is None:
+        s.policy_ae.pop(key, None)
+    else:
+        s.policy_ae[key] = ae
 
 
 def refresh_exchange(s: BrokerState, x: Exchange) -> None:
-    """Record the alternate exchange the exchange's policies name (if any)."""
-    if not s.policies and not s.operator_policies:
-        s.policy_ae.pop(x.name, None)
-        return
-    p, op = exchange_policies(s, x.name)
-    ae = (alternate_exchange({}, effective_definition(p, op))
-          if p is not None or op is not None else None)
-    if ae is None:
-        s.policy_ae.pop(x.name, None)
-    else:
-        s.policy_ae[x.name] = ae
+    """Match a new exchange and record the alternate exchange its policies
+    name (if any)."""
+    vhost, name = split_key(x.name)
+    _set_ae(s, x.name, s.policy_index.add_object(Obj("exchange", x.name, name), vhost))
+
+
+def forget_exchange(s: BrokerState, key: str) -> None:
+    s.policy_ae.pop(key, None)
+    s.policy_index.drop_object("exchange", key)
+
+
+def _objects(s: BrokerState) -> Iterator[tuple[Obj, str]]:
+    """Every queue and exchange, with its vhost."""
+    for key, q in s.queues.items():
+        v, name = split_key(key)
+        yield Obj("queue", key, name, queue_type(q.arguments)), v
+    for key in s.exchanges:
+        v, name = split_key(key)
+        yield Obj("exchange", key, name), v
 
 
 def rebuild_policy_ae(s: BrokerState) -> None:
-    """The derived exchange -> alternate exchange table, from the policies
-    (after a snapshot load)."""
+    """The derived policy state after a snapshot load: the compiled index
+    with each queue's and exchange's matches, and the exchange -> alternate
+    exchange table (never written)."""
+    s.policy_index = build(s.policies, s.operator_policies, _objects(s))
     s.policy_ae = {}
-    if s.policies or s.operator_policies:
-        for x in s.exchanges.values():
-            refresh_exchange(s, x)
+    for key in s.exchanges:
+        _set_ae(s, key, s.policy_index.winners("exchange", key))
 
 
 class PolicyHandlers(ApplierBase):
@@ -64,12 +82,17 @@ class PolicyHandlers(ApplierBase):
         s = self.s
         if cmd.vhost not in s.vhosts:
             return
-        before = self._matched(cmd.vhost)
         table = s.operator_policies if cmd.operator else s.policies
-        table[(cmd.vhost, cmd.name)] = Policy(cmd.vhost, cmd.name, cmd.pattern, cmd.apply_to,
-                                             cmd.priority, dict(cmd.definition))
+        new = (cmd.vhost, cmd.name) not in table
+        if policy_over_ceiling(cmd.name, cmd.pattern, cmd.definition,
+                               s.policy_index.count(cmd.operator, cmd.vhost), new):
+            return  # refused before proposing; this holds whatever a node's settings said
+        p = Policy(cmd.vhost, cmd.name, cmd.pattern, cmd.apply_to, cmd.priority,
+                   dict(cmd.definition))
+        table[(cmd.vhost, cmd.name)] = p
         _config_changed(s)
-        self._reapply(cmd.vhost, before)
+        # its pattern compiled once, here; tested against the vhost's objects only
+        self._reapply(s.policy_index.put(cmd.operator, p))
 
     @handles(PolicyClear)
     def policy_clear(self, cmd: PolicyClear) -> None:
@@ -77,37 +100,32 @@ class PolicyHandlers(ApplierBase):
         table = s.operator_policies if cmd.operator else s.policies
         if (cmd.vhost, cmd.name) not in table:
             return
-        before = self._matched(cmd.vhost)
         del table[(cmd.vhost, cmd.name)]
         _config_changed(s)
-        self._reapply(cmd.vhost, before)
+        self._reapply(s.policy_index.remove(cmd.operator, cmd.vhost, cmd.name))
 
-    def _matched(self, vhost: str) -> dict[str, Matched]:
+    def _reapply(self, changed: list[tuple[Obj, Matched]]) -> None:
+        """Settle the queues whose winners moved, record the exchanges'
+        alternate exchanges (RabbitMQ's update_matched_objects; no_change
+        for the others)."""
         s = self.s
-        return {key: queue_policies(s, q) for key, q in s.queues.items()
-                if split_key(key)[0] == vhost}
-
-    def _reapply(self, vhost: str, before: dict[str, Matched]) -> None:
-        s = self.s
-        for key, q in list(s.queues.items()):
-            if key in before:
-                now = queue_policies(s, q)
-                if now != before[key]:  # RabbitMQ's no_change otherwise
+        for o, now in changed:
+            if o.kind == "queue":
+                q = s.queues.get(o.key)
+                if q is not None:
                     self.settle_queue(q, now)
-        for key, x in s.exchanges.items():
-            if split_key(key)[0] == vhost:
-                refresh_exchange(s, x)
+            else:
+                _set_ae(s, o.key, now)
 
     def apply_policies(self, q: Queue) -> None:
         """A queue just declared takes the policies that match it (none:
         its x-arguments alone, as set by Queue(), but for a quorum queue's
         defaults from machine version 3 on)."""
         s = self.s
-        if s.policies or s.operator_policies:
-            matched = queue_policies(s, q)
-            if matched != (None, None):
-                self.settle_queue(q, matched)
-                return
+        matched = s.policy_index.add_object(_queue_obj(q), split_key(q.name)[0])
+        if matched != NONE:
+            self.settle_queue(q, matched)
+            return
         if s.machine_version >= QUORUM_SEMANTICS and queue_type(q.arguments) == "quorum":
             self.settle_queue(q, (None, None))
 

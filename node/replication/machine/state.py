@@ -12,6 +12,7 @@ from node.broker.dead_letter import DeadLetterStore
 from node.broker.exchange import Exchange
 from node.broker.ids import ChanId, ConnId
 from node.broker.policy import Policy
+from node.broker.policy_index import Obj, PolicyIndex
 from node.broker.queue import Queue
 from node.broker.vhost import DEFAULT_VHOST, resource_key
 from node.replication.machine.version import FIRST_VERSION, MACHINE_VERSION
@@ -29,7 +30,7 @@ class BrokerState:
                  "ttl_index", "expires_index", "dedup", "counter", "message_bytes",
                  "members", "in_sync", "draining", "users", "vhosts", "permissions",
                  "config_version", "live", "policies", "operator_policies",
-                 "policy_ae", "machine_version", "runs_version", "deadline_chans", "vhost_limits",
+                 "policy_ae", "policy_index", "machine_version", "runs_version", "deadline_chans", "vhost_limits",
                  "user_limits", "topic_permissions", "connections", "counts",
                  "dead_letters", "global_parameters", "protected_vhosts")
 
@@ -80,6 +81,11 @@ class BrokerState:
         # exchange key -> the alternate exchange its policy names (derived from
         # the policies: rebuilt after a snapshot load, never written)
         self.policy_ae: dict[str, str] = {}
+        # derived from the policies too (node/broker/policy_index.py): their
+        # compiled patterns per vhost and the ones matching each queue and
+        # exchange, so reading a queue's policies is O(1) and a policy write
+        # tests one pattern against its vhost's objects only
+        self.policy_index = PolicyIndex()
         # the cluster's machine version (replicated: SetMachineVersion, machine/version.py;
         # a snapshot's machine section) and the one this build runs (local: set
         # by the node; a state that asks for more is refused, never applied)
@@ -134,6 +140,7 @@ def _add_vhost(s: BrokerState, vhost: str) -> None:
     for name, type_ in DEFAULT_EXCHANGES:
         key = resource_key(vhost, name)
         s.exchanges[key] = Exchange(key, type_, durable=True)
+        s.policy_index.add_object(Obj("exchange", key, name), vhost)  # no policies yet
 
 
 def default_state() -> BrokerState:

@@ -44,7 +44,7 @@ from node.replication.machine.errors import (
     _where,
 )
 from node.replication.machine.handler import ApplierBase, handles
-from node.replication.machine.policy import refresh_exchange
+from node.replication.machine.policy import forget_exchange, refresh_exchange
 from node.replication.machine.state import _gen_name
 from node.replication.machine.version import (
     DEAD_LETTER_STORE,
@@ -128,7 +128,7 @@ class TopologyHandlers(ApplierBase):
         if s.exchanges.get(x.name) is not x:
             return
         del s.exchanges[x.name]
-        s.policy_ae.pop(x.name, None)
+        forget_exchange(s, x.name)
         for key, b in list(x.bindings.items()):
             x.remove_binding(key)
             self._dest_incoming(b.dest).pop((x.name, key), None)
@@ -379,6 +379,7 @@ class TopologyHandlers(ApplierBase):
             return
         q.deleted = True
         del s.queues[q.name]
+        s.policy_index.drop_object("queue", q.name)
         self.dirty.pop(q.name, None)
         for c in list(q.consumers.values()):
             c.channel.consumers.pop(c.tag, None)

@@ -231,3 +231,16 @@ def test_catch_up_hold_bytes_is_read_and_may_not_undercut_compaction(tmp_path: P
     validate(cfg)
     with pytest.raises(ConfigError, match="catch_up_hold_bytes must be at least raft.compaction_max_bytes"):
         cfg_from(tmp_path, "[raft]\ncatch_up_hold_bytes = 1048576\n")
+
+
+def test_policy_and_parameter_bounds_are_read_and_checked(tmp_path: Path) -> None:
+    from node.broker.definition_limit import CEILING_POLICIES, DefinitionLimits
+    assert cfg_from(tmp_path, "").definitions == DefinitionLimits()
+    cfg = cfg_from(tmp_path, "max_policies_per_vhost = 50\nmax_parameter_bytes = 1024\n")
+    assert cfg.definitions.max_policies_per_vhost == 50
+    assert cfg.definitions.max_parameter_bytes == 1024
+    for bad in ("0", f"{CEILING_POLICIES + 1}", '"50"', "true"):
+        with pytest.raises(ConfigError, match="max_policies_per_vhost"):
+            cfg_from(tmp_path, f"max_policies_per_vhost = {bad}\n")
+    with pytest.raises(ConfigError, match="max_policy_pattern_length"):
+        cfg_from(tmp_path, "max_policy_pattern_length = 1001\n")

@@ -17,6 +17,7 @@ import pytest
 
 from node.broker.channel import Channel, Consumer
 from node.broker.exchange import Binding, Exchange
+from node.broker.policy_index import PolicyIndex
 from node.broker.queue import Message, Queue
 from node.replication.codec import encode
 from node.replication.command import (
@@ -392,6 +393,10 @@ def _only(v: object, allowed: tuple[type, ...], seen: set[int]) -> None:
     if id(v) in seen:
         return
     seen.add(id(v))
+    if isinstance(v, PolicyIndex):
+        # derived after the load: the policies read, with patterns compiled by RE2
+        _only(v.plain(), allowed, seen)
+        return
     if not isinstance(v, allowed) or callable(v):
         raise AssertionError(f"built a {type(v).__name__}")
     if isinstance(v, dict):

@@ -60,7 +60,7 @@ def consumer_fields(version: int) -> tuple[str, ...]:
 
 # slots not in the field lists: written another way (references, messages) or derived
 DERIVED = {
-    "BrokerState": ("exchanges", "queues", "channels", "live", "policy_ae",
+    "BrokerState": ("exchanges", "queues", "channels", "live", "policy_ae", "policy_index",
                     "deadline_chans", "dead_letters",
                     "machine_version", "runs_version", *POLICY_FIELDS, *ACCESS_FIELDS,
                     *CLUSTER_FIELDS, "counts"),

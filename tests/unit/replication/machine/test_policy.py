@@ -13,6 +13,7 @@ from node.replication.command import (
     ExchangeDeclare,
     PolicyClear,
     PolicySet,
+    QueueDelete,
     Tick,
     VhostDelete,
     VhostPut,
@@ -29,6 +30,7 @@ from tests.support.machine import (
     qbind,
     qdecl,
     reject,
+    xdecl,
 )
 from tests.support.snapshot import META, assert_same_state, snapshot_copy
 
@@ -199,3 +201,78 @@ def test_a_snapshot_written_before_policies_existed_still_loads() -> None:
         old = struct.pack("<8sHHQI", MAGIC, version, 0, len(old_body), zlib.crc32(old_body)) + old_body
         state, _ = read_snapshot(old)
         assert state.policies == {} and state.queues["q"].max_length == 4
+
+
+def test_the_cached_winners_equal_a_full_match_after_any_sequence_of_writes() -> None:
+    """The incremental re-evaluation (only the changed policy against each
+    object of its vhost; a full match only where it was the winner) agrees
+    with matching every policy, after random sets, replacements and clears
+    of both families, and a snapshot load rebuilds the same caches."""
+    import random
+
+    from node.broker.policy import alternate_exchange, effective_definition, matching, queue_type
+    from node.broker.vhost import split_key
+
+    rnd = random.Random(7)
+    h = Harness()
+    names = [f"q{i}" for i in range(12)]
+    c = setup(h, *names)
+    h.run(qdecl(c, "qq1", durable=True, arguments={"x-queue-type": "quorum"}))
+    h.run(xdecl(c, "xa"))
+    h.run(xdecl(c, "xb", "topic"))
+    patterns = ["^q1", "q", "^q\\d$", "1$", "^x", "^qq", "nothing", "a"]
+    for step in range(300):
+        operator = rnd.random() < 0.3
+        name = f"p{rnd.randrange(8)}"
+        roll = rnd.random()
+        if roll < 0.03:  # a second vhost comes and goes, its default exchanges with it
+            h.run(VhostDelete("v2") if "v2" in h.state.vhosts else VhostPut("v2"))
+        elif roll < 0.08 and "v2" in h.state.vhosts:
+            h.run(PolicySet(operator, "v2", name, rnd.choice(["amq", "direct$", "^$"]),
+                            "exchanges", rnd.randrange(3), {"alternate-exchange": "ae"}))
+        elif roll < 0.1 and "v2" in h.state.vhosts:
+            h.run(PolicyClear(operator, "v2", name))
+        elif roll < 0.15:  # objects come and go between policy writes
+            h.run(QueueDelete(c, rnd.choice(names), False, False, False))
+        elif roll < 0.2:
+            h.run(qdecl(c, rnd.choice(names), durable=True))
+        elif roll < 0.4:
+            h.run(PolicyClear(operator, "/", name))
+        else:
+            definition = {"max-length": rnd.randrange(100)} if operator or rnd.random() < 0.5 \
+                else {"alternate-exchange": "xa", "message-ttl": 5}
+            if not operator and rnd.random() < 0.1:
+                definition = {"delivery-limit": 3}  # not for classic queues
+            h.run(PolicySet(operator, "/", name, rnd.choice(patterns),
+                            rnd.choice(["all", "queues", "exchanges", "quorum_queues"]),
+                            rnd.randrange(3), definition))
+        s = h.state
+        for key, q in s.queues.items():
+            want = matching(s.policies, s.operator_policies, key, "queue", queue_type(q.arguments))
+            assert queue_policies(s, q) == want, (step, key)
+        for key in s.exchanges:
+            want = matching(s.policies, s.operator_policies, key, "exchange")
+            assert s.policy_index.winners("exchange", key) == want, (step, key)
+        members = s.policy_index.plain()[2]
+        want_members: dict[str, list[tuple[str, str]]] = {}
+        for kind, table in (("queue", s.queues), ("exchange", s.exchanges)):
+            for key in table:
+                want_members.setdefault(split_key(key)[0], []).append((kind, key))
+        assert members == {v: sorted(m) for v, m in sorted(want_members.items())}, step
+        ae = {k: alternate_exchange({}, effective_definition(*matching(
+            s.policies, s.operator_policies, k, "exchange"))) for k in s.exchanges}
+        assert s.policy_ae == {k: v for k, v in ae.items() if v is not None}, step
+    restored = snapshot_copy(h.state)
+    assert restored.policy_index == h.state.policy_index
+    assert restored.policy_ae == h.state.policy_ae
+
+
+def test_the_apply_refuses_a_policy_past_the_ceiling_whatever_was_proposed() -> None:
+    from node.broker.definition_limit import CEILING_NAME_BYTES
+
+    h = Harness()
+    setup(h, "jobs")
+    h.run(policy("n" * (CEILING_NAME_BYTES + 1), "^jobs$", {"max-length": 1}))
+    h.run(policy("big", "^jobs$", {"dead-letter-routing-key": "k" * (300 * 1024)}))
+    assert h.state.policies == {}
+    assert queue_policies(h.state, h.state.queues["jobs"]) == (None, None)
