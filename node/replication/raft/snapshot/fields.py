@@ -64,7 +64,7 @@ DERIVED = {
                     "deadline_chans", "dead_letters",
                     "machine_version", "runs_version", *POLICY_FIELDS, *ACCESS_FIELDS,
                     *CLUSTER_FIELDS, "counts"),
-    "Exchange": ("bindings", "_topic_cache"),
+    "Exchange": ("bindings", "_topic_cache", "_topic"),
     "Queue": ("returned", "ready", "consumers", "exclusive_consumer", "levels", "bands",
               "band_order", "banded", *QUEUE_FIELDS_5),
     "Channel": ("unacked", "consumers", "next_deadline", *CHANNEL_FIELDS_4),

@@ -167,7 +167,7 @@ class _Reader(_PackedReader):
             b.source, b.dest, b.routing_key, b.arguments = source, dest, rk, _dict(args, "binding arguments")
             b.words = split_topic(rk)
             x.bindings[bk] = b
-        x._topic_cache = {}
+        x.rebuild_topic()
         return v[0], x
 
     def queue(self) -> Queue:
