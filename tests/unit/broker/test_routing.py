@@ -216,8 +216,8 @@ def test_topic_trie_prunes_unbound_branches() -> None:
 
 def test_topic_trie_bounds_a_pathological_binding() -> None:
     """Issue 42: 3,000 keys `#.*.*...*.bN` (63 stars) against fresh 127-word
-    routing keys cost the scan ~1 s a publish; the trie visits each (node,
-    word position) pair once: here 66 nodes x 128 positions at most."""
+    routing keys cost the scan ~1.15 s a publish; the trie visits each of its
+    nodes at most once (~0.1 ms here)."""
     x = Exchange("t", "topic")
     stars = ".".join(["*"] * 63)
     for n in range(3000):
