@@ -7,13 +7,14 @@ import base64
 import hashlib
 from typing import Any
 
+from node.broker.binding_limit import BindingLimits
 from node.broker.channel import Channel
 from node.broker.dead_letter import DeadLetterStore
 from node.broker.exchange import Exchange
 from node.broker.ids import ChanId, ConnId
 from node.broker.policy import Policy
 from node.broker.queue import Queue
-from node.broker.vhost import DEFAULT_VHOST, resource_key
+from node.broker.vhost import DEFAULT_VHOST, resource_key, split_key
 from node.replication.machine.version import FIRST_VERSION, MACHINE_VERSION
 
 DEFAULT_EXCHANGES = (("", "direct"), ("amq.direct", "direct"), ("amq.fanout", "fanout"),
@@ -31,7 +32,8 @@ class BrokerState:
                  "config_version", "live", "policies", "operator_policies",
                  "policy_ae", "machine_version", "runs_version", "deadline_chans", "vhost_limits",
                  "user_limits", "topic_permissions", "connections", "counts",
-                 "dead_letters", "global_parameters", "protected_vhosts")
+                 "dead_letters", "global_parameters", "protected_vhosts",
+                 "binding_limits", "vhost_bindings")
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -111,6 +113,12 @@ class BrokerState:
         # read model shares it). Snapshotted in the cluster section
         self.global_parameters: dict[str, Any] = {}
         self.protected_vhosts: dict[str, None] = {}
+        # issue 42: the node's binding limits (local, set by the node like
+        # runs_version; every member must be configured alike) and the
+        # bindings per vhost they count (derived from the exchanges' bindings:
+        # rebuilt after a snapshot load, never written)
+        self.binding_limits = BindingLimits()
+        self.vhost_bindings: dict[str, int] = {}
 
 
 def rebuild_deadlines(s: BrokerState) -> None:
@@ -122,6 +130,25 @@ def rebuild_deadlines(s: BrokerState) -> None:
         ch.next_deadline = min(ds) if ds else None
         if ds:
             s.deadline_chans[chan] = None
+
+
+def count_binding(s: BrokerState, exchange: str, delta: int) -> None:
+    """Move the vhost's binding count (`exchange`: the source's key)."""
+    vhost = split_key(exchange)[0]
+    n = s.vhost_bindings.get(vhost, 0) + delta
+    if n > 0:
+        s.vhost_bindings[vhost] = n
+    else:
+        s.vhost_bindings.pop(vhost, None)
+
+
+def rebuild_binding_counts(s: BrokerState) -> None:
+    """The derived bindings per vhost (after a snapshot load)."""
+    s.vhost_bindings = {}
+    for key, x in s.exchanges.items():
+        if x.bindings:
+            vhost = split_key(key)[0]
+            s.vhost_bindings[vhost] = s.vhost_bindings.get(vhost, 0) + len(x.bindings)
 
 
 def _config_changed(s: BrokerState) -> None:

@@ -63,7 +63,7 @@ DERIVED = {
     "BrokerState": ("exchanges", "queues", "channels", "live", "policy_ae",
                     "deadline_chans", "dead_letters",
                     "machine_version", "runs_version", *POLICY_FIELDS, *ACCESS_FIELDS,
-                    *CLUSTER_FIELDS, "counts"),
+                    *CLUSTER_FIELDS, "counts", "binding_limits", "vhost_bindings"),
     "Exchange": ("bindings", "_topic_cache", "_topic"),
     "Queue": ("returned", "ready", "consumers", "exclusive_consumer", "levels", "bands",
               "band_order", "banded", *QUEUE_FIELDS_5),
