@@ -62,6 +62,7 @@ class WireConfig:
     max_binding_key_words: int = 32
     max_bindings_per_exchange: int = 20_000
     max_bindings_per_vhost: int = 100_000
+    max_topic_wildcard_nodes: int = 32_768  # per vhost: bounds a publish's routing cost
     close_timeout: float = 3.0  # wait for Connection.CloseOk after we sent Close
 
     def connection_buffer_limit(self) -> int:

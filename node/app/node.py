@@ -62,7 +62,8 @@ class Node:
         self._why = "shutdown"
         cfg.raft.binding_limits = BindingLimits(cfg.wire.max_binding_key_words,
                                                 cfg.wire.max_bindings_per_exchange,
-                                                cfg.wire.max_bindings_per_vhost)
+                                                cfg.wire.max_bindings_per_vhost,
+                                                cfg.wire.max_topic_wildcard_nodes)
         self.raft = RaftNode(cfg.node_id, cfg.data_dir, loop, self._dispatch, cfg.raft, FIRST_SERIAL)
         self.raft.seed_users = {name: hash_password(pw) for name, pw in cfg.wire.users.items()}
         cfg.wire.data_dir = cfg.data_dir

@@ -1,5 +1,7 @@
-"""Bounds on bindings (issue 42): the words of a topic binding key and the
-bindings per exchange and per vhost, with the refusals' texts (pure).
+"""Bounds on bindings (issue 42): the words of a topic binding key, the
+bindings per exchange and per vhost, and the topic trie nodes below a
+wildcard per vhost (what bounds a publish's routing cost), with the
+refusals' texts (pure).
 
 RabbitMQ has no binding limit; mirrorq routes in the replicated apply, where
 a tenant's bindings cost every member, so it caps them. A refusal is 406
@@ -20,6 +22,10 @@ class BindingLimits(NamedTuple):
     key_words: int = 32
     per_exchange: int = 20_000
     per_vhost: int = 100_000
+    # trie nodes below a `*` or `#` edge, summed over the vhost's topic
+    # exchanges: a publish visits each exchange at most once and costs at most
+    # its key's words + 1 + 2 x these (node/broker/topic.py)
+    wildcard_nodes: int = 32_768
 
 
 def key_refused(limits: BindingLimits, exchange_type: str, key: str) -> str | None:
@@ -34,8 +40,9 @@ def key_refused(limits: BindingLimits, exchange_type: str, key: str) -> str | No
 
 
 def count_refused(limits: BindingLimits, exchange: str, vhost: str, on_exchange: int,
-                  in_vhost: int) -> str | None:
-    """Why one more binding may not be added (counts of the existing ones), or None."""
+                  in_vhost: int, wild_in_vhost: int = 0, wild_added: int = 0) -> str | None:
+    """Why one more binding may not be added (counts of the existing ones and
+    the wildcard trie nodes it would add), or None."""
     if limits.per_exchange and on_exchange >= limits.per_exchange:
         return (f"PRECONDITION_FAILED - cannot bind to exchange '{exchange}' in vhost "
                 f"'{vhost}': its binding limit ({limits.per_exchange}) is reached "
@@ -43,4 +50,8 @@ def count_refused(limits: BindingLimits, exchange: str, vhost: str, on_exchange:
     if limits.per_vhost and in_vhost >= limits.per_vhost:
         return (f"PRECONDITION_FAILED - cannot bind in vhost '{vhost}': binding limit "
                 f"in vhost '{vhost}' ({limits.per_vhost}) is reached (max_bindings_per_vhost)")
+    if limits.wildcard_nodes and wild_added and wild_in_vhost + wild_added > limits.wildcard_nodes:
+        return (f"PRECONDITION_FAILED - cannot bind in vhost '{vhost}': its topic bindings "
+                f"would hold more than {limits.wildcard_nodes} trie nodes below a wildcard "
+                f"(max_topic_wildcard_nodes)")
     return None

@@ -134,6 +134,13 @@ class Exchange:
             for key, b in self.bindings.items():
                 self._topic.add(key, b.words, b.dest)
 
+    def topic_wild(self) -> int:
+        """Trie nodes below a wildcard edge (what bounds a topic match's cost)."""
+        return self._topic.wild
+
+    def topic_wild_added(self, words: list[str]) -> int:
+        return self._topic.wild_added(words)
+
     def add_binding(self, b: Binding, key: BindKey) -> bool:
         if key in self.bindings:
             return False

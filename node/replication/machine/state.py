@@ -33,7 +33,7 @@ class BrokerState:
                  "policy_ae", "machine_version", "runs_version", "deadline_chans", "vhost_limits",
                  "user_limits", "topic_permissions", "connections", "counts",
                  "dead_letters", "global_parameters", "protected_vhosts",
-                 "binding_limits", "vhost_bindings")
+                 "binding_limits", "vhost_bindings", "vhost_wild_nodes")
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -115,10 +115,12 @@ class BrokerState:
         self.protected_vhosts: dict[str, None] = {}
         # issue 42: the node's binding limits (local, set by the node like
         # runs_version; every member must be configured alike) and the
-        # bindings per vhost they count (derived from the exchanges' bindings:
-        # rebuilt after a snapshot load, never written)
+        # bindings per vhost and topic trie nodes below a wildcard per vhost
+        # they count (derived from the exchanges' bindings: rebuilt after a
+        # snapshot load, never written)
         self.binding_limits = BindingLimits()
         self.vhost_bindings: dict[str, int] = {}
+        self.vhost_wild_nodes: dict[str, int] = {}
 
 
 def rebuild_deadlines(s: BrokerState) -> None:
@@ -132,23 +134,32 @@ def rebuild_deadlines(s: BrokerState) -> None:
             s.deadline_chans[chan] = None
 
 
-def count_binding(s: BrokerState, exchange: str, delta: int) -> None:
-    """Move the vhost's binding count (`exchange`: the source's key)."""
-    vhost = split_key(exchange)[0]
-    n = s.vhost_bindings.get(vhost, 0) + delta
+def _move(counts: dict[str, int], vhost: str, delta: int) -> None:
+    n = counts.get(vhost, 0) + delta
     if n > 0:
-        s.vhost_bindings[vhost] = n
+        counts[vhost] = n
     else:
-        s.vhost_bindings.pop(vhost, None)
+        counts.pop(vhost, None)
+
+
+def count_binding(s: BrokerState, exchange: str, delta: int, wild_delta: int) -> None:
+    """Move the vhost's binding count and its wildcard trie node count
+    (`exchange`: the source's key)."""
+    vhost = split_key(exchange)[0]
+    _move(s.vhost_bindings, vhost, delta)
+    if wild_delta:
+        _move(s.vhost_wild_nodes, vhost, wild_delta)
 
 
 def rebuild_binding_counts(s: BrokerState) -> None:
-    """The derived bindings per vhost (after a snapshot load)."""
+    """The derived per-vhost binding counts (after a snapshot load)."""
     s.vhost_bindings = {}
+    s.vhost_wild_nodes = {}
     for key, x in s.exchanges.items():
         if x.bindings:
             vhost = split_key(key)[0]
-            s.vhost_bindings[vhost] = s.vhost_bindings.get(vhost, 0) + len(x.bindings)
+            _move(s.vhost_bindings, vhost, len(x.bindings))
+            _move(s.vhost_wild_nodes, vhost, x.topic_wild())
 
 
 def _config_changed(s: BrokerState) -> None:

@@ -160,18 +160,23 @@ class TopologyHandlers(ApplierBase):
         # issue 42: bounded here too (deterministic on every member)
         s = self.s
         vhost, name = split_key(src.name)
+        b = Binding(src.name, dest, rk, dict(args))
         why = key_refused(s.binding_limits, src.type, rk) or count_refused(
-            s.binding_limits, name, vhost, len(src.bindings), s.vhost_bindings.get(vhost, 0))
+            s.binding_limits, name, vhost, len(src.bindings), s.vhost_bindings.get(vhost, 0),
+            s.vhost_wild_nodes.get(vhost, 0),
+            src.topic_wild_added(b.words) if src.type == "topic" else 0)
         if why is not None:
             raise _ChanErr(406, why, ids)
-        src.add_binding(Binding(src.name, dest, rk, dict(args)), key)
-        s.vhost_bindings[vhost] = s.vhost_bindings.get(vhost, 0) + 1
+        wild = src.topic_wild()
+        src.add_binding(b, key)
+        count_binding(s, src.name, 1, src.topic_wild() - wild)
         self._dest_incoming(dest)[(src.name, key)] = None
 
     def _remove_binding(self, src: Exchange, key: BindKey) -> Binding | None:
+        wild = src.topic_wild()
         b = src.remove_binding(key)
         if b is not None:
-            count_binding(self.s, src.name, -1)
+            count_binding(self.s, src.name, -1, src.topic_wild() - wild)
         return b
 
     def _unbind(self, src: Exchange, dest: tuple[bool, str], rk: str,

@@ -16,9 +16,9 @@ def codes(fx: list) -> list[tuple[int, str, int, int]]:
     return [(e.reply_code, e.reply_text, e.class_id, e.method_id) for e in errors(fx)]
 
 
-def harness(words: int = 4, per_exchange: int = 3, per_vhost: int = 5) -> Harness:
+def harness(words: int = 4, per_exchange: int = 3, per_vhost: int = 5, wild: int = 0) -> Harness:
     h = Harness()
-    h.state.binding_limits = BindingLimits(words, per_exchange, per_vhost)
+    h.state.binding_limits = BindingLimits(words, per_exchange, per_vhost, wild)
     return h
 
 
@@ -75,3 +75,29 @@ def test_vhosts_are_counted_apart_and_zero_is_no_limit() -> None:
               qbind(ch, "q", "t", "b"))
     assert h.state.vhost_bindings == {"/": 2, "v": 2}
     assert [e[0] for e in codes(h.run(qbind(c, "q", "amq.topic", "x")))] == [406]
+
+
+def test_wildcard_trie_nodes_per_vhost_are_capped() -> None:
+    """What a publish can cost is bounded by the trie nodes below a wildcard
+    in its vhost (literal keys add none of them)."""
+    h = harness(words=8, per_exchange=100, per_vhost=100, wild=6)
+    c = h.open(chan(1))
+    h.run(xdecl(c, "t", "topic"), xdecl(c, "u", "topic"), qdecl(c, "q"))
+    h.run(qbind(c, "q", "t", "a.b.c.d"), qbind(c, "q", "t", "a.*.c"))  # 2 wild: `*`, `c`
+    h.run(qbind(c, "q", "u", "#.x.y"))  # 3 more
+    assert h.state.vhost_wild_nodes == {"/": 5}
+    assert not errors(h.run(qbind(c, "q", "t", "a.*.d")))  # 1 more: 6
+    assert not errors(h.run(qbind(c, "q", "t", "a.*.d", {"x": 1})))  # no new node
+    assert not errors(h.run(qbind(c, "q", "u", "p.q.r.s.t")))  # literal: none
+    assert codes(h.run(qbind(c, "q", "u", "#.z"))) == [
+        (406, "PRECONDITION_FAILED - cannot bind in vhost '/': its topic bindings would hold "
+              "more than 6 trie nodes below a wildcard (max_topic_wildcard_nodes)", 50, 20)]
+    c = h.open(chan(2))
+    h.run(QueueUnbind(c, "q", "u", "#.x.y", {}))
+    assert h.state.vhost_wild_nodes == {"/": 3}
+    assert not errors(h.run(qbind(c, "q", "u", "#.z")))
+    loaded = snapshot_copy(h.state)
+    loaded.binding_limits = h.state.binding_limits
+    assert_same_state(h.state, loaded)
+    h.run(ExchangeDelete(c, "t", False, False), ExchangeDelete(c, "u", False, False))
+    assert h.state.vhost_wild_nodes == {}
