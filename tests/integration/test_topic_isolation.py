@@ -7,7 +7,7 @@ with confirms, one at a time. Before the trie each attacking publish cost
 ~0.5 s of apply and the victim's confirms waited behind them; now its worst
 confirm stays far below that. Also: a binding key over the word limit and a
 binding over the exchange's cap are refused with 406 (the HTTP binding POST
-with 400)."""
+with 400), and the HTTP API refuses a routing key over 255 bytes with 400."""
 from __future__ import annotations
 
 import os
@@ -165,6 +165,14 @@ def test_binding_limits_refuse_with_406_and_http_400(node: NodeProcess) -> None:
     r = requests.post(f"{api}/bindings/lim/e/t/q/q", json={"routing_key": "#." * 40 + "a"},
                       auth=GUEST, timeout=10)
     assert r.status_code == 400 and "words" in r.json()["reason"], (r.status_code, r.text)
+    # a key is a shortstr on the wire: over HTTP too, at most 255 bytes (400, not a 500)
+    long_key = "k" * 256
+    r = requests.post(f"{api}/bindings/lim/e/t/q/q", json={"routing_key": long_key}, auth=GUEST,
+                      timeout=10)
+    assert r.status_code == 400 and "255" in r.json()["reason"], (r.status_code, r.text)
+    r = requests.post(f"{api}/exchanges/lim/t/publish", auth=GUEST, timeout=10, json={
+        "routing_key": long_key, "payload": "x", "payload_encoding": "string", "properties": {}})
+    assert r.status_code == 400 and "255" in r.json()["reason"], (r.status_code, r.text)
     # the per-exchange cap (3,500 here): 3,499 more through one pipelined connection
     c = RawClient(Address("127.0.0.1", node.amqp_port))
     try:
