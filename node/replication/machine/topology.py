@@ -49,6 +49,7 @@ from node.replication.machine.handler import ApplierBase, handles
 from node.replication.machine.policy import refresh_exchange
 from node.replication.machine.state import _gen_name, count_binding
 from node.replication.machine.version import (
+    BINDING_LIMITS,
     DEAD_LETTER_STORE,
     NO_LEGACY_QUEUE_CAP,
     QUORUM_SEMANTICS,
@@ -161,12 +162,13 @@ class TopologyHandlers(ApplierBase):
         s = self.s
         vhost, name = split_key(src.name)
         b = Binding(src.name, dest, rk, dict(args))
-        why = key_refused(s.binding_limits, src.type, rk) or count_refused(
-            s.binding_limits, name, vhost, len(src.bindings), s.vhost_bindings.get(vhost, 0),
-            s.vhost_wild_nodes.get(vhost, 0),
-            src.topic_wild_added(b.words) if src.type == "topic" else 0)
-        if why is not None:
-            raise _ChanErr(406, why, ids)
+        if s.machine_version >= BINDING_LIMITS:
+            why = key_refused(s.binding_limits, src.type, rk) or count_refused(
+                s.binding_limits, name, vhost, len(src.bindings), s.vhost_bindings.get(vhost, 0),
+                s.vhost_wild_nodes.get(vhost, 0),
+                src.topic_wild_added(b.words) if src.type == "topic" else 0)
+            if why is not None:
+                raise _ChanErr(406, why, ids)
         wild = src.topic_wild()
         src.add_binding(b, key)
         count_binding(s, src.name, 1, src.topic_wild() - wild)

@@ -1,5 +1,5 @@
 """Issue 42: the apply bounds bindings (node/broker/binding_limit.py) on
-every member alike: a topic binding key's words, bindings per exchange and
+every member alike, from machine version 7 on: a topic binding key's words, bindings per exchange and
 per vhost, refused with 406 PRECONDITION_FAILED; binding again is no new
 binding; unbinding and deleting free the counts; the per-vhost count is
 derived, rebuilt from a snapshot."""
@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from node.broker.binding_limit import BindingLimits
 from node.broker.vhost import resource_key
-from node.replication.command import ChannelOpen, ExchangeDelete, QueueDelete, QueueUnbind, VhostPut
+from node.replication.command import (
+    ChannelOpen,
+    ExchangeDelete,
+    QueueDelete,
+    QueueUnbind,
+    SetMachineVersion,
+    VhostPut,
+)
+from node.replication.machine.version import BINDING_LIMITS
 from tests.support.machine import Harness, chan, errors, qbind, qdecl, xbind, xdecl
 from tests.support.snapshot import assert_same_state, snapshot_copy
 
@@ -16,8 +24,10 @@ def codes(fx: list) -> list[tuple[int, str, int, int]]:
     return [(e.reply_code, e.reply_text, e.class_id, e.method_id) for e in errors(fx)]
 
 
-def harness(words: int = 4, per_exchange: int = 3, per_vhost: int = 5, wild: int = 0) -> Harness:
+def harness(words: int = 4, per_exchange: int = 3, per_vhost: int = 5, wild: int = 0,
+            version: int = BINDING_LIMITS) -> Harness:
     h = Harness()
+    h.run(SetMachineVersion(version))
     h.state.binding_limits = BindingLimits(words, per_exchange, per_vhost, wild)
     return h
 
@@ -101,3 +111,16 @@ def test_wildcard_trie_nodes_per_vhost_are_capped() -> None:
     assert_same_state(h.state, loaded)
     h.run(ExchangeDelete(c, "t", False, False), ExchangeDelete(c, "u", False, False))
     assert h.state.vhost_wild_nodes == {}
+
+
+def test_below_machine_version_7_nothing_is_refused() -> None:
+    """A log written before the limits replays as it was first applied (a
+    version-6 member adds the binding: so must everyone until version 7)."""
+    h = harness(version=BINDING_LIMITS - 1)
+    c = h.open(chan(1))
+    h.run(xdecl(c, "t", "topic"), qdecl(c, "q"))
+    fx = h.run(*(qbind(c, "q", "t", f"#.*.*.*.*.k{i}") for i in range(5)))
+    assert not errors(fx) and len(h.state.exchanges[resource_key("/", "t")].bindings) == 5
+    assert h.state.vhost_bindings == {"/": 5}  # counted all the same
+    h.run(SetMachineVersion(BINDING_LIMITS))
+    assert codes(h.run(qbind(c, "q", "t", "a")))[0][0] == 406
