@@ -59,6 +59,13 @@ class WireConfig:
     # per connection unconfirmed-in-log bound before pausing reads (optional)
     inflight_publish_bytes: int = 64 * 1024 * 1024
     handshake_timeout: float = 10.0  # seconds from TCP accept to Connection.Open
+    # issue 42: a topic binding key's words, bindings per exchange and per vhost
+    # (0 = no limit; node/broker/binding_limit.py). Checked in the replicated
+    # apply, so every member must have the same values
+    max_binding_key_words: int = 32
+    max_bindings_per_exchange: int = 20_000
+    max_bindings_per_vhost: int = 100_000
+    max_topic_wildcard_nodes: int = 32_768  # per vhost: bounds a publish's routing cost
     close_timeout: float = 3.0  # wait for Connection.CloseOk after we sent Close
 
     def connection_buffer_limit(self) -> int:

@@ -22,7 +22,9 @@ _WIRE_KEYS = {"frame_max", "channel_max", "heartbeat", "consumer_credit", "consu
               "max_message_size", "inflight_publish_bytes", "login_failure_limit",
               "login_failure_address_limit",
               "max_connections", "disk_free_limit",
-              "max_handshakes", "max_handshakes_per_address", "max_connection_buffer"}
+              "max_handshakes", "max_handshakes_per_address", "max_connection_buffer",
+              "max_binding_key_words", "max_bindings_per_exchange", "max_bindings_per_vhost",
+              "max_topic_wildcard_nodes"}
 # seconds (positive numbers)
 _WIRE_SECONDS = {"login_failure_window", "login_failure_delay", "login_failure_max_delay",
                  "handshake_timeout"}

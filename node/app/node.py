@@ -22,6 +22,7 @@ from node.amqp.server import MEMORY_ALARM, AmqpServer, throttle_from
 from node.app.administrator import Administrator
 from node.app.config import NodeConfig, raft_authenticated
 from node.app.memory import ProcessMemory, resolve_watermark
+from node.broker.binding_limit import BindingLimits
 from node.broker.password import hash_password
 from node.replication.raft_node import RaftNode
 from node.replication.status import NodeStatus
@@ -59,6 +60,10 @@ class Node:
         self.cfg = cfg
         self.stop = asyncio.Event()  # set: shut down (a signal, or this node was removed)
         self._why = "shutdown"
+        cfg.raft.binding_limits = BindingLimits(cfg.wire.max_binding_key_words,
+                                                cfg.wire.max_bindings_per_exchange,
+                                                cfg.wire.max_bindings_per_vhost,
+                                                cfg.wire.max_topic_wildcard_nodes)
         self.raft = RaftNode(cfg.node_id, cfg.data_dir, loop, self._dispatch, cfg.raft, FIRST_SERIAL)
         self.raft.seed_users = {name: hash_password(pw) for name, pw in cfg.wire.users.items()}
         cfg.wire.data_dir = cfg.data_dir

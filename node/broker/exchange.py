@@ -4,16 +4,17 @@ A binding's destination is a `Dest` = (is_exchange, name). Bindings of one
 source exchange live in an insertion-ordered dict so routing results are in a
 stable order on every node; per-type indexes keep the hot path cheap:
 direct exchanges look the routing key up in a dict, fanout keeps its
-destinations, topic caches key -> destinations until the next (un)bind.
+destinations, topic routes through a trie of binding-key words
+(node/broker/topic.py) and caches key -> destinations until the next (un)bind.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from node.broker.topic import Dest, TopicTrie
 from node.broker.vhost import SEP, resource_key, split_key
 
-Dest = tuple[bool, str]  # (is_exchange, name)
 # (dest_is_exchange, dest, routing_key, frozen arguments): a binding's identity
 BindKey = tuple[bool, str, str, Any]
 
@@ -38,7 +39,9 @@ def split_topic(key: str) -> list[str]:
 
 
 def topic_matches(pattern: list[str], words: list[str]) -> bool:
-    """AMQP topic match: `*` is exactly one word, `#` zero or more words."""
+    """AMQP topic match: `*` is exactly one word, `#` zero or more words
+    (one binding; routing goes through node/broker/topic.py's trie, which the
+    unit tests hold to this)."""
     # Iterative backtracking over the last `#` seen (like glob matching).
     p = w = 0
     star_p = -1
@@ -98,7 +101,7 @@ class Binding:
 
 class Exchange:
     __slots__ = ("name", "type", "durable", "auto_delete", "internal", "arguments", "home",
-                 "bindings", "direct", "fanout", "incoming", "_topic_cache")
+                 "bindings", "direct", "fanout", "incoming", "_topic_cache", "_topic")
 
     def __init__(self, name: str, type_: str, durable: bool = True, auto_delete: bool = False,
                  internal: bool = False, arguments: dict[str, Any] | None = None,
@@ -120,6 +123,23 @@ class Exchange:
         # bindings where this exchange is the destination: (source, key) -> None
         self.incoming: dict[tuple[str, BindKey], None] = {}
         self._topic_cache: dict[str, tuple[Dest, ...]] = {}
+        # topic bindings as a trie (derived: rebuilt from `bindings`, never written)
+        self._topic = TopicTrie()
+
+    def rebuild_topic(self) -> None:
+        """The derived routing state, from `bindings` (after a snapshot is read)."""
+        self._topic_cache = {}
+        self._topic = TopicTrie()
+        if self.type == "topic":
+            for key, b in self.bindings.items():
+                self._topic.add(key, b.words, b.dest)
+
+    def topic_wild(self) -> int:
+        """Trie nodes below a wildcard edge (what bounds a topic match's cost)."""
+        return self._topic.wild
+
+    def topic_wild_added(self, words: list[str]) -> int:
+        return self._topic.wild_added(words)
 
     def add_binding(self, b: Binding, key: BindKey) -> bool:
         if key in self.bindings:
@@ -131,6 +151,7 @@ class Exchange:
         elif self.type == "fanout":
             self.fanout[b.dest] = self.fanout.get(b.dest, 0) + 1
         elif self.type == "topic":
+            self._topic.add(key, b.words, b.dest)
             self._topic_cache.clear()
         return True
 
@@ -154,6 +175,7 @@ class Exchange:
             else:
                 del self.fanout[b.dest]
         elif self.type == "topic":
+            self._topic.remove(key, b.words)
             self._topic_cache.clear()
         return b
 
@@ -168,12 +190,7 @@ class Exchange:
         if t == "topic":
             hit = self._topic_cache.get(routing_key)
             if hit is None:
-                words = split_topic(routing_key)
-                seen: dict[Dest, None] = {}
-                for b in self.bindings.values():
-                    if b.dest not in seen and topic_matches(b.words, words):
-                        seen[b.dest] = None
-                hit = tuple(seen)
+                hit = self._topic.match(split_topic(routing_key))
                 if len(self._topic_cache) >= _TOPIC_CACHE_MAX:
                     self._topic_cache.clear()
                 self._topic_cache[routing_key] = hit

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from node.broker.binding_limit import BindingLimits
 from node.replication.machine.version import MACHINE_VERSION
 
 # A Raft password shorter than this (characters) gets a warning at start when
@@ -83,3 +84,6 @@ class RaftConfig:
     # the machine version this node runs (machine/version.py); below this build's
     # only by the test hook MIRRORQ_MACHINE_VERSION (simulates an older build)
     machine_version: int = MACHINE_VERSION
+    # what the apply allows of bindings (the node's [wire] max_binding* settings:
+    # node/app/node.py copies them here; the same on every member)
+    binding_limits: BindingLimits = field(default_factory=BindingLimits)

@@ -99,6 +99,7 @@ class RaftNode:
         self.incarnation = time.time_ns()
         self.state: BrokerState = default_state()
         self.state.runs_version = config.machine_version
+        self.state.binding_limits = config.binding_limits
         self.machine_version = 0  # the cluster's, as applied here (raft thread writes)
         self._machine_changed()
         self.on_removed: Callable[[str], None] | None = None
@@ -264,6 +265,7 @@ class RaftNode:
         if state.machine_version > runs:
             raise too_old(state.machine_version, runs)  # the shim exits (never applied)
         state.runs_version = runs
+        state.binding_limits = self.config.binding_limits
         old, self.state = self.state, state
         self._machine_changed(index)
         self.log_reader.clear()

@@ -52,8 +52,8 @@ def _same(a: Any, b: Any, path: str, seen: dict[int, int], shared: bool = False)
         seen[id(a)] = id(b)
     if isinstance(a, _RECORDS):
         for name in type(a).__slots__:
-            if name == "_topic_cache":
-                continue  # derived, rebuilt on demand
+            if name in ("_topic_cache", "_topic"):
+                continue  # derived, rebuilt on demand / from the bindings
             _same(getattr(a, name), getattr(b, name), f"{path}.{name}", seen,
                   isinstance(a, Message) and name in ("body", "props"))
     elif isinstance(a, dict):

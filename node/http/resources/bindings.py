@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from node.http.auth import Principal
-from node.http.body import arguments, json_object
+from node.http.body import arguments, json_object, routing_key
 from node.http.context import Context, Handler
-from node.http.errors import bad_request, not_found
+from node.http.errors import not_found
 from node.http.format import all_bindings, binding_json, properties_key
 from node.http.query import filter_sort_page
 from node.http.server import HttpError, Request, Response, json_response
@@ -77,9 +77,7 @@ def binding_post(kind: str) -> Handler:
         if vhost not in ctx.model().vhosts:
             raise HttpError(404, "not_found", "vhost_not_found")
         ctx.need_vhost_access(p, vhost)
-        rk = body.get("routing_key", "")
-        if not isinstance(rk, str):
-            raise bad_request("routing_key must be a string")
+        rk = routing_key(body)
         args = arguments(body)
 
         async def bind(s: Any) -> Any:

@@ -6,7 +6,7 @@ import base64
 from typing import TYPE_CHECKING, Any
 
 from node.http.auth import Principal
-from node.http.body import amqp_properties, arguments, boolean, json_object
+from node.http.body import amqp_properties, arguments, boolean, json_object, routing_key
 from node.http.context import Context
 from node.http.errors import bad_request, not_found
 from node.http.format import all_bindings, binding_json, exchange_json
@@ -109,7 +109,7 @@ async def publish(ctx: Context, req: Request, params: dict[str, str], p: Princip
         raise bad_request("payload_encoding must be string or base64")
     amqp_props = amqp_properties(props)
     exchange = "" if name == "amq.default" else name
-    rk = body["routing_key"]
+    rk = routing_key(body, None)
 
     async def pub(s: Any) -> bool:
         return bool(await s.publish(exchange, rk, amqp_props, data))

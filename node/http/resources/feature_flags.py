@@ -21,6 +21,7 @@ MACHINE_VERSIONS = {
     4: "vhost and user limits, topic permissions, the connection table",
     5: "packed snapshots, at-least-once dead-lettering, quorum-queue overflow",
     6: "global parameters (a settable cluster name), vhost deletion protection",
+    7: "binding limits (key words, per exchange, per vhost, wildcard trie nodes)",
 }
 
 

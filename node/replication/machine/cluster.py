@@ -10,7 +10,7 @@ from node.broker.definition_limit import parameter_over_ceiling
 from node.replication.command import GlobalParameterClear, GlobalParameterSet, VhostProtection
 from node.replication.machine.handler import ApplierBase, handles
 from node.replication.machine.state import _config_changed
-from node.replication.machine.version import CLUSTER_METADATA
+from node.replication.machine.version import CLUSTER_METADATA, DEFINITION_CEILINGS
 
 
 class ClusterHandlers(ApplierBase):
@@ -24,8 +24,8 @@ class ClusterHandlers(ApplierBase):
         s = self.s
         if not self._metadata_on():
             return
-        if parameter_over_ceiling(cmd.name, cmd.value, len(s.global_parameters),
-                                  cmd.name not in s.global_parameters):
+        if s.machine_version >= DEFINITION_CEILINGS and parameter_over_ceiling(
+                cmd.name, cmd.value, len(s.global_parameters), cmd.name not in s.global_parameters):
             return  # refused before proposing; this holds whatever a node's settings said
         s.global_parameters[cmd.name] = cmd.value
         _config_changed(s)

@@ -22,7 +22,7 @@ from node.broker.vhost import split_key
 from node.replication.command import PolicyClear, PolicySet
 from node.replication.machine.handler import ApplierBase, handles
 from node.replication.machine.state import BrokerState, _config_changed
-from node.replication.machine.version import QUORUM_SEMANTICS
+from node.replication.machine.version import DEFINITION_CEILINGS, QUORUM_SEMANTICS
 
 
 def queue_policies(s: BrokerState, q: Queue) -> Matched:
@@ -84,8 +84,9 @@ class PolicyHandlers(ApplierBase):
             return
         table = s.operator_policies if cmd.operator else s.policies
         new = (cmd.vhost, cmd.name) not in table
-        if policy_over_ceiling(cmd.name, cmd.pattern, cmd.definition,
-                               s.policy_index.count(cmd.operator, cmd.vhost), new):
+        # (from version 7 on: an older member in the cluster would take it and diverge)
+        if s.machine_version >= DEFINITION_CEILINGS and policy_over_ceiling(
+                cmd.name, cmd.pattern, cmd.definition, s.policy_index.count(cmd.operator, cmd.vhost), new):
             return  # refused before proposing; this holds whatever a node's settings said
         p = Policy(cmd.vhost, cmd.name, cmd.pattern, cmd.apply_to, cmd.priority,
                    dict(cmd.definition))

@@ -7,6 +7,7 @@ import base64
 import hashlib
 from typing import Any
 
+from node.broker.binding_limit import BindingLimits
 from node.broker.channel import Channel
 from node.broker.dead_letter import DeadLetterStore
 from node.broker.exchange import Exchange
@@ -14,7 +15,7 @@ from node.broker.ids import ChanId, ConnId
 from node.broker.policy import Policy
 from node.broker.policy_index import Obj, PolicyIndex
 from node.broker.queue import Queue
-from node.broker.vhost import DEFAULT_VHOST, resource_key
+from node.broker.vhost import DEFAULT_VHOST, resource_key, split_key
 from node.replication.machine.version import FIRST_VERSION, MACHINE_VERSION
 
 DEFAULT_EXCHANGES = (("", "direct"), ("amq.direct", "direct"), ("amq.fanout", "fanout"),
@@ -32,7 +33,8 @@ class BrokerState:
                  "config_version", "live", "policies", "operator_policies",
                  "policy_ae", "policy_index", "machine_version", "runs_version", "deadline_chans", "vhost_limits",
                  "user_limits", "topic_permissions", "connections", "counts",
-                 "dead_letters", "global_parameters", "protected_vhosts")
+                 "dead_letters", "global_parameters", "protected_vhosts",
+                 "binding_limits", "vhost_bindings", "vhost_wild_nodes")
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -117,6 +119,14 @@ class BrokerState:
         # read model shares it). Snapshotted in the cluster section
         self.global_parameters: dict[str, Any] = {}
         self.protected_vhosts: dict[str, None] = {}
+        # issue 42: the node's binding limits (local, set by the node like
+        # runs_version; every member must be configured alike) and the
+        # bindings per vhost and topic trie nodes below a wildcard per vhost
+        # they count (derived from the exchanges' bindings: rebuilt after a
+        # snapshot load, never written)
+        self.binding_limits = BindingLimits()
+        self.vhost_bindings: dict[str, int] = {}
+        self.vhost_wild_nodes: dict[str, int] = {}
 
 
 def rebuild_deadlines(s: BrokerState) -> None:
@@ -128,6 +138,34 @@ def rebuild_deadlines(s: BrokerState) -> None:
         ch.next_deadline = min(ds) if ds else None
         if ds:
             s.deadline_chans[chan] = None
+
+
+def _move(counts: dict[str, int], vhost: str, delta: int) -> None:
+    n = counts.get(vhost, 0) + delta
+    if n > 0:
+        counts[vhost] = n
+    else:
+        counts.pop(vhost, None)
+
+
+def count_binding(s: BrokerState, exchange: str, delta: int, wild_delta: int) -> None:
+    """Move the vhost's binding count and its wildcard trie node count
+    (`exchange`: the source's key)."""
+    vhost = split_key(exchange)[0]
+    _move(s.vhost_bindings, vhost, delta)
+    if wild_delta:
+        _move(s.vhost_wild_nodes, vhost, wild_delta)
+
+
+def rebuild_binding_counts(s: BrokerState) -> None:
+    """The derived per-vhost binding counts (after a snapshot load)."""
+    s.vhost_bindings = {}
+    s.vhost_wild_nodes = {}
+    for key, x in s.exchanges.items():
+        if x.bindings:
+            vhost = split_key(key)[0]
+            _move(s.vhost_bindings, vhost, len(x.bindings))
+            _move(s.vhost_wild_nodes, vhost, x.topic_wild())
 
 
 def _config_changed(s: BrokerState) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from node.broker.binding_limit import count_refused, key_refused
 from node.broker.channel import Channel
 from node.broker.exchange import EXCHANGE_TYPES, Binding, BindKey, Exchange, freeze
 from node.broker.queue import Queue, uses_levels
@@ -19,6 +20,7 @@ from node.broker.reply import (
     QUEUE_PURGE,
     QUEUE_UNBIND,
 )
+from node.broker.vhost import split_key
 from node.replication.command import (
     ExchangeBind,
     ExchangeDeclare,
@@ -45,8 +47,9 @@ from node.replication.machine.errors import (
 )
 from node.replication.machine.handler import ApplierBase, handles
 from node.replication.machine.policy import forget_exchange, refresh_exchange
-from node.replication.machine.state import _gen_name
+from node.replication.machine.state import _gen_name, count_binding
 from node.replication.machine.version import (
+    BINDING_LIMITS,
     DEAD_LETTER_STORE,
     NO_LEGACY_QUEUE_CAP,
     QUORUM_SEMANTICS,
@@ -130,12 +133,12 @@ class TopologyHandlers(ApplierBase):
         del s.exchanges[x.name]
         forget_exchange(s, x.name)
         for key, b in list(x.bindings.items()):
-            x.remove_binding(key)
+            self._remove_binding(x, key)
             self._dest_incoming(b.dest).pop((x.name, key), None)
         for src_name, key in list(x.incoming):
             src = s.exchanges.get(src_name)
             if src is not None:
-                src.remove_binding(key)
+                self._remove_binding(src, key)
                 self._maybe_autodelete_exchange(src)
         x.incoming.clear()
 
@@ -151,15 +154,37 @@ class TopologyHandlers(ApplierBase):
             self.delete_exchange(x)
 
     def _bind(self, src: Exchange, dest: tuple[bool, str], rk: str,
-              args: dict[str, Any]) -> None:
+              args: dict[str, Any], ids: tuple[int, int]) -> None:
         key: BindKey = (dest[0], dest[1], rk, freeze(args))
-        if src.add_binding(Binding(src.name, dest, rk, dict(args)), key):
-            self._dest_incoming(dest)[(src.name, key)] = None
+        if key in src.bindings:
+            return  # binding again is a no-op, never refused
+        # issue 42: bounded here too (deterministic on every member)
+        s = self.s
+        vhost, name = split_key(src.name)
+        b = Binding(src.name, dest, rk, dict(args))
+        if s.machine_version >= BINDING_LIMITS:
+            why = key_refused(s.binding_limits, src.type, rk) or count_refused(
+                s.binding_limits, name, vhost, len(src.bindings), s.vhost_bindings.get(vhost, 0),
+                s.vhost_wild_nodes.get(vhost, 0),
+                src.topic_wild_added(b.words) if src.type == "topic" else 0)
+            if why is not None:
+                raise _ChanErr(406, why, ids)
+        wild = src.topic_wild()
+        src.add_binding(b, key)
+        count_binding(s, src.name, 1, src.topic_wild() - wild)
+        self._dest_incoming(dest)[(src.name, key)] = None
+
+    def _remove_binding(self, src: Exchange, key: BindKey) -> Binding | None:
+        wild = src.topic_wild()
+        b = src.remove_binding(key)
+        if b is not None:
+            count_binding(self.s, src.name, -1, src.topic_wild() - wild)
+        return b
 
     def _unbind(self, src: Exchange, dest: tuple[bool, str], rk: str,
                 args: dict[str, Any]) -> None:
         key: BindKey = (dest[0], dest[1], rk, freeze(args))
-        if src.remove_binding(key) is not None:
+        if self._remove_binding(src, key) is not None:
             self._dest_incoming(dest).pop((src.name, key), None)
             self._maybe_autodelete_exchange(src)
 
@@ -179,7 +204,7 @@ class TopologyHandlers(ApplierBase):
         self.check_topic(ch, src, cmd.routing_key, False, EXCHANGE_BIND)
         if dkey not in s.exchanges:
             raise _not_found("exchange", dkey, EXCHANGE_BIND)
-        self._bind(src, (True, dkey), cmd.routing_key, cmd.arguments)
+        self._bind(src, (True, dkey), cmd.routing_key, cmd.arguments, EXCHANGE_BIND)
         if not cmd.nowait:
             self.reply(cmd.chan, "Exchange.BindOk")
 
@@ -301,7 +326,7 @@ class TopologyHandlers(ApplierBase):
             raise _not_found("exchange", xkey, QUEUE_BIND)
         self.check_topic(ch, x, cmd.routing_key, False, QUEUE_BIND)
         q = self._queue_for(ch, cmd.queue, QUEUE_BIND)
-        self._bind(x, (False, q.name), cmd.routing_key, cmd.arguments)
+        self._bind(x, (False, q.name), cmd.routing_key, cmd.arguments, QUEUE_BIND)
         if not cmd.nowait:
             self.reply(cmd.chan, "Queue.BindOk")
 
@@ -389,7 +414,7 @@ class TopologyHandlers(ApplierBase):
         for src_name, key in list(q.incoming):
             x = s.exchanges.get(src_name)
             if x is not None:
-                x.remove_binding(key)
+                self._remove_binding(x, key)
                 self._maybe_autodelete_exchange(x)
         q.incoming.clear()
         for m in q.take_all():

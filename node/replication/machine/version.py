@@ -44,6 +44,11 @@ Versions:
      (VhostProtection; VhostDelete of a protected vhost changes nothing):
      records a version-5 build cannot decode, so no node proposes them
      before; the snapshot's cluster section
+  7  binding limits (issue 42): the apply refuses a bind past the node's
+     max_binding_key_words, max_bindings_per_exchange,
+     max_bindings_per_vhost or max_topic_wildcard_nodes (406); a version-6
+     member would add the binding and diverge, so the refusal starts at this
+     entry (the topic trie changes no result: it is not versioned)
 """
 from __future__ import annotations
 
@@ -51,7 +56,7 @@ from node.broker.queue import uses_levels
 from node.replication.command import SetMachineVersion
 from node.replication.machine.handler import ApplierBase, handles
 
-MACHINE_VERSION = 6
+MACHINE_VERSION = 7
 FIRST_VERSION = 1  # a state that never applied SetMachineVersion
 # what switches at which version (apply code compares state.machine_version with these)
 COUNTED_RECORDS = 2  # the log and snapshots are written with field counts
@@ -63,6 +68,8 @@ DEAD_LETTER_STORE = 5  # at-least-once dead-lettering (machine/dead_letter.py)
 QUORUM_OVERFLOW = 5  # a quorum queue's reject-publish latch (node/broker/overflow.py, S32)
 TYPE_ARGUMENTS = 5  # another queue type's declare arguments are refused
 CLUSTER_METADATA = 6  # global parameters, vhost deletion protection may be proposed
+BINDING_LIMITS = 7  # the apply refuses binds past the binding limits (binding_limit.py)
+DEFINITION_CEILINGS = 7  # ... and policies/parameters past the fixed ceilings (definition_limit.py)
 
 
 class MachineVersionError(RuntimeError):

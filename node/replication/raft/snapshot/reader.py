@@ -21,7 +21,7 @@ from node.broker.ids import ChanId
 from node.broker.queue import Queue
 from node.replication.codec import CodecError
 from node.replication.machine.limit import rebuild_counts
-from node.replication.machine.state import BrokerState
+from node.replication.machine.state import BrokerState, rebuild_binding_counts
 from node.replication.raft.snapshot.envelope import (
     _HEADER,
     _U64,
@@ -88,6 +88,7 @@ def read_snapshot(data: bytes) -> tuple[BrokerState, RaftMeta]:
                 section.read(r, state)
             section.derive(state)
         rebuild_counts(state)
+        rebuild_binding_counts(state)
     except (CodecError, struct.error, UnicodeDecodeError, IndexError, TypeError, ValueError) as e:
         if isinstance(e, SnapshotFormatError):
             raise
@@ -167,7 +168,7 @@ class _Reader(_PackedReader):
             b.source, b.dest, b.routing_key, b.arguments = source, dest, rk, _dict(args, "binding arguments")
             b.words = split_topic(rk)
             x.bindings[bk] = b
-        x._topic_cache = {}
+        x.rebuild_topic()
         return v[0], x
 
     def queue(self) -> Queue:

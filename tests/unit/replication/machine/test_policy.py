@@ -269,10 +269,19 @@ def test_the_cached_winners_equal_a_full_match_after_any_sequence_of_writes() ->
 
 def test_the_apply_refuses_a_policy_past_the_ceiling_whatever_was_proposed() -> None:
     from node.broker.definition_limit import CEILING_NAME_BYTES
+    from node.replication.command import SetMachineVersion
+    from node.replication.machine.version import DEFINITION_CEILINGS
 
+    too_long = policy("n" * (CEILING_NAME_BYTES + 1), "^jobs$", {"max-length": 1})
+    too_big = policy("big", "^jobs$", {"dead-letter-routing-key": "k" * (300 * 1024)})
+    old = Harness()  # below version 7 every member takes it (an older one would too)
+    setup(old, "jobs")
+    old.run(too_long)
+    assert len(old.state.policies) == 1
     h = Harness()
+    h.run(SetMachineVersion(DEFINITION_CEILINGS))
     setup(h, "jobs")
-    h.run(policy("n" * (CEILING_NAME_BYTES + 1), "^jobs$", {"max-length": 1}))
-    h.run(policy("big", "^jobs$", {"dead-letter-routing-key": "k" * (300 * 1024)}))
+    h.run(too_long)
+    h.run(too_big)
     assert h.state.policies == {}
     assert queue_policies(h.state, h.state.queues["jobs"]) == (None, None)
