@@ -217,7 +217,8 @@ class RawClient:
 
     # -- protocol
     def handshake(self, frame_max: int | None = 131072, heartbeat: int = 0,
-                  product: str = "mirrorq-tests", cancel_notify: bool = True) -> None:
+                  product: str = "mirrorq-tests", cancel_notify: bool = True,
+                  vhost: str = "/") -> None:
         """Protocol header to connection.open-ok. frame_max None: take the server's.
         cancel_notify False: a client without the consumer_cancel_notify capability."""
         self.send(pframe.marshal(pheader.ProtocolHeader(), 0))
@@ -237,7 +238,7 @@ class RawClient:
             self.frame_max = min(frame_max, tune.frame_max or frame_max)
         self.send_frame(spec.Connection.TuneOk(channel_max=tune.channel_max or 2047,
                                                frame_max=self.frame_max, heartbeat=heartbeat))
-        self.send_frame(spec.Connection.Open(virtual_host="/"))
+        self.send_frame(spec.Connection.Open(virtual_host=vhost))
         self.expect(spec.Connection.OpenOk)
 
     def open_channel(self, ch: int = 1) -> None:
@@ -288,12 +289,12 @@ class RawConn(RawClient):
     Every socket error is ConnLost, and expect() skips frames before the awaited one."""
 
     def __init__(self, host: str, port: int, user: str = "guest", password: str = "guest",
-                 timeout: float = 10.0) -> None:
+                 timeout: float = 10.0, vhost: str = "/") -> None:
         self.broker = Address(host, port, user, password)
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._init_state(timeout)
-        self.handshake(frame_max=None, product="mirrorq-cluster-tests")
+        self.handshake(frame_max=None, product="mirrorq-cluster-tests", vhost=vhost)
         self.open_channel(1)
 
     def send(self, data: bytes) -> None:

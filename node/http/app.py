@@ -23,6 +23,7 @@ from node.http.auth import Principal, authenticate
 from node.http.backend import Backend
 from node.http.context import Context, Handler
 from node.http.query import pick_columns
+from node.http.request_limit import MAX_REQUESTS_PER_USER, RequestLimit
 from node.http.resources.static import static_file
 from node.http.routes import ROUTES
 from node.http.server import (
@@ -41,8 +42,10 @@ STATIC_DIR = Path(__file__).with_name("static")
 
 class ManagementApi:
     def __init__(self, backend: Backend, static_dir: Path | None = STATIC_DIR,
-                 throttle: LoginGate | None = None) -> None:
+                 throttle: LoginGate | None = None,
+                 max_requests_per_user: int = MAX_REQUESTS_PER_USER) -> None:
         self.b = backend
+        self.limit = RequestLimit(max_requests_per_user)
         self.throttle = throttle  # the node's login throttle, shared with AMQP logins
         self.static_dir = static_dir
         self.ctx = Context(backend)
@@ -84,7 +87,14 @@ class ManagementApi:
             if public:
                 return await fn(ctx, req, params, Principal("", ()))
             p = req.principal if req.principal is not None else self._auth(req)
-            return await fn(ctx, req, params, p)
+            if not self.limit.enter(p.name):
+                raise HttpError(429, "too_many_requests",
+                                f"{self.limit.limit} requests of user '{p.name}' in flight "
+                                "already, retry later", {"Retry-After": "1"})
+            try:
+                return await fn(ctx, req, params, p)
+            finally:
+                self.limit.leave(p.name)
         self.router.add(method, pattern, handler)
 
     def _auth(self, req: Request) -> Principal:
@@ -164,5 +174,6 @@ def is_definitions_import(method: str, path: str) -> bool:
 
 
 def make_app(backend: Backend, static_dir: Path | None = STATIC_DIR,
-             throttle: LoginGate | None = None) -> ManagementApi:
-    return ManagementApi(backend, static_dir, throttle)
+             throttle: LoginGate | None = None,
+             max_requests_per_user: int = MAX_REQUESTS_PER_USER) -> ManagementApi:
+    return ManagementApi(backend, static_dir, throttle, max_requests_per_user)

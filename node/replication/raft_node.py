@@ -68,6 +68,7 @@ from node.replication.pipeline import Flush, Limits, Pipeline
 from node.replication.port import EffectSink
 from node.replication.raft import RaftShim, clock
 from node.replication.read_model import Management, ModelPublisher, ReadModel, management_rows
+from node.replication.row_cache import Built, RowCache
 from node.replication.status import NodeStatus, peer_rows
 from node.replication.view import RaftView
 
@@ -108,6 +109,10 @@ class RaftNode:
         self.log_reader = LogReader(self.shim.entry_handle)
         # the loop thread reads the state only through this (immutable, per tick)
         self.model_publisher = ModelPublisher(loop, self.state)
+        # the management rows every reader shares (HTTP requests, the rate sampler,
+        # metrics scrapes): built again only when something was applied, spaced
+        self.row_cache: RowCache[Management] = RowCache(
+            lambda: self.model_publisher.compute(self._built_rows), self._state_version)
         self.peer_security = self.shim.peer_security
         # ---- loop thread
         self.pipeline = Pipeline(self.node_id, self.incarnation, _limits(config))
@@ -135,6 +140,7 @@ class RaftNode:
         self._removed = False
         # ---- statistics
         self.applied_batches = 0
+        self.restores = 0  # states replaced (snapshots installed): the rows changed too
         self.failed_batches = dict.fromkeys(self.shim.fail_reasons(), 0)
         self.published = self.acked = self.confirmed = self.nacked = 0
         self.delivered = self.redelivered = 0
@@ -265,6 +271,7 @@ class RaftNode:
             raise too_old(state.machine_version, runs)  # the shim exits (never applied)
         state.runs_version = runs
         old, self.state = self.state, state
+        self.restores += 1
         self._machine_changed(index)
         self.log_reader.clear()
         if not old.members:
@@ -497,9 +504,28 @@ class RaftNode:
         return await self.model_publisher.queue_rows()
 
     async def management_rows(self) -> Management:
-        """Queues, exchanges, bindings, channels, consumers and connections as
-        of the raft thread's next tick (read_model.management_rows)."""
-        return await self.model_publisher.compute(management_rows)
+        """Queues, exchanges, bindings, channels, consumers and connections:
+        the shared snapshot (row_cache.py), never older than the last batch
+        applied when it is returned."""
+        return await self.row_cache.get()
+
+    async def shared_queue_rows(self) -> list[dict[str, Any]]:
+        """queue_rows' fields from the shared snapshot (metrics scrapes: one
+        build for every scraper and HTTP reader, row_cache.py)."""
+        rows = await self.row_cache.get()
+        return [{"name": q.name, "vhost": q.vhost, "ready": q.ready, "unacked": q.unacked,
+                 "consumers": q.consumers, "durable": q.durable} for q in rows.queues]
+
+    def _built_rows(self, state: Any) -> Built[Management]:
+        """Raft thread, between two applies: the rows, how many batches they
+        include, what they cost."""
+        began = time.perf_counter()
+        rows = management_rows(state)
+        return Built(rows, self._state_version(), time.perf_counter() - began)
+
+    def _state_version(self) -> int:
+        """Moves whenever the state does (raft thread writes, the loop reads)."""
+        return self.applied_batches + self.restores
 
     def is_congested(self) -> bool:
         return self.pipeline.congested
