@@ -66,6 +66,8 @@ async def overview(ctx: Context, req: Request, _p: dict[str, str], p: Principal)
     }
     if p.monitor:  # the members' addresses, leader, commit index: monitoring (issue 42)
         out["mirrorq"] = ctx.cluster(st)
+    else:  # RabbitMQ's overview gives listeners and contexts to monitors only
+        del out["listeners"], out["contexts"]
     return json_response(out)
 
 
