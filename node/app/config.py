@@ -87,8 +87,8 @@ class HttpConfig:
     # within rows_min_interval seconds of the last build, nor so often that builds
     # take more than rows_max_share of the raft thread
     max_requests_per_user: int = 8
-    rows_min_interval: float = 0.5
-    rows_max_share: float = 0.2
+    rows_min_interval: float = 0.05
+    rows_max_share: float = 0.1
 
     def plain_port(self) -> int | None:
         """Where plain HTTP listens. Without tls_port, [http] tls_cert makes

@@ -38,6 +38,7 @@ from node.http.server import (
 from node.http.stats import LATENCY_SAMPLE, SAMPLE_INTERVAL
 
 STATIC_DIR = Path(__file__).with_name("static")
+REFUSAL_HOLD = 1.0  # seconds a request over max_requests_per_user waits for its 429
 
 
 class ManagementApi:
@@ -88,6 +89,9 @@ class ManagementApi:
                 return await fn(ctx, req, params, Principal("", ()))
             p = req.principal if req.principal is not None else self._auth(req)
             if not self.limit.enter(p.name):
+                # the answer is held (the loop is not): a client looping on its
+                # keep-alive connection gets one refusal a second, not thousands
+                await asyncio.sleep(REFUSAL_HOLD)
                 raise HttpError(429, "too_many_requests",
                                 f"{self.limit.limit} requests of user '{p.name}' in flight "
                                 "already, retry later", {"Retry-After": "1"})

@@ -2,7 +2,8 @@
 
 A request counts from its dispatch to its answer: one waiting for the shared
 rows (node/replication/row_cache.py) holds its place. Beyond the limit the
-request is answered 429 at once, without reading rows or building anything.
+request is answered 429 without reading rows or building anything, the
+answer held a second (app.py REFUSAL_HOLD) so a looping client cannot spin.
 RabbitMQ has no such limit (its management API answers every request, each
 from the stats database); browsers open at most six connections to a host,
 so one console never meets the default.

@@ -13,8 +13,8 @@ same snapshot:
 - otherwise one build is asked for all the readers waiting (never one each),
   and it starts no sooner than `next_build_at` after the previous one ended:
   at least `min_interval`, and long enough that the builds take at most
-  `max_share` of the raft thread's time (a build of 30 ms with the default 0.2
-  waits 120 ms), whatever the number of readers.
+  `max_share` of the raft thread's time (a build of 30 ms with the default 0.1
+  waits 270 ms), whatever the number of readers.
 
 `next_build_at` and `current` are the pure decisions; RowCache is the
 loop-side shell (one task at a time asks the raft thread).
@@ -30,8 +30,8 @@ from typing import Generic, NamedTuple, TypeVar
 _R = TypeVar("_R")
 
 # defaults of [http] rows_min_interval and rows_max_share (node/app/config.py)
-ROWS_MIN_INTERVAL = 0.5
-ROWS_MAX_SHARE = 0.2
+ROWS_MIN_INTERVAL = 0.05
+ROWS_MAX_SHARE = 0.1
 
 
 class Built(NamedTuple, Generic[_R]):

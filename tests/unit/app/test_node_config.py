@@ -237,7 +237,7 @@ def test_http_read_limits_have_safe_defaults_and_are_checked(tmp_path: Path) -> 
     """Issue 42: requests in flight per user and the shared rows' spacing."""
     http = cfg_from(tmp_path, "[http]\nport = 15672\n").http
     assert (http.max_requests_per_user, http.rows_min_interval, http.rows_max_share) \
-        == (8, 0.5, 0.2)
+        == (8, 0.05, 0.1)
     http = cfg_from(tmp_path, "[http]\nmax_requests_per_user = 0\nrows_min_interval = 1\n"
                               "rows_max_share = 0.5\n").http
     assert (http.max_requests_per_user, http.rows_min_interval, http.rows_max_share) \
