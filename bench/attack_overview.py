@@ -37,6 +37,8 @@ USER = "attack-overview"
 PASSWORD = "attack-overview-pw"
 QUEUES = 3000
 CONNECTIONS = 48
+# what each connection loops, in turn
+PATHS = ("/api/overview", "/api/overview", "/api/overview", "/api/queues")
 TIMEOUT = 30.0
 
 
@@ -81,7 +83,7 @@ def _loop(base: str, stop: threading.Event, counts: dict[int, int], lock: thread
     conn = connect()
     n = 0
     while not stop.is_set():
-        path = "/api/queues" if n % 4 == 3 else "/api/overview"
+        path = PATHS[n % len(PATHS)]
         n += 1
         try:
             conn.request("GET", path, headers={"Authorization": auth})
@@ -97,9 +99,11 @@ def _loop(base: str, stop: threading.Event, counts: dict[int, int], lock: thread
     conn.close()
 
 
-def run(t: Target, stop: threading.Event, connections: int = CONNECTIONS) -> dict[str, float]:
-    """Loop the reads on `connections` keep-alive connections until `stop`."""
-    counts: dict[int, int] = {}
+def run(t: Target, stop: threading.Event, connections: int = CONNECTIONS,
+        counts: dict[int, int] | None = None) -> dict[str, float]:
+    """Loop the reads on `connections` keep-alive connections until `stop`
+    (`counts`: answers by HTTP status as they come, 0 for a failed request)."""
+    counts = {} if counts is None else counts
     lock = threading.Lock()
     began = time.monotonic()
     threads = [threading.Thread(target=_loop, args=(t.http[i % len(t.http)], stop, counts, lock),

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
+import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pika
@@ -27,12 +25,11 @@ import requests
 
 from bench import attack_overview
 from bench.attack_target import Target
-from tests.broker_proc import NodeProcess, start_http_node
+from tests.broker_proc import NodeProcess, start_http_node, wait_for
 
 pytestmark = pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")),
                                 reason="mirrorq's own management API")
 
-REPO = Path(__file__).resolve().parents[2]
 GUEST = ("guest", "guest")
 QUEUES = 3000
 ATTACKERS = 48
@@ -85,17 +82,6 @@ def _pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def _attackers(node: NodeProcess, seconds: float) -> subprocess.Popen[str]:
-    """bench/attack_overview.py in a process of its own (its 48 threads must not
-    share the victim's interpreter), on objects setup() made."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "bench.attack_overview", "--no-setup", "--seconds", str(seconds),
-         "--connections", str(ATTACKERS),
-         "--http", f"http://127.0.0.1:{node.http_port}",  # type: ignore[attr-defined]
-         "--amqp", f"127.0.0.1:{node.amqp_port}"],
-        cwd=REPO, stdout=subprocess.PIPE, text=True)
-
-
 def test_monitoring_readers_do_not_stall_another_vhosts_confirms(node: NodeProcess) -> None:
     assert _api(node, "PUT", "/api/vhosts/victim").status_code in (201, 204)
     assert _api(node, "PUT", "/api/permissions/victim/guest",
@@ -110,15 +96,21 @@ def test_monitoring_readers_do_not_stall_another_vhosts_confirms(node: NodeProce
     assert ov["object_totals"]["queues"] >= QUEUES, ov["object_totals"]
     quiet = _victim(node, 1.0)
 
-    proc = _attackers(node, ATTACK_SECONDS + 1.5)
+    stop = threading.Event()
+    result: dict[str, float] = {}
+    live: dict[int, int] = {}
+    attack = threading.Thread(
+        target=lambda: result.update(attack_overview.run(target, stop, ATTACKERS, live)),
+        daemon=True)
+    attack.start()
     try:
-        time.sleep(1.0)  # the attackers are connected and looping
+        # the attackers are connected and answered
+        wait_for(lambda: sum(live.values()) >= ATTACKERS, 60, what="the attack under way")
         lat = _victim(node, ATTACK_SECONDS)
-        out, _ = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    counts = json.loads(out.strip().splitlines()[-1])
+        stop.set()
+        attack.join(timeout=60)
+    counts = result
     figures = (f"{QUEUES} queues declared in {declared:.1f} s; quiet p50 "
                f"{_pct(quiet, 0.5) * 1000:.1f} ms; under {ATTACKERS} readers: {len(lat)} "
                f"confirms, p50 {_pct(lat, 0.5) * 1000:.1f} ms, p99 {_pct(lat, 0.99) * 1000:.1f} ms, "
