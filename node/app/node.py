@@ -24,6 +24,7 @@ from node.app.config import NodeConfig, raft_authenticated
 from node.app.memory import ProcessMemory, resolve_watermark
 from node.broker.password import hash_password
 from node.replication.raft_node import RaftNode
+from node.replication.read_model import queue_dicts
 from node.replication.status import NodeStatus
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ class Node:
         self.raft.row_cache.min_interval = cfg.http.rows_min_interval
         self.raft.row_cache.max_share = cfg.http.rows_max_share
         m = cfg.metrics
-        self.metrics = MetricsServer(self.status_dict, self.raft.shared_queue_rows,
+        self.metrics = MetricsServer(self.status_dict, self._metric_rows,
                                      per_object=m.return_per_object_metrics,
                                      per_object_endpoint=m.per_object_endpoint,
                                      token=m.token, max_scrapes=m.max_scrapes) \
@@ -142,6 +143,11 @@ class Node:
                        connection_held_bytes=self.amqp.held_bytes(),
                        mem_used=self.memory.used, mem_limit=cfg.wire.memory_high_watermark,
                        mem_alarm=self.amqp.alarm == MEMORY_ALARM)
+
+    async def _metric_rows(self) -> list[dict[str, Any]]:
+        """The queues of the shared management rows (one build for every
+        scraper and HTTP reader)."""
+        return queue_dicts(await self.raft.management_rows())
 
     def status_dict(self) -> dict[str, Any]:
         """For the generic readers: gRPC Status and the Prometheus text."""

@@ -68,7 +68,7 @@ from node.replication.pipeline import Flush, Limits, Pipeline
 from node.replication.port import EffectSink
 from node.replication.raft import RaftShim, clock
 from node.replication.read_model import Management, ModelPublisher, ReadModel, management_rows
-from node.replication.row_cache import Built, RowCache
+from node.replication.row_cache import RowCache, timed
 from node.replication.status import NodeStatus, peer_rows
 from node.replication.view import RaftView
 
@@ -111,8 +111,9 @@ class RaftNode:
         self.model_publisher = ModelPublisher(loop, self.state)
         # the management rows every reader shares (HTTP requests, the rate sampler,
         # metrics scrapes): built again only when something was applied, spaced
+        built = timed(management_rows, self._state_version)
         self.row_cache: RowCache[Management] = RowCache(
-            lambda: self.model_publisher.compute(self._built_rows), self._state_version)
+            lambda: self.model_publisher.compute(built), self._state_version)
         self.peer_security = self.shim.peer_security
         # ---- loop thread
         self.pipeline = Pipeline(self.node_id, self.incarnation, _limits(config))
@@ -508,20 +509,6 @@ class RaftNode:
         the shared snapshot (row_cache.py), never older than the last batch
         applied when it is returned."""
         return await self.row_cache.get()
-
-    async def shared_queue_rows(self) -> list[dict[str, Any]]:
-        """queue_rows' fields from the shared snapshot (metrics scrapes: one
-        build for every scraper and HTTP reader, row_cache.py)."""
-        rows = await self.row_cache.get()
-        return [{"name": q.name, "vhost": q.vhost, "ready": q.ready, "unacked": q.unacked,
-                 "consumers": q.consumers, "durable": q.durable} for q in rows.queues]
-
-    def _built_rows(self, state: Any) -> Built[Management]:
-        """Raft thread, between two applies: the rows, how many batches they
-        include, what they cost."""
-        began = time.perf_counter()
-        rows = management_rows(state)
-        return Built(rows, self._state_version(), time.perf_counter() - began)
 
     def _state_version(self) -> int:
         """Moves whenever the state does (raft thread writes, the loop reads)."""

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from typing import Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 _R = TypeVar("_R")
 
@@ -49,6 +49,16 @@ def next_build_at(last_end: float, last_cost: float, min_interval: float,
     thread, and never closer than `min_interval`."""
     share = min(max(max_share, 1e-3), 1.0)
     return last_end + max(min_interval, last_cost * (1.0 - share) / share)
+
+
+def timed(build: Callable[[Any], _R], version: Callable[[], int]) -> Callable[[Any], Built[_R]]:
+    """`build` as the raft thread runs it (ModelPublisher.compute): the rows,
+    the state version they include, what they cost."""
+    def run(state: Any) -> Built[_R]:
+        began = time.perf_counter()
+        rows = build(state)
+        return Built(rows, version(), time.perf_counter() - began)
+    return run
 
 
 def current(built_applied: int | None, applied_now: int) -> bool:
