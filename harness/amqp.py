@@ -289,12 +289,12 @@ class RawConn(RawClient):
     Every socket error is ConnLost, and expect() skips frames before the awaited one."""
 
     def __init__(self, host: str, port: int, user: str = "guest", password: str = "guest",
-                 timeout: float = 10.0) -> None:
+                 timeout: float = 10.0, vhost: str = "/") -> None:
         self.broker = Address(host, port, user, password)
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._init_state(timeout)
-        self.handshake(frame_max=None, product="mirrorq-cluster-tests")
+        self.handshake(frame_max=None, product="mirrorq-cluster-tests", vhost=vhost)
         self.open_channel(1)
 
     def send(self, data: bytes) -> None:

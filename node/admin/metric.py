@@ -1,8 +1,18 @@
 """Prometheus metrics of a node: the text exposition on GET /metrics
-(plain asyncio, no grpc), rendered from the node's status dict and queue rows."""
+(plain asyncio, no grpc), rendered from the node's status dict and queue rows.
+
+Issue 42: queue and vhost names are not served to whoever reaches the port.
+/metrics sums the queues per node (RabbitMQ's aggregated /metrics) unless
+`per_object` (RabbitMQ's prometheus.return_per_object_metrics);
+/metrics/per-object (RabbitMQ's path) has one series per queue, and answers
+only when `per_object_endpoint` is set (404 otherwise). With a `token` every
+path needs `Authorization: Bearer TOKEN` (401 without it). At most
+`max_scrapes` are answered at once (429 beyond); the rows are the node's
+shared snapshot (node/replication/row_cache.py), never built per scrape."""
 from __future__ import annotations
 
 import asyncio
+import hmac
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
@@ -13,8 +23,11 @@ log = logging.getLogger(__name__)
 # the node status as a dict (NodeStatus.to_dict()): every figure a gauge or a field
 StatusFn = Callable[[], dict[str, Any]]
 # rows of ListQueues: name, vhost, ready, unacked, consumers, durable; the node's
-# is async (built on the raft thread at its next tick), a plain function also does
+# is async (the shared snapshot of the rows), a plain function also does
 QueuesFn = Callable[[], Awaitable[list[dict[str, Any]]] | list[dict[str, Any]]]
+
+MAX_SCRAPES = 4  # default of [metrics] max_scrapes
+HEAD_TIMEOUT = 5.0  # seconds to send the request line and headers
 
 
 async def _rows(queues: QueuesFn) -> list[dict[str, Any]]:
@@ -24,12 +37,51 @@ async def _rows(queues: QueuesFn) -> list[dict[str, Any]]:
     return rows
 
 
+def _status_line(code: int, reason: str, extra: bytes = b"") -> bytes:
+    return (b"HTTP/1.1 %d %s\r\nContent-Length: 0\r\nConnection: close\r\n" % (code, reason.encode())
+            + extra + b"\r\n")
+
+
+def scrape_answer(path: bytes, authorization: str | None, token: str | None, per_object: bool,
+                  per_object_endpoint: bool) -> tuple[int, bool]:
+    """(HTTP status, per-object series?) of a scrape (pure): 401 without the
+    token when one is set, 404 for any other path (and for /metrics/per-object
+    unless it is enabled), else 200."""
+    if token is not None:
+        given = (authorization or "").strip()
+        scheme, _, value = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(),
+                                                                 token.encode()):
+            return 401, False
+    target = path.partition(b"?")[0]
+    if target == b"/metrics":
+        return 200, per_object
+    if target == b"/metrics/per-object" and per_object_endpoint:
+        return 200, True
+    return 404, False
+
+
+def _authorization(head: bytes) -> str | None:
+    for line in head.split(b"\r\n")[1:]:
+        name, sep, value = line.partition(b":")
+        if sep and name.strip().lower() == b"authorization":
+            return value.decode("latin-1").strip()
+    return None
+
+
 class MetricsServer:
     """Prometheus text exposition on GET /metrics (plain asyncio, no deps)."""
 
-    def __init__(self, status: StatusFn, queues: QueuesFn | None = None) -> None:
+    def __init__(self, status: StatusFn, queues: QueuesFn | None = None,
+                 per_object: bool = False, per_object_endpoint: bool = False,
+                 token: str | None = None, max_scrapes: int = MAX_SCRAPES) -> None:
         self._status = status
         self._queues = queues
+        self.per_object = per_object
+        self.per_object_endpoint = per_object_endpoint
+        self._token = token
+        self.max_scrapes = max_scrapes
+        self._scraping = 0
         self._server: asyncio.base_events.Server | None = None
 
     async def start(self, host: str, port: int) -> None:
@@ -37,18 +89,23 @@ class MetricsServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
             path = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b"/"
-            if path != b"/metrics":
-                writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            code, per_object = scrape_answer(path, _authorization(request), self._token,
+                                             self.per_object, self.per_object_endpoint)
+            if code == 401:
+                writer.write(_status_line(401, "Unauthorized",
+                                          b'WWW-Authenticate: Bearer realm="metrics"\r\n'))
+            elif code == 404:
+                writer.write(_status_line(404, "Not Found"))
+            elif self._scraping >= self.max_scrapes:
+                writer.write(_status_line(429, "Too Many Requests", b"Retry-After: 1\r\n"))
             else:
-                queues = None
-                if self._queues is not None:
-                    try:
-                        queues = await _rows(self._queues)
-                    except TimeoutError as exc:  # no per-queue series this time
-                        log.warning("metrics: %s", exc)
-                body = render_metrics(self._status(), queues).encode()
+                self._scraping += 1
+                try:
+                    body = (await self._render(per_object)).encode()
+                finally:
+                    self._scraping -= 1
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
                              b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
             await writer.drain()
@@ -56,6 +113,15 @@ class MetricsServer:
             pass
         finally:
             writer.close()
+
+    async def _render(self, per_object: bool) -> str:
+        queues = None
+        if self._queues is not None:
+            try:
+                queues = await _rows(self._queues)
+            except TimeoutError as exc:  # no queue series this time
+                log.warning("metrics: %s", exc)
+        return render_metrics(self._status(), queues, per_object)
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -75,11 +141,13 @@ def _label(value: Any) -> str:
     return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def render_metrics(status: dict[str, Any], queues: list[dict[str, Any]] | None = None) -> str:
+def render_metrics(status: dict[str, Any], queues: list[dict[str, Any]] | None = None,
+                   per_object: bool = True) -> str:
     """Prometheus text format, one family per metric: the monotonic status
     fields (COUNTERS) as `mirrorq_<key>_total` counters, every other numeric
     one as a `mirrorq_<key>` gauge, the confirm-latency histogram, and
-    per-queue depths when `queues` (ListQueues rows) is given."""
+    when `queues` (ListQueues rows) is given the queues' depths and consumers:
+    one series per queue (`per_object`) or their sums on the node."""
     lines = []
     node = _label(status.get("node_id", ""))
     gauges = dict(status, is_leader=status.get("role") == "leader")
@@ -106,6 +174,9 @@ def render_metrics(status: dict[str, Any], queues: list[dict[str, Any]] | None =
         for field in ("ready", "unacked", "consumers"):
             metric = f"mirrorq_queue_{'messages_' if field != 'consumers' else ''}{field}"
             lines.append(f"# TYPE {metric} gauge")
+            if not per_object:  # no names: the sum over the queues
+                lines.append(f'{metric}{{node="{node}"}} {sum(int(r[field]) for r in queues)}')
+                continue
             for row in queues:
                 lines.append(f'{metric}{{node="{node}",vhost="{_label(row["vhost"])}",'
                              f'queue="{_label(row["name"])}"}} {row[field]}')

@@ -46,6 +46,20 @@ class AdminConfig:
 
 
 @dataclass
+class MetricsConfig:
+    """[metrics]: the Prometheus port (issue 42). /metrics is aggregated per
+    node unless return_per_object_metrics (RabbitMQ's
+    prometheus.return_per_object_metrics); /metrics/per-object serves queue and
+    vhost names only with per_object_endpoint; with a token every path needs
+    `Authorization: Bearer TOKEN` (401 without); at most max_scrapes answered
+    at once (429 beyond)."""
+    return_per_object_metrics: bool = False
+    per_object_endpoint: bool = False
+    token: str | None = None
+    max_scrapes: int = 4
+
+
+@dataclass
 class HttpConfig:
     """[http]: the management HTTP API (issue 15): its plain port, its HTTPS port
     (issue 26; RabbitMQ's management.ssl: 15671) and their TLS files (PEM paths,
@@ -69,6 +83,13 @@ class HttpConfig:
     # (/api/health/checks/reached-target-cluster-size; RabbitMQ's
     # cluster_formation.target_cluster_size_hint, default 1)
     target_cluster_size_hint: int = 1
+    # issue 42: requests of one user in flight at once (429 beyond; 0: no limit), and
+    # how often the shared management rows may be built again (row_cache.py): not
+    # within rows_min_interval seconds of the last build, nor so often that builds
+    # take more than rows_max_share of the raft thread
+    max_requests_per_user: int = 8
+    rows_min_interval: float = 0.05
+    rows_max_share: float = 0.1
 
     def plain_port(self) -> int | None:
         """Where plain HTTP listens. Without tls_port, [http] tls_cert makes
@@ -121,6 +142,7 @@ class NodeConfig:
     raft: RaftConfig = field(default_factory=RaftConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
     # --insecure-dev: a cluster whose Raft links are not authenticated
     insecure_dev: bool = False

@@ -1,5 +1,5 @@
 """The config file (node.toml, TOML): apply_file reads it over a NodeConfig,
-table by table ([raft], [tls], [admin], [http], [amqp] and the top-level wire
+table by table ([raft], [tls], [admin], [http], [metrics], [amqp] and the top-level wire
 settings), and validate checks the values together. Its keys, the ones once
 settings and now ignored (DEPRECATED_KEYS) and the numeric ones (NUMERIC_KEYS,
 what a string-only source such as a Kubernetes CR must write as numbers).
@@ -15,7 +15,14 @@ import tomllib
 from typing import Any
 
 from node.amqp.config import VERIFY_MODES, TlsConfig
-from node.app.config import AdminConfig, ConfigError, HttpConfig, NodeConfig, check_admin_token
+from node.app.config import (
+    AdminConfig,
+    ConfigError,
+    HttpConfig,
+    MetricsConfig,
+    NodeConfig,
+    check_admin_token,
+)
 from node.broker.definition_limit import SETTINGS as _DEFINITION_SETTINGS
 
 _WIRE_KEYS = {"frame_max", "channel_max", "heartbeat", "consumer_credit", "consumer_timeout",
@@ -128,6 +135,8 @@ def apply_file(cfg: NodeConfig, path: str) -> None:
             cfg.admin = _admin_config(value, path)
         elif key == "http":
             cfg.http = _http_config(value, path)
+        elif key == "metrics":
+            cfg.metrics = _metrics_config(value, path)
         elif key == "amqp":
             if not isinstance(value, dict):
                 raise ConfigError("amqp must be a table ([amqp])")
@@ -254,7 +263,8 @@ def _read_file_token(value: Any, path: str) -> str:
 
 
 _HTTP_KEYS = {"port", "tls_port", "tls_only", "tls_cert", "tls_key", "tls_client_ca", "member_urls", "idle_timeout",
-              "max_connections", "max_connections_per_address", "target_cluster_size_hint"}
+              "max_connections", "max_connections_per_address", "target_cluster_size_hint",
+              "max_requests_per_user", "rows_min_interval", "rows_max_share"}
 
 
 def _http_config(table: Any, path: str) -> HttpConfig:
@@ -280,6 +290,19 @@ def _http_config(table: Any, path: str) -> HttpConfig:
     for key in ("max_connections", "max_connections_per_address"):
         if key in table:
             setattr(http, key, _int(f"http.{key}", table[key], 1, 1_000_000))
+    if "max_requests_per_user" in table:
+        http.max_requests_per_user = _int("http.max_requests_per_user",
+                                          table["max_requests_per_user"], 0, 1_000_000)
+    if "rows_min_interval" in table:
+        t = table["rows_min_interval"]
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t <= 60:
+            raise ConfigError(f"http.rows_min_interval must be seconds in [0, 60], got {t!r}")
+        http.rows_min_interval = float(t)
+    if "rows_max_share" in table:
+        t = table["rows_max_share"]
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0.01 <= t <= 1:
+            raise ConfigError(f"http.rows_max_share must be a fraction in [0.01, 1], got {t!r}")
+        http.rows_max_share = float(t)
     if "target_cluster_size_hint" in table:
         http.target_cluster_size_hint = _int("http.target_cluster_size_hint",
                                              table["target_cluster_size_hint"], 1, 1000)
@@ -314,6 +337,36 @@ def _http_config(table: Any, path: str) -> HttpConfig:
         except TlsConfigError as exc:
             raise ConfigError(f"http TLS: {exc}") from exc
     return http
+
+
+_METRICS_KEYS = {"return_per_object_metrics", "per_object_endpoint", "token", "token_file",
+                 "max_scrapes"}
+
+
+def _metrics_config(table: Any, path: str) -> MetricsConfig:
+    if not isinstance(table, dict):
+        raise ConfigError("metrics must be a table ([metrics])")
+    unknown = sorted(set(table) - _METRICS_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown key metrics.{unknown[0]} in {path}")
+    m = MetricsConfig()
+    for key in ("return_per_object_metrics", "per_object_endpoint"):
+        if key in table:
+            if not isinstance(table[key], bool):
+                raise ConfigError(f"metrics.{key} must be true or false")
+            setattr(m, key, table[key])
+    if "token" in table and "token_file" in table:
+        raise ConfigError("set metrics.token or metrics.token_file, not both")
+    if "token" in table:
+        if not isinstance(table["token"], str) or not table["token"].strip():
+            raise ConfigError("metrics.token must be a non-empty string")
+        m.token = table["token"].strip()
+    elif "token_file" in table:
+        m.token = _read_secret(_relative(path, table["token_file"], "metrics.token_file"),
+                               "metrics.token_file").strip()
+    if "max_scrapes" in table:
+        m.max_scrapes = _int("metrics.max_scrapes", table["max_scrapes"], 1, 10_000)
+    return m
 
 
 def validate(cfg: NodeConfig) -> None:

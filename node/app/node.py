@@ -25,6 +25,7 @@ from node.app.memory import ProcessMemory, resolve_watermark
 from node.broker.binding_limit import BindingLimits
 from node.broker.password import hash_password
 from node.replication.raft_node import RaftNode
+from node.replication.read_model import queue_dicts
 from node.replication.status import NodeStatus
 
 if TYPE_CHECKING:
@@ -84,7 +85,14 @@ class Node:
         self.admin = AdminServer(self.status_dict, self.administrator, queues=self.raft.queue_rows,
                                  token=cfg.admin.token, tls=cfg.admin.tls()) \
             if cfg.admin_port else None
-        self.metrics = MetricsServer(self.status_dict, self.raft.queue_rows) \
+        # the management rows' shared snapshot: how often it may be built again
+        self.raft.row_cache.min_interval = cfg.http.rows_min_interval
+        self.raft.row_cache.max_share = cfg.http.rows_max_share
+        m = cfg.metrics
+        self.metrics = MetricsServer(self.status_dict, self._metric_rows,
+                                     per_object=m.return_per_object_metrics,
+                                     per_object_endpoint=m.per_object_endpoint,
+                                     token=m.token, max_scrapes=m.max_scrapes) \
             if cfg.metrics_port else None
         # the management API, and its listeners (port, server): plain HTTP, HTTPS or both
         self.http: tuple[list[tuple[int, HttpServer]], ManagementApi] | None = None
@@ -118,7 +126,8 @@ class Node:
                                             member_urls=_member_urls(cfg),
                                             tls_files=tls_files,
                                             target_cluster_size=cfg.http.target_cluster_size_hint),
-                                throttle=self.throttle)
+                                throttle=self.throttle,
+                                max_requests_per_user=cfg.http.max_requests_per_user)
             self.http = ([(p, HttpServer(api, tls, admit=api.admit,
                                          idle_timeout=cfg.http.idle_timeout,
                                          max_connections=cfg.http.max_connections,
@@ -140,6 +149,11 @@ class Node:
                        connection_held_bytes=self.amqp.held_bytes(),
                        mem_used=self.memory.used, mem_limit=cfg.wire.memory_high_watermark,
                        mem_alarm=self.amqp.alarm == MEMORY_ALARM)
+
+    async def _metric_rows(self) -> list[dict[str, Any]]:
+        """The queues of the shared management rows (one build for every
+        scraper and HTTP reader)."""
+        return queue_dicts(await self.raft.management_rows())
 
     def status_dict(self) -> dict[str, Any]:
         """For the generic readers: gRPC Status and the Prometheus text."""

@@ -23,6 +23,7 @@ from node.http.auth import Principal, authenticate, claimed_user
 from node.http.backend import Backend
 from node.http.context import Context, Handler
 from node.http.query import pick_columns
+from node.http.request_limit import MAX_REQUESTS_PER_USER, RequestLimit
 from node.http.resources.static import static_file
 from node.http.routes import ROUTES
 from node.http.server import (
@@ -38,12 +39,15 @@ from node.http.stats import LATENCY_SAMPLE, SAMPLE_INTERVAL
 
 STATIC_DIR = Path(__file__).with_name("static")
 STATIC_METHODS = ("GET", "HEAD")  # all the console's files answer
+REFUSAL_HOLD = 1.0  # seconds a request over max_requests_per_user waits for its 429
 
 
 class ManagementApi:
     def __init__(self, backend: Backend, static_dir: Path | None = STATIC_DIR,
-                 throttle: LoginGate | None = None) -> None:
+                 throttle: LoginGate | None = None,
+                 max_requests_per_user: int = MAX_REQUESTS_PER_USER) -> None:
         self.b = backend
+        self.limit = RequestLimit(max_requests_per_user)
         self.throttle = throttle  # the node's login throttle, shared with AMQP logins
         self.static_dir = static_dir
         self.ctx = Context(backend)
@@ -85,7 +89,17 @@ class ManagementApi:
             if public:
                 return await fn(ctx, req, params, Principal("", ()))
             p = req.principal if req.principal is not None else self._auth(req)
-            return await fn(ctx, req, params, p)
+            if not self.limit.enter(p.name):
+                # the answer is held (the loop is not): a client looping on its
+                # keep-alive connection gets one refusal a second, not thousands
+                await asyncio.sleep(REFUSAL_HOLD)
+                raise HttpError(429, "too_many_requests",
+                                f"{self.limit.limit} requests of user '{p.name}' in flight "
+                                "already, retry later", {"Retry-After": "1"})
+            try:
+                return await fn(ctx, req, params, p)
+            finally:
+                self.limit.leave(p.name)
         self.router.add(method, pattern, handler)
 
     def _auth(self, req: Request) -> Principal:
@@ -171,5 +185,6 @@ def is_definitions_import(method: str, path: str) -> bool:
 
 
 def make_app(backend: Backend, static_dir: Path | None = STATIC_DIR,
-             throttle: LoginGate | None = None) -> ManagementApi:
-    return ManagementApi(backend, static_dir, throttle)
+             throttle: LoginGate | None = None,
+             max_requests_per_user: int = MAX_REQUESTS_PER_USER) -> ManagementApi:
+    return ManagementApi(backend, static_dir, throttle, max_requests_per_user)

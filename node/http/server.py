@@ -106,8 +106,12 @@ class Response:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+def encode_json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), default=str).encode()
+
+
 def json_response(value: Any, status: int = 200) -> Response:
-    return Response(status, json.dumps(value, separators=(",", ":"), default=str).encode())
+    return Response(status, encode_json(value))
 
 
 def error_response(err: HttpError) -> Response:

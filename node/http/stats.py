@@ -187,6 +187,7 @@ class RateSampler:
         # counts from there
         self.base: dict[tuple[str, str], tuple[int, ...]] = {}
         self.base_confirmed = 0
+        self.generation = 0  # moves with every sample and reset (what is derived from it is stale)
 
     def reset(self, m: Management, confirmed: int = 0) -> None:
         """RabbitMQ's rabbit_mgmt_storage:reset: the statistics start over.
@@ -195,6 +196,7 @@ class RateSampler:
         from the values they have now (the replicated counters themselves
         are not changed: every node keeps its own baseline)."""
         self.prev = self.cur = None
+        self.generation += 1
         self.base = {(q.vhost, q.name): q.stats for q in m.queues}
         self.base_confirmed = int(confirmed)
 
@@ -212,6 +214,7 @@ class RateSampler:
 
     def add(self, now: float, m: Management, confirmed: int = 0) -> None:
         self.prev = self.cur
+        self.generation += 1
         self.cur = (now, {(q.vhost, q.name): q.stats for q in m.queues}, int(confirmed))
 
     def rates(self, key: tuple[str, str]) -> tuple[float, ...]:

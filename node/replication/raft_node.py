@@ -68,6 +68,7 @@ from node.replication.pipeline import Flush, Limits, Pipeline
 from node.replication.port import EffectSink
 from node.replication.raft import RaftShim, clock
 from node.replication.read_model import Management, ModelPublisher, ReadModel, management_rows
+from node.replication.row_cache import RowCache, timed
 from node.replication.status import NodeStatus, peer_rows
 from node.replication.view import RaftView
 
@@ -109,6 +110,11 @@ class RaftNode:
         self.log_reader = LogReader(self.shim.entry_handle)
         # the loop thread reads the state only through this (immutable, per tick)
         self.model_publisher = ModelPublisher(loop, self.state)
+        # the management rows every reader shares (HTTP requests, the rate sampler,
+        # metrics scrapes): built again only when something was applied, spaced
+        built = timed(management_rows, self._state_version)
+        self.row_cache: RowCache[Management] = RowCache(
+            lambda: self.model_publisher.compute(built), self._state_version)
         self.peer_security = self.shim.peer_security
         # ---- loop thread
         self.pipeline = Pipeline(self.node_id, self.incarnation, _limits(config))
@@ -136,6 +142,7 @@ class RaftNode:
         self._removed = False
         # ---- statistics
         self.applied_batches = 0
+        self.restores = 0  # states replaced (snapshots installed): the rows changed too
         self.failed_batches = dict.fromkeys(self.shim.fail_reasons(), 0)
         self.published = self.acked = self.confirmed = self.nacked = 0
         self.delivered = self.redelivered = 0
@@ -267,6 +274,7 @@ class RaftNode:
         state.runs_version = runs
         state.binding_limits = self.config.binding_limits
         old, self.state = self.state, state
+        self.restores += 1
         self._machine_changed(index)
         self.log_reader.clear()
         if not old.members:
@@ -499,9 +507,14 @@ class RaftNode:
         return await self.model_publisher.queue_rows()
 
     async def management_rows(self) -> Management:
-        """Queues, exchanges, bindings, channels, consumers and connections as
-        of the raft thread's next tick (read_model.management_rows)."""
-        return await self.model_publisher.compute(management_rows)
+        """Queues, exchanges, bindings, channels, consumers and connections:
+        the shared snapshot (row_cache.py), never older than the last batch
+        applied when it is returned."""
+        return await self.row_cache.get()
+
+    def _state_version(self) -> int:
+        """Moves whenever the state does (raft thread writes, the loop reads)."""
+        return self.applied_batches + self.restores
 
     def is_congested(self) -> bool:
         return self.pipeline.congested

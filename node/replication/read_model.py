@@ -239,6 +239,13 @@ def queue_rows(state: Any) -> tuple[QueueRow, ...]:
     return tuple(rows)
 
 
+def queue_dicts(m: Management) -> list[dict[str, Any]]:
+    """ListQueues' fields of the management rows' queues (the metrics read
+    them from the shared snapshot, node/replication/row_cache.py)."""
+    return [{"name": q.name, "vhost": q.vhost, "ready": q.ready, "unacked": q.unacked,
+             "consumers": q.consumers, "durable": q.durable} for q in m.queues]
+
+
 # ------------------------------------------------------------ management rows
 # What the HTTP management API reads (issue 15): built on the raft thread by
 # the pure `management_rows`, only when the loop asks (O(state)), as plain

@@ -124,8 +124,9 @@ def test_admin_status_and_metrics(own_node: NodeProcess) -> None:
     assert m[f'mirrorq_leader_changes_total{{node="{node}"}}'] == 0
     assert m[f'mirrorq_in_sync_size{{node="{node}"}}'] == 1
     assert m[f'mirrorq_term{{node="{node}"}}'] >= 1 and f'mirrorq_commit_index{{node="{node}"}}' in m
-    assert m[f'mirrorq_queue_messages_ready{{node="{node}",vhost="/",queue="metrics-q2"}}'] == 1
-    assert m[f'mirrorq_queue_messages_ready{{node="{node}",vhost="/",queue="metrics-q"}}'] == 0
+    # aggregated by default (issue 42): the queues' sum, no queue or vhost names
+    assert m[f'mirrorq_queue_messages_ready{{node="{node}"}}'] == 1
+    assert not any("queue=" in k or "vhost=" in k for k in m)
     assert m[f'mirrorq_confirm_latency_seconds_count{{node="{node}"}}'] == 6
     assert m[f'mirrorq_confirm_latency_seconds_bucket{{node="{node}",le="+Inf"}}'] == 6
     assert "mirrorq_journal_flushes_total" in " ".join(m)

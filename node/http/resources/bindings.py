@@ -10,7 +10,6 @@ from node.http.body import arguments, json_object, routing_key
 from node.http.context import Context, Handler
 from node.http.errors import not_found
 from node.http.format import all_bindings, binding_json, properties_key
-from node.http.query import filter_sort_page
 from node.http.server import HttpError, Request, Response, json_response
 
 if TYPE_CHECKING:
@@ -21,10 +20,11 @@ async def bindings(ctx: Context, req: Request, params: dict[str, str], p: Princi
     vhost = params.get("vhost")
     if vhost is not None:
         ctx.need_vhost(p, vhost)
-    vis = ctx.vhosts_for(p)
+    vis = frozenset(ctx.vhosts_for(p))
     rows = await ctx.rows()
-    return filter_sort_page(req, [binding_json(b) for b in all_bindings(rows)
-                                  if b.vhost in vis and (vhost is None or b.vhost == vhost)])
+    return ctx.listed(req, rows, "bindings", vis, lambda: [
+        binding_json(b) for b in all_bindings(rows)
+        if b.vhost in vis and (vhost is None or b.vhost == vhost)])
 
 
 def matching(rows: Management, vhost: str, source: str, kind: str,

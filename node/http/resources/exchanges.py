@@ -10,7 +10,6 @@ from node.http.body import amqp_properties, arguments, boolean, json_object, rou
 from node.http.context import Context
 from node.http.errors import bad_request, not_found
 from node.http.format import all_bindings, binding_json, exchange_json
-from node.http.query import filter_sort_page
 from node.http.server import HttpError, Request, Response, json_response
 
 if TYPE_CHECKING:
@@ -21,10 +20,11 @@ async def exchanges(ctx: Context, req: Request, params: dict[str, str], p: Princ
     vhost = params.get("vhost")
     if vhost is not None:
         ctx.need_vhost(p, vhost)
-    vis = ctx.vhosts_for(p)
+    vis = frozenset(ctx.vhosts_for(p))
     rows = await ctx.rows()
-    return filter_sort_page(req, [exchange_json(x) for x in rows.exchanges
-                                  if x.vhost in vis and (vhost is None or x.vhost == vhost)])
+    return ctx.listed(req, rows, "exchanges", vis, lambda: [
+        exchange_json(x) for x in rows.exchanges
+        if x.vhost in vis and (vhost is None or x.vhost == vhost)])
 
 
 async def find_exchange(ctx: Context, p: Principal, vhost: str,

@@ -3,7 +3,7 @@ them) and /api/mirrorq/members/{name} (add, remove; through the
 Administrator); and RabbitMQ's /api/rebalance/queues, a no-op here."""
 from __future__ import annotations
 
-from node.http.auth import Principal, require_admin
+from node.http.auth import Principal, require_admin, require_monitor
 from node.http.body import json_object
 from node.http.context import Context
 from node.http.errors import bad_request, not_found
@@ -11,6 +11,9 @@ from node.http.server import HttpError, Request, Response, json_response
 
 
 async def mirrorq_cluster(ctx: Context, _r: Request, _p: dict[str, str], p: Principal) -> Response:
+    """Member addresses, the leader, the commit index: monitoring or
+    administrator, as RabbitMQ's /api/nodes (issue 42; 403 otherwise)."""
+    require_monitor(p)
     return json_response(ctx.cluster(ctx.b.status()))
 
 

@@ -1,6 +1,8 @@
 """/api/overview, /api/cluster-name, /api/extensions, /api/whoami, /api/version."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from node.http.auth import Principal, require_admin
 from node.http.body import json_object
 from node.http.context import Context
@@ -8,26 +10,40 @@ from node.http.errors import bad_request
 from node.http.format import EXCHANGE_TYPES, RABBIT_VERSION, message_stats, rate
 from node.http.server import HttpError, Request, Response, json_response
 
+if TYPE_CHECKING:
+    from node.replication.read_model import Management
+
+
+def _totals(ctx: Context, rows: Management, vis: frozenset[str]) -> tuple[Any, ...]:
+    """The sums over the visible objects: O(objects), so built once per
+    snapshot of the rows (ctx.memo), whatever the number of requests."""
+    queues = [q for q in rows.queues if q.vhost in vis]
+    counted = [ctx.sampler.counted((q.vhost, q.name), q.stats) for q in queues]
+    return (sum(q.ready for q in queues), sum(q.unacked for q in queues),
+            [sum(c[i] for c in counted) for i in range(4)], ctx.sampler.totals(vis),
+            {"channels": sum(1 for c in rows.channels if c.vhost in vis),
+             "connections": sum(1 for c in rows.connections if c.vhost in vis),
+             "consumers": sum(1 for c in rows.consumers if c.vhost in vis),
+             "exchanges": sum(1 for x in rows.exchanges if x.vhost in vis),
+             "queues": len(queues)})
+
 
 async def overview(ctx: Context, req: Request, _p: dict[str, str], p: Principal) -> Response:
     rows = await ctx.rows()
-    vis = ctx.vhosts_for(p)
-    queues = [q for q in rows.queues if q.vhost in vis]
-    ready = sum(q.ready for q in queues)
-    unacked = sum(q.unacked for q in queues)
+    vis = frozenset(ctx.vhosts_for(p))
+    ready, unacked, totals, rates, object_totals = ctx.memo(
+        rows, ("overview", vis), lambda: _totals(ctx, rows, vis))
     st = ctx.b.status()
-    counted = [ctx.sampler.counted((q.vhost, q.name), q.stats) for q in queues]
-    totals = [sum(c[i] for c in counted) for i in range(4)]
     # publish, deliver_get, redeliver, ack: cluster-wide, as RabbitMQ's overview
     # (the replicated per-queue counters summed over the visible queues; a message
     # routed to k queues counts k publishes, an unroutable one none)
-    stats = message_stats(totals, ctx.sampler.totals(vis))
+    stats = message_stats(totals, rates)
     # confirm: this node's (confirms are not replicated: one leaves the node
     # its publisher is connected to; sum the nodes' overviews for the cluster)
     hist_count = int((st.confirm_latency or {}).get("count") or 0)
     stats["confirm"] = ctx.sampler.confirmed(int(st.confirmed or hist_count))
     stats["confirm_details"] = rate(ctx.sampler.confirm_rate())
-    return json_response({
+    out = {
         "management_version": RABBIT_VERSION, "rabbitmq_version": RABBIT_VERSION,
         "product_name": "mirrorq", "product_version": ctx.b.product_version,
         "rates_mode": "basic", "erlang_version": "none (Python)",
@@ -36,12 +52,7 @@ async def overview(ctx: Context, req: Request, _p: dict[str, str], p: Principal)
         "disable_stats": False, "enable_queue_totals": True,
         "sample_retention_policies": {"global": [600], "basic": [600], "detailed": [600]},
         "exchange_types": EXCHANGE_TYPES,
-        "object_totals": {
-            "channels": sum(1 for c in rows.channels if c.vhost in vis),
-            "connections": sum(1 for c in rows.connections if c.vhost in vis),
-            "consumers": sum(1 for c in rows.consumers if c.vhost in vis),
-            "exchanges": sum(1 for x in rows.exchanges if x.vhost in vis),
-            "queues": len(queues)},
+        "object_totals": dict(object_totals),
         "queue_totals": {"messages": ready + unacked, "messages_details": rate(0),
                          "messages_ready": ready, "messages_ready_details": rate(0),
                          "messages_unacknowledged": unacked,
@@ -52,8 +63,12 @@ async def overview(ctx: Context, req: Request, _p: dict[str, str], p: Principal)
                       "path": "/", "port": str(req.headers.get("host", "").rpartition(":")[2])}],
         "statistics_db_event_queue": 0,
         "churn_rates": {},
-        "mirrorq": ctx.cluster(st),
-    })
+    }
+    if p.monitor:  # the members' addresses, leader, commit index: monitoring (issue 42)
+        out["mirrorq"] = ctx.cluster(st)
+    else:  # RabbitMQ's overview gives listeners and contexts to monitors only
+        del out["listeners"], out["contexts"]
+    return json_response(out)
 
 
 async def cluster_name(ctx: Context, _r: Request, _p: dict[str, str], p: Principal) -> Response:

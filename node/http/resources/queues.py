@@ -9,7 +9,6 @@ from node.http.body import arguments, boolean, json_object
 from node.http.context import Context
 from node.http.errors import bad_request, not_found
 from node.http.format import all_bindings, binding_json, consumer_json, message_json, queue_json
-from node.http.query import filter_sort_page
 from node.http.server import HttpError, Request, Response, json_response
 
 if TYPE_CHECKING:
@@ -25,11 +24,13 @@ async def queues(ctx: Context, req: Request, params: dict[str, str], p: Principa
     vhost = params.get("vhost")
     if vhost is not None:
         ctx.need_vhost(p, vhost)
-    vis = ctx.vhosts_for(p)
+    vis = frozenset(ctx.vhosts_for(p))
     rows = await ctx.rows()
-    out = [_queue_json(ctx, q) for q in rows.queues
-           if q.vhost in vis and (vhost is None or q.vhost == vhost)]
-    return filter_sort_page(req, out)
+    return ctx.listed_json(
+        req, rows, "queues", vis,
+        lambda: ctx.rows_json(rows, "queues", rows.queues, lambda q: (q.vhost, q.name),
+                              lambda q: _queue_json(ctx, q)),
+        lambda q: q.vhost in vis and (vhost is None or q.vhost == vhost))
 
 
 async def find_queue(ctx: Context, p: Principal, vhost: str,

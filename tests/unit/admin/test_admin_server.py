@@ -230,25 +230,86 @@ def test_metrics_render_async_queue_rows_and_survive_a_timeout() -> None:
     async def silent() -> list[dict[str, Any]]:
         raise TimeoutError("queue rows: the raft thread did not answer")
 
-    async def scrape(queues: QueuesFn) -> str:
-        server = MetricsServer(lambda: dict(STATUS), queues)
+    body = asyncio.run(_scrape(MetricsServer(lambda: dict(STATUS), _rows, per_object=True)))
+    assert body.startswith("HTTP/1.1 200")
+    assert 'mirrorq_queue_messages_ready{node="n1",vhost="/",queue="a"} 3' in body
+    body = asyncio.run(_scrape(MetricsServer(lambda: dict(STATUS), silent, per_object=True)))
+    assert body.startswith("HTTP/1.1 200") and "mirrorq_queue_messages_ready{" not in body
+    assert "mirrorq_message_bytes" in body
+
+
+async def _scrape(server: MetricsServer, path: str = "/metrics", header: str = "") -> str:
+    port = free_port()
+    await server.start("127.0.0.1", port)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n{header}\r\n".encode())
+        body = (await reader.read()).decode()
+        writer.close()
+        return body
+    finally:
+        await server.stop()
+
+
+def test_metrics_are_aggregated_by_default_per_object_only_when_configured() -> None:
+    """Issue 42: /metrics sums the queues (no vhost or queue names, RabbitMQ's
+    aggregated default); per-object series on /metrics with
+    return_per_object_metrics, on /metrics/per-object with per_object_endpoint."""
+    total = sum(int(r["ready"]) for r in ROWS)
+    body = asyncio.run(_scrape(MetricsServer(lambda: dict(STATUS), _rows)))
+    assert body.startswith("HTTP/1.1 200")
+    assert f'mirrorq_queue_messages_ready{{node="n1"}} {total}' in body
+    assert "queue=" not in body and "vhost=" not in body
+    assert asyncio.run(_scrape(MetricsServer(lambda: dict(STATUS), _rows),
+                               "/metrics/per-object")).startswith("HTTP/1.1 404")
+    body = asyncio.run(_scrape(MetricsServer(lambda: dict(STATUS), _rows,
+                                             per_object_endpoint=True), "/metrics/per-object"))
+    assert 'mirrorq_queue_messages_ready{node="n1",vhost="/",queue="a"} 3' in body
+
+
+def test_metrics_token_is_required_when_set() -> None:
+    def served() -> MetricsServer:
+        return MetricsServer(lambda: dict(STATUS), _rows, token="s3cret")
+    assert asyncio.run(_scrape(served())).startswith("HTTP/1.1 401")
+    assert asyncio.run(_scrape(served(), header="Authorization: Bearer wrong\r\n")) \
+        .startswith("HTTP/1.1 401")
+    assert asyncio.run(_scrape(served(), header="Authorization: Basic s3cret\r\n")) \
+        .startswith("HTTP/1.1 401")
+    ok = asyncio.run(_scrape(served(), header="Authorization: Bearer s3cret\r\n"))
+    assert ok.startswith("HTTP/1.1 200") and "mirrorq_term" in ok
+
+
+def test_metrics_scrapes_in_flight_are_capped() -> None:
+    """A scrape beyond max_scrapes waiting on the rows is answered 429 at once."""
+    async def run() -> tuple[str, str]:
+        gate = asyncio.Event()
+
+        async def slow() -> list[dict[str, Any]]:
+            await gate.wait()
+            return [dict(r) for r in ROWS]
+        server = MetricsServer(lambda: dict(STATUS), slow, max_scrapes=1)
         port = free_port()
         await server.start("127.0.0.1", port)
         try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            body = (await reader.read()).decode()
-            writer.close()
-            return body
+            r1, w1 = await asyncio.open_connection("127.0.0.1", port)
+            w1.write(b"GET /metrics HTTP/1.1\r\n\r\n")
+            await asyncio.sleep(0)
+            for _ in range(200):  # the first scrape is in (waiting on the rows)
+                if server._scraping:
+                    break
+                await asyncio.sleep(0.01)
+            r2, w2 = await asyncio.open_connection("127.0.0.1", port)
+            w2.write(b"GET /metrics HTTP/1.1\r\n\r\n")
+            second = (await r2.read()).decode()
+            gate.set()
+            first = (await r1.read()).decode()
+            w1.close()
+            w2.close()
+            return first, second
         finally:
             await server.stop()
-
-    body = asyncio.run(scrape(_rows))
-    assert body.startswith("HTTP/1.1 200")
-    assert 'mirrorq_queue_messages_ready{node="n1",vhost="/",queue="a"} 3' in body
-    body = asyncio.run(scrape(silent))
-    assert body.startswith("HTTP/1.1 200") and "mirrorq_queue_messages_ready{" not in body
-    assert "mirrorq_message_bytes" in body
+    first, second = asyncio.run(run())
+    assert first.startswith("HTTP/1.1 200") and second.startswith("HTTP/1.1 429")
 
 
 def test_a_node_without_vhosts_answers_unimplemented(monkeypatch: pytest.MonkeyPatch) -> None:

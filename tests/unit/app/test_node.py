@@ -7,6 +7,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -37,6 +38,7 @@ class SlowRaft:
         self.gates: dict[str, asyncio.Event] = {}
         self.changing: dict[str, asyncio.Event] = {}
         self.refusal: str | None = None  # what add_member_refusal answers
+        self.row_cache = SimpleNamespace(min_interval=0.0, max_share=0.0)  # the Node sets these
 
     def add_drain_listener(self, _fn: Callable[[], None]) -> None:
         pass  # the AMQP server's; it is built but not started here

@@ -244,3 +244,39 @@ def test_policy_and_parameter_bounds_are_read_and_checked(tmp_path: Path) -> Non
             cfg_from(tmp_path, f"max_policies_per_vhost = {bad}\n")
     with pytest.raises(ConfigError, match="max_policy_pattern_length"):
         cfg_from(tmp_path, "max_policy_pattern_length = 1001\n")
+
+
+def test_http_read_limits_have_safe_defaults_and_are_checked(tmp_path: Path) -> None:
+    """Issue 42: requests in flight per user and the shared rows' spacing."""
+    http = cfg_from(tmp_path, "[http]\nport = 15672\n").http
+    assert (http.max_requests_per_user, http.rows_min_interval, http.rows_max_share) \
+        == (8, 0.05, 0.1)
+    http = cfg_from(tmp_path, "[http]\nmax_requests_per_user = 0\nrows_min_interval = 1\n"
+                              "rows_max_share = 0.5\n").http
+    assert (http.max_requests_per_user, http.rows_min_interval, http.rows_max_share) \
+        == (0, 1.0, 0.5)
+    for bad in ("max_requests_per_user = -1", 'max_requests_per_user = "8"',
+                "rows_min_interval = 61", "rows_min_interval = true", "rows_max_share = 0",
+                "rows_max_share = 1.5"):
+        with pytest.raises(ConfigError, match=bad.split(" ")[0]):
+            cfg_from(tmp_path, f"[http]\n{bad}\n")
+
+
+def test_metrics_table(tmp_path: Path) -> None:
+    """Issue 42: aggregated by default, per-object opt-in, an optional token."""
+    m = cfg_from(tmp_path, "[http]\nport = 15672\n").metrics
+    assert (m.return_per_object_metrics, m.per_object_endpoint, m.token, m.max_scrapes) \
+        == (False, False, None, 4)
+    (tmp_path / "metrics.token").write_text("s3cret\n")
+    m = cfg_from(tmp_path, '[metrics]\nreturn_per_object_metrics = true\n'
+                           'per_object_endpoint = true\ntoken_file = "metrics.token"\n'
+                           'max_scrapes = 2\n').metrics
+    assert (m.return_per_object_metrics, m.per_object_endpoint, m.token, m.max_scrapes) \
+        == (True, True, "s3cret", 2)
+    for bad, needle in (('return_per_object_metrics = "yes"', "return_per_object_metrics"),
+                        ('token = ""', "metrics.token"),
+                        ('token = "a"\ntoken_file = "metrics.token"', "not both"),
+                        ('token_file = "absent"', "metrics.token_file"),
+                        ("max_scrapes = 0", "max_scrapes"), ("other = 1", "metrics.other")):
+        with pytest.raises(ConfigError, match=needle):
+            cfg_from(tmp_path, f"[metrics]\n{bad}\n")
