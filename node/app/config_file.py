@@ -252,7 +252,8 @@ def _read_file_token(value: Any, path: str) -> str:
 
 
 _HTTP_KEYS = {"port", "tls_port", "tls_only", "tls_cert", "tls_key", "tls_client_ca", "member_urls", "idle_timeout",
-              "max_connections", "max_connections_per_address", "target_cluster_size_hint"}
+              "max_connections", "max_connections_per_address", "target_cluster_size_hint",
+              "get_max_count", "get_max_bytes"}
 
 
 def _http_config(table: Any, path: str) -> HttpConfig:
@@ -278,6 +279,10 @@ def _http_config(table: Any, path: str) -> HttpConfig:
     for key in ("max_connections", "max_connections_per_address"):
         if key in table:
             setattr(http, key, _int(f"http.{key}", table[key], 1, 1_000_000))
+    if "get_max_count" in table:
+        http.get_max_count = _int("http.get_max_count", table["get_max_count"], 1, 1_000_000)
+    if "get_max_bytes" in table:
+        http.get_max_bytes = _int("http.get_max_bytes", table["get_max_bytes"], 1, 1 << 40)
     if "target_cluster_size_hint" in table:
         http.target_cluster_size_hint = _int("http.target_cluster_size_hint",
                                              table["target_cluster_size_hint"], 1, 1000)

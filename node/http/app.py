@@ -21,7 +21,7 @@ from pathlib import Path
 from node.amqp.throttle import LoginGate
 from node.http.auth import Principal, authenticate, claimed_user
 from node.http.backend import Backend
-from node.http.context import Context, Handler
+from node.http.context import GET_MAX_BYTES, GET_MAX_COUNT, Context, Handler
 from node.http.query import pick_columns
 from node.http.resources.static import static_file
 from node.http.routes import ROUTES
@@ -42,11 +42,12 @@ STATIC_METHODS = ("GET", "HEAD")  # all the console's files answer
 
 class ManagementApi:
     def __init__(self, backend: Backend, static_dir: Path | None = STATIC_DIR,
-                 throttle: LoginGate | None = None) -> None:
+                 throttle: LoginGate | None = None, get_max_count: int = GET_MAX_COUNT,
+                 get_max_bytes: int = GET_MAX_BYTES) -> None:
         self.b = backend
         self.throttle = throttle  # the node's login throttle, shared with AMQP logins
         self.static_dir = static_dir
-        self.ctx = Context(backend)
+        self.ctx = Context(backend, get_max_count, get_max_bytes)
         self.router = Router()
         self._sampling: asyncio.Task[None] | None = None
         for method, pattern, fn in ROUTES:
