@@ -16,8 +16,7 @@ from node.broker.limit import (
     VHOST,
     over,
     queues_refused,
-    topic_permitted,
-    topic_refused,
+    topic_refusal,
 )
 from node.broker.vhost import split_key
 from node.replication.command import (
@@ -178,20 +177,16 @@ class LimitHandlers(ApplierBase):
                     ids: tuple[int, int]) -> None:
         """403 unless the channel's user may write (publish) or read (bind,
         unbind) `key` on the topic exchange `x` (RabbitMQ's
-        check_topic_authorisation)."""
+        check_topic_authorisation); a channel whose user the connection table
+        does not know is refused where the exchange has topic permissions."""
         s = self.s
         if not s.topic_permissions or x.type != "topic":
             return
-        user = channel_user(s, ch.id)
-        if user is None:  # opened before machine version 4: its user is unknown here
-            return
         vhost, name = split_key(x.name)
-        perm = s.topic_permissions.get((user, vhost, name))
-        if perm is None:
-            return
-        if not topic_permitted(perm[0] if write else perm[1], user, vhost, key):
-            raise _ChanErr(403, topic_refused("write" if write else "read", key, name, vhost,
-                                              user), ids)
+        refused = topic_refusal(s.topic_permissions, channel_user(s, ch.id), vhost, name, key,
+                                write)
+        if refused is not None:
+            raise _ChanErr(403, refused, ids)
 
     def drop_access_of_user(self, user: str) -> None:
         s = self.s
