@@ -106,8 +106,11 @@ class AmqpSession:
                  timeout: float = DEFAULT_TIMEOUT) -> None:
         self.server = server
         self.timeout = timeout
+        # peers: this node's connections, so the user's and vhost's limits count
+        # them as they do for a socket's connection
         conn = _SessionConnection(server.proposer, ConnId(server.node_id, next_serial()),
-                                  server.config, peer_host="127.0.0.1")
+                                  server.config, peer_host="127.0.0.1",
+                                  peers=server.connections)
         conn.full_access = full_access
         conn.user = user
         conn.vhost = vhost
@@ -123,6 +126,12 @@ class AmqpSession:
         self._opened = False
 
     async def __aenter__(self) -> AmqpSession:
+        # a connection like any other (issue 42): the vhost's and the user's
+        # max-connections refuse it as connection.open would (530; HTTP 403),
+        # and its channel counts against the user's max-channels
+        refused = self.conn._connection_limit_refusal()
+        if refused is not None:
+            raise AmqpReplyError(530, refused)
         self.server.conns[self.conn.id.serial] = _Port(self)  # type: ignore[assignment]
         # in the connection table: its user's topic permissions apply, as to
         # RabbitMQ's direct connections

@@ -18,6 +18,7 @@ from typing import Any
 from node.amqp.config import WireConfig
 from node.amqp.connection import Connection, next_serial
 from node.amqp.endpoint import CLOSED, HeldBytes
+from node.amqp.log_limit import LogLimit, suppressed_note
 from node.amqp.throttle import LoginThrottle
 from node.amqp.tls import peer_common_name
 from node.broker.ids import ConnId
@@ -213,7 +214,7 @@ class AmqpServer:
         self._handshaking_from: dict[str, int] = {}
         self.opened: set[int] = set()  # ids of protocols past connection.open (max_connections)
         self.refused_handshakes = 0  # sockets closed by the handshake caps (logged, debug)
-        self._refusal_logged = float("-inf")
+        self._refusal_log = LogLimit()  # the refusals' WARNING lines, per cause
         self.alarm: str | None = None
         self.held = HeldBytes()  # bytes all connections hold (unfinished bodies, open tx)
         # one per node, shared with the management API's basic auth (node/app/node.py)
@@ -323,12 +324,12 @@ class AmqpServer:
         cfg, host = self.config, proto.peer_host
         from_host = self._handshaking_from.get(host, 0)
         if cfg.max_handshakes_per_address and from_host >= cfg.max_handshakes_per_address:
-            self._refused(f"{from_host} sockets from {host} are in the AMQP handshake "
+            self._refused("per-address", f"{from_host} sockets from {host} are in the AMQP handshake "
                           f"(max_handshakes_per_address): a new one is refused")
             return False
         if cfg.max_handshakes and len(self.handshaking) >= cfg.max_handshakes:
             oldest = next(iter(self.handshaking.values()))
-            self._refused(f"{len(self.handshaking)} sockets are in the AMQP handshake "
+            self._refused("total", f"{len(self.handshaking)} sockets are in the AMQP handshake "
                           f"(max_handshakes): the oldest, from {oldest.peer_host}, is closed")
             self.handshake_done(oldest)
             if oldest.transport is not None:
@@ -389,12 +390,12 @@ class AmqpServer:
         self.opened.add(id(proto))
         return None
 
-    def _refused(self, what: str) -> None:
+    def _refused(self, cause: str, what: str) -> None:
         self.refused_handshakes += 1
-        now = time.monotonic()
-        if now - self._refusal_logged >= 10.0:  # at most one line per 10 s under a flood
-            self._refusal_logged = now
-            log.warning("%s (%d refused so far)", what, self.refused_handshakes)
+        left_out = self._refusal_log.admit(cause, time.monotonic())
+        if left_out is not None:  # at most one line per cause per 10 s under a flood
+            log.warning("%s (%d refused so far)%s", what, self.refused_handshakes,
+                        suppressed_note(left_out))
 
     # ------------------------------------------------------------ effects
 

@@ -79,6 +79,10 @@ class HttpConfig:
     idle_timeout: float = 10.0
     max_connections: int = 512
     max_connections_per_address: int = 64
+    # issue 42: POST /api/queues/{v}/{q}/get takes at most this many messages,
+    # and stops once the bodies it took reach get_max_bytes
+    get_max_count: int = 10_000
+    get_max_bytes: int = 64 << 20
     # how many members the cluster should have online
     # (/api/health/checks/reached-target-cluster-size; RabbitMQ's
     # cluster_formation.target_cluster_size_hint, default 1)

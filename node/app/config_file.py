@@ -264,7 +264,8 @@ def _read_file_token(value: Any, path: str) -> str:
 
 _HTTP_KEYS = {"port", "tls_port", "tls_only", "tls_cert", "tls_key", "tls_client_ca", "member_urls", "idle_timeout",
               "max_connections", "max_connections_per_address", "target_cluster_size_hint",
-              "max_requests_per_user", "rows_min_interval", "rows_max_share"}
+              "max_requests_per_user", "rows_min_interval", "rows_max_share",
+              "get_max_count", "get_max_bytes"}
 
 
 def _http_config(table: Any, path: str) -> HttpConfig:
@@ -303,6 +304,10 @@ def _http_config(table: Any, path: str) -> HttpConfig:
         if isinstance(t, bool) or not isinstance(t, int | float) or not 0.01 <= t <= 1:
             raise ConfigError(f"http.rows_max_share must be a fraction in [0.01, 1], got {t!r}")
         http.rows_max_share = float(t)
+    if "get_max_count" in table:
+        http.get_max_count = _int("http.get_max_count", table["get_max_count"], 1, 1_000_000)
+    if "get_max_bytes" in table:
+        http.get_max_bytes = _int("http.get_max_bytes", table["get_max_bytes"], 1, 1 << 40)
     if "target_cluster_size_hint" in table:
         http.target_cluster_size_hint = _int("http.target_cluster_size_hint",
                                              table["target_cluster_size_hint"], 1, 1000)

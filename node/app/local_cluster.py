@@ -7,7 +7,10 @@ so `--base-port 5672` gives n1 5672 / 15672 (HTTP, RabbitMQ's management
 port) / 15682 (admin) / 15692 / 25672. Everything lives under --dir D: D/cluster.json (layout and
 pids), D/cluster.toml (generated Raft password, mode 0600), D/admin.token (the
 generated admin token every node requires, mode 0600; the admin ports listen on
-loopback), D/nI/ (data) and D/nI.log (stdout and stderr of the node). A cluster needs a Raft password: a
+loopback), D/admin.password (the generated password of the cluster's first
+administrator, `admin`, mode 0600: a new cluster seeds no guest/guest, issue
+42), D/nI/ (data) and D/nI.log (stdout and stderr of the node). D must be the
+user's own and writable by nobody else (it holds keys and credentials). A cluster needs a Raft password: a
 `--config` that sets none gets the generated one through MIRRORQ_RAFT_PASSWORD.
 With more than one node, D/tls/ holds a cluster CA (ca.pem, ca.key) and a
 certificate per member (nI.pem, nI.key), generated once: the members' Raft
@@ -33,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from node.amqp.config import ipv6_available
+from node.app.config import DEFAULT_PASS_ENV, DEFAULT_USER_ENV
 from node.app.pki import make_ca, make_member
 from node.broker.loopback import is_loopback
 
@@ -45,6 +49,8 @@ RAFT_OFFSET = 20000
 STATE_FILE = "cluster.json"
 CONFIG_FILE = "cluster.toml"
 TOKEN_FILE = "admin.token"
+PASSWORD_FILE = "admin.password"
+ADMIN_USER = "admin"  # the first administrator a new local cluster seeds (no guest)
 
 
 class ClusterError(Exception):
@@ -125,8 +131,25 @@ def admin_host(n: dict[str, Any]) -> str:
     return str(n.get("admin_host") or "127.0.0.1")  # cluster.json of an older build: none
 
 
-def amqp_url(n: dict[str, Any]) -> str:
-    return f"amqp://guest:guest@{n['host']}:{n['amqp_port']}/"
+def amqp_url(n: dict[str, Any], user: str | None = None) -> str:
+    """The node's AMQP URL: as `user` (its password in admin.password, not
+    printed) or, for a cluster an older build seeded, guest/guest."""
+    if user is None:
+        return f"amqp://guest:guest@{n['host']}:{n['amqp_port']}/"
+    return f"amqp://{user}@{n['host']}:{n['amqp_port']}/"
+
+
+def dir_refusal(path: Path, owner: int, mode: int, me: int) -> str | None:
+    """Why --dir may not hold a cluster's keys and credentials: another user
+    owns it, or its group or others may write in it (they could replace the
+    token, the password or the CA; issue 42). None: it is private enough."""
+    if owner != me:
+        return (f"{path} is owned by uid {owner}, not by you (uid {me}): use a directory "
+                f"of your own")
+    if mode & 0o022:
+        return (f"{path} is writable by its group or others (mode {mode & 0o7777:04o}): "
+                f"chmod go-w it or use another --dir")
+    return None
 
 
 # ---------------------------------------------------------------- state file
@@ -236,7 +259,8 @@ def healthy(nodes: list[dict[str, Any]], token: str | None) -> tuple[bool, str]:
 # ---------------------------------------------------------------- commands
 
 def _spawn(d: Path, n: dict[str, Any], nodes: list[dict[str, Any]], config: Path,
-           log_level: str, raft_password: str | None = None) -> int:
+           log_level: str, raft_password: str | None = None,
+           admin_password: str | None = None) -> int:
     argv = [sys.executable, "-m", "node.app", "serve", "--node-id", n["id"], "--host", n["host"],
             "--listen", ",".join(n.get("listen") or [n["host"]]), "--raft-listen", n["host"],
             "--amqp-port", str(n["amqp_port"]), "--raft-port", str(n["raft_port"]),
@@ -260,6 +284,8 @@ def _spawn(d: Path, n: dict[str, Any], nodes: list[dict[str, Any]], config: Path
     env = dict(os.environ)
     if raft_password is not None:
         env["MIRRORQ_RAFT_PASSWORD"] = raft_password  # in the environment, never in argv (ps)
+    if admin_password is not None:  # the only configured user: a new cluster seeds it alone
+        env[DEFAULT_USER_ENV], env[DEFAULT_PASS_ENV] = ADMIN_USER, admin_password
     src = str(Path(__file__).resolve().parent.parent.parent)  # the directory holding node/
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     with os.fdopen(os.open(d / f"{n['id']}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
@@ -298,6 +324,35 @@ def read_token(d: Path) -> str | None:
         return None
 
 
+def _admin_password(d: Path, new_cluster: bool) -> str | None:
+    """D/admin.password's content: generated (0600) for a new cluster; None
+    for a cluster an older build created without one (its users are its own)."""
+    path = d / PASSWORD_FILE
+    if not path.exists():
+        if not new_cluster:
+            return None
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(16) + "\n")
+    try:
+        password = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ClusterError(f"cannot read {path}: {exc}") from exc
+    if not password:
+        raise ClusterError(f"{path} is empty; remove it (a new cluster generates one)")
+    return password
+
+
+def _sets_users(config: Path) -> bool:
+    """The user's --config (or the environment) names the users itself."""
+    if os.environ.get(DEFAULT_USER_ENV):
+        return True
+    try:
+        return "users" in tomllib.loads(config.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+
+
 def _sets_raft_password(config: Path) -> bool:
     """The user's --config (or the environment) already authenticates the Raft port.
     An unreadable or invalid file counts as no: the node itself reports what is wrong."""
@@ -328,6 +383,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise ClusterError(f"cannot create {d}: {exc.strerror}") from exc
     if not os.access(d, os.W_OK):
         raise ClusterError(f"{d} is not writable")
+    st = d.stat()
+    refused = dir_refusal(d, st.st_uid, st.st_mode, os.geteuid())
+    if refused is not None:
+        raise ClusterError(refused)
     old = load_state(d)
     if old is not None:
         running = [n["id"] for n in old["nodes"] if pid_alive(n.get("pid"), n["id"])]
@@ -343,13 +402,17 @@ def cmd_up(args: argparse.Namespace) -> int:
     config = Path(args.config).resolve() if args.config else _config_file(d)
     # a --config without a Raft password still gets this directory's generated one
     password = None if _sets_raft_password(config) else _generated_password(d)
+    # the first administrator: generated, never guest/guest (unless the config names users)
+    fresh = old is None and not any((d / n["id"]).exists() for n in nodes)
+    admin_password = None if _sets_users(config) else _admin_password(d, fresh)
+    user = ADMIN_USER if admin_password is not None else None
     state = {"nodes": nodes, "base_port": args.base_port, "host": args.host,
-             "config": str(config), "started_at": time.time()}
+             "config": str(config), "started_at": time.time(), "user": user}
     token = _token_file(d)
     if len(nodes) > 1:
         make_ca(d / "tls")
     for n in nodes:
-        n["pid"] = _spawn(d, n, nodes, config, args.log_level, password)
+        n["pid"] = _spawn(d, n, nodes, config, args.log_level, password, admin_password)
         save_state(d, state)  # record each pid as soon as it exists: `down` can always find it
     deadline = time.monotonic() + args.timeout
     why = "starting"
@@ -372,9 +435,18 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"mirrorq local cluster of {len(nodes)} nodes up in {d} ({why})")
     for n in nodes:
         http = f"http://{n['host']}:{n['http_port']}/  " if n.get("http_port") else ""
-        print(f"  {n['id']}  {amqp_url(n)}  pid {n['pid']}  {http}admin {admin_host(n)}:"
+        print(f"  {n['id']}  {amqp_url(n, user)}  pid {n['pid']}  {http}admin {admin_host(n)}:"
               f"{n['admin_port']}  metrics http://{n['host']}:{n['metrics_port']}/metrics  "
               f"raft {n['raft_port']}")
+    if user is not None:
+        print(f"user {user} (administrator; AMQP, HTTP API, console), its password in "
+              f"{d / PASSWORD_FILE} (mode 0600): curl -u {user}:$(cat {d / PASSWORD_FILE}) "
+              f"http://{nodes[0]['host']}:{nodes[0]['http_port']}/api/whoami")
+    elif _sets_users(config):
+        print("users: as your --config (or MIRRORQ_DEFAULT_USER) names them")
+    else:
+        print(f"users: this cluster's own (created by an older build: guest/guest, loopback "
+              f"only, unless you changed them; no {PASSWORD_FILE})")
     print(f"admin CLI (token in {d / TOKEN_FILE}, mode 0600): mirrorq status --admin-port "
           f"{nodes[0]['admin_port']} --token-file {d / TOKEN_FILE}")
     sys.stdout.flush()
@@ -497,7 +569,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             "id": n["id"], "pid": n.get("pid") if alive else None, "alive": alive,
             "amqp_port": n["amqp_port"], "http_port": n.get("http_port"),
             "admin_port": n["admin_port"],
-            "metrics_port": n["metrics_port"], "raft_port": n["raft_port"], "url": amqp_url(n),
+            "metrics_port": n["metrics_port"], "raft_port": n["raft_port"],
+            "url": amqp_url(n, state.get("user")),
             "role": str(st.get("role")) if st else "down",
             "leader": _leader_id(st, state["nodes"]) if st else None,
             "term": st.get("term") if st else None,

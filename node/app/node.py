@@ -127,7 +127,9 @@ class Node:
                                             tls_files=tls_files,
                                             target_cluster_size=cfg.http.target_cluster_size_hint),
                                 throttle=self.throttle,
-                                max_requests_per_user=cfg.http.max_requests_per_user)
+                                max_requests_per_user=cfg.http.max_requests_per_user,
+                                get_max_count=cfg.http.get_max_count,
+                                get_max_bytes=cfg.http.get_max_bytes)
             self.http = ([(p, HttpServer(api, tls, admit=api.admit,
                                          idle_timeout=cfg.http.idle_timeout,
                                          max_connections=cfg.http.max_connections,

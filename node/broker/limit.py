@@ -107,6 +107,28 @@ def topic_permitted(pattern: str, user: str, vhost: str, key: str) -> bool:
     return searches(expand(pattern, user, vhost), key)
 
 
+def topic_refusal(permissions: Mapping[tuple[str, str, str], tuple[str, str]],
+                  user: str | None, vhost: str, exchange: str, key: str,
+                  write: bool) -> str | None:
+    """Why `user` may not write (publish) or read (bind, unbind) `key` on the
+    topic exchange `exchange` of `vhost` (RabbitMQ's
+    check_topic_authorisation), or None. No permission of the user on the
+    exchange: allowed, as RabbitMQ. A channel whose user is unknown (its
+    connection is not in the connection table) is refused wherever some
+    user has a topic permission on the exchange: it fails closed, since it
+    cannot be told apart from a restricted user (issue 42)."""
+    kind = "write" if write else "read"
+    if user is None:
+        if any(k[1] == vhost and k[2] == exchange for k in permissions):
+            return (f"ACCESS_REFUSED - {kind} access to topic '{key}' in exchange "
+                    f"'{exchange}' in vhost '{vhost}' refused: the channel's user is unknown")
+        return None
+    perm = permissions.get((user, vhost, exchange))
+    if perm is None or topic_permitted(perm[0] if write else perm[1], user, vhost, key):
+        return None
+    return topic_refused(kind, key, exchange, vhost, user)
+
+
 def topic_refused(kind: str, key: str, exchange: str, vhost: str, user: str) -> str:
     """kind: "write" or "read" (rabbit_access_control:check_topic_access)."""
     return (f"ACCESS_REFUSED - {kind} access to topic '{key}' in exchange '{exchange}' "

@@ -21,7 +21,7 @@ from pathlib import Path
 from node.amqp.throttle import LoginGate
 from node.http.auth import Principal, authenticate, claimed_user
 from node.http.backend import Backend
-from node.http.context import Context, Handler
+from node.http.context import GET_MAX_BYTES, GET_MAX_COUNT, Context, Handler
 from node.http.query import pick_columns
 from node.http.request_limit import MAX_REQUESTS_PER_USER, RequestLimit
 from node.http.resources.static import static_file
@@ -45,12 +45,13 @@ REFUSAL_HOLD = 1.0  # seconds a request over max_requests_per_user waits for its
 class ManagementApi:
     def __init__(self, backend: Backend, static_dir: Path | None = STATIC_DIR,
                  throttle: LoginGate | None = None,
-                 max_requests_per_user: int = MAX_REQUESTS_PER_USER) -> None:
+                 max_requests_per_user: int = MAX_REQUESTS_PER_USER,
+                 get_max_count: int = GET_MAX_COUNT, get_max_bytes: int = GET_MAX_BYTES) -> None:
         self.b = backend
         self.limit = RequestLimit(max_requests_per_user)
         self.throttle = throttle  # the node's login throttle, shared with AMQP logins
         self.static_dir = static_dir
-        self.ctx = Context(backend)
+        self.ctx = Context(backend, get_max_count, get_max_bytes)
         self.router = Router()
         self._sampling: asyncio.Task[None] | None = None
         for method, pattern, fn in ROUTES:

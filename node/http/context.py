@@ -48,9 +48,18 @@ MEMO_ENTRIES = 64
 Handler = Callable[["Context", Request, dict[str, str], Principal], Awaitable[Response]]
 
 
+# POST /api/queues/{v}/{q}/get: at most this many messages and this many body
+# bytes in one answer ([http] get_max_count, get_max_bytes; issue 42)
+GET_MAX_COUNT = 10_000
+GET_MAX_BYTES = 64 << 20
+
+
 class Context:
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, get_max_count: int = GET_MAX_COUNT,
+                 get_max_bytes: int = GET_MAX_BYTES) -> None:
         self.b = backend
+        self.get_max_count = get_max_count
+        self.get_max_bytes = get_max_bytes
         self.sampler = RateSampler()
         self.latency = LatencyWindow()
         # what the handlers derived from one snapshot of the rows (and one rate

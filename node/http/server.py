@@ -15,11 +15,14 @@ import contextlib
 import json
 import logging
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from typing import Any
 from urllib.parse import parse_qsl, unquote
+
+from node.amqp.log_limit import LogLimit, suppressed_note
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +222,7 @@ class HttpServer:
         self._server: asyncio.base_events.Server | None = None
         self._clients: set[asyncio.Task[None]] = set()
         self._per_address: dict[str, int] = {}
+        self._refusal_log = LogLimit()  # the refusals' WARNING lines, per cause
 
     async def start(self, host: str, port: int) -> None:
         # TLS is started by _client once the socket is counted: a handshake in
@@ -255,8 +259,13 @@ class HttpServer:
         from_address = self._per_address.get(peer_host, 0)
         if over_limit(len(self._clients) - 1, from_address, self.max_connections,
                       self.max_per_address):
-            log.warning("HTTP connection from %s refused: %d open from it, %d in all",
-                        peer_host, from_address, len(self._clients) - 1)
+            # one line per cause per 10 s, not one per refused socket (issue 42)
+            cause = "total" if len(self._clients) - 1 >= self.max_connections else "per-address"
+            left_out = self._refusal_log.admit(cause, time.monotonic())
+            if left_out is not None:
+                log.warning("HTTP connection from %s refused: %d open from it, %d in all%s",
+                            peer_host, from_address, len(self._clients) - 1,
+                            suppressed_note(left_out))
             if self.tls is None:  # a TLS client gets no answer before a handshake it may not have
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._send(writer, error_response(HttpError(

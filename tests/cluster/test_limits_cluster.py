@@ -154,3 +154,33 @@ def test_connections_opened_before_machine_version_4_count_after_the_switch(
              what="n2 to count the connection n1 held from before the switch")
     early.close()
     wait_for(lambda: refusal(n2.host, n2.amqp_port) is None, T, what="room once it left")
+
+
+def test_an_http_session_on_another_member_counts_against_max_connections(
+        cluster_factory: Callable[..., Cluster]) -> None:
+    """Issue 42 item 10: the management API's in-process session is a
+    connection of its user on its node; with the user's one allowed
+    connection held on n1, an HTTP publish through n2 is refused (403) once
+    n2 has applied n1's ConnectionOpen, and allowed again once it closed.
+    Before: HTTP sessions were never checked against the limits."""
+    c = started(cluster_factory)
+    n1, n2, _n3 = c.nodes
+    u, q = uniq("u"), uniq("q")
+    put(n1, f"/api/users/{u}", {"password": "pw", "tags": "management"})
+    put(n1, f"/api/permissions/%2F/{u}", {"configure": ".*", "write": ".*", "read": ".*"})
+    put(n1, f"/api/queues/%2F/{q}", {"durable": True})
+    put(n1, f"/api/user-limits/{u}/max-connections", {"value": 1})
+
+    def publish_status() -> int:
+        return requests.post(url(n2, "/api/exchanges/%2F/amq.default/publish"), auth=(u, "pw"),
+                             json={"properties": {}, "routing_key": q, "payload": "x",
+                                   "payload_encoding": "string"}, timeout=T).status_code
+
+    held, answer = open_conn(n1.host, n1.amqp_port, "/", u, "pw")
+    assert isinstance(answer, spec.Connection.OpenOk), answer
+    try:
+        wait_for(lambda: publish_status() == 403, T,
+                 what="n2 to count n1's connection against the HTTP session")
+    finally:
+        held.close()
+    wait_for(lambda: publish_status() == 200, T, what="room on n2 once n1's connection closed")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pika
+import pika.exceptions
 import pytest
 
 from node.amqp.config import ipv6_available
@@ -45,6 +46,16 @@ def _assert_usage_error(res: subprocess.CompletedProcess[str], needle: str) -> N
     assert needle in lines[0], lines[0]
 
 
+def _creds(d: Path) -> tuple[str, str]:
+    """The generated administrator of the local cluster in `d` (issue 42)."""
+    return lc.ADMIN_USER, (d / lc.PASSWORD_FILE).read_text().strip()
+
+
+def _params(d: Path, host: str, port: int) -> pika.ConnectionParameters:
+    return pika.ConnectionParameters(host, port, heartbeat=0,
+                                     credentials=pika.PlainCredentials(*_creds(d)))
+
+
 def _kill_recorded(d: Path) -> None:
     """Last-resort clean-up: SIGKILL every pid cluster.json still records."""
     try:
@@ -63,7 +74,8 @@ def test_local_cluster_up_status_down_round_trip(tmp_path: Path) -> None:
         up = _cli("up", "--nodes", "3", "--base-port", str(base), "--dir", str(d), "--timeout", "60")
         assert up.returncode == 0, f"up failed: {up.stderr}\n{up.stdout}"
         for i in range(3):
-            assert f"amqp://guest:guest@127.0.0.1:{base + i}/" in up.stdout, up.stdout
+            assert f"amqp://admin@127.0.0.1:{base + i}/" in up.stdout, up.stdout
+        assert f"its password in {d / lc.PASSWORD_FILE} (mode 0600)" in up.stdout, up.stdout
         state = json.loads((d / "cluster.json").read_text())
         pids = [n["pid"] for n in state["nodes"]]
         assert all(lc.pid_alive(p) for p in pids), state
@@ -86,18 +98,18 @@ def test_local_cluster_up_status_down_round_trip(tmp_path: Path) -> None:
         # each node's cluster view links every member's console (--http-member-url)
         import requests
         view = requests.get(f"http://127.0.0.1:{base + 10001}/api/mirrorq/cluster",
-                            auth=("guest", "guest"), timeout=15).json()
+                            auth=_creds(d), timeout=15).json()
         assert {m["name"]: m["http_url"] for m in view["members"]} == {
             f"n{i + 1}": f"http://127.0.0.1:{base + 10000 + i}/" for i in range(3)}
 
         # every node serves AMQP: publish on n1, get on n3
-        c1 = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", base, heartbeat=0))
+        c1 = pika.BlockingConnection(_params(d, "127.0.0.1", base))
         ch = c1.channel()
         ch.queue_declare("lc-cli", durable=True)
         ch.confirm_delivery()
         ch.basic_publish("", "lc-cli", b"hello", pika.BasicProperties(delivery_mode=2))
         c1.close()
-        c3 = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", base + 2, heartbeat=0))
+        c3 = pika.BlockingConnection(_params(d, "127.0.0.1", base + 2))
         m, _p, body = c3.channel().basic_get("lc-cli", auto_ack=True)
         assert m is not None and body == b"hello"
         c3.close()
@@ -118,7 +130,7 @@ def test_local_cluster_up_status_down_round_trip(tmp_path: Path) -> None:
         # the data is kept: the same layout comes back with the queue and its message
         up2 = _cli("up", "--nodes", "3", "--base-port", str(base), "--dir", str(d), "--timeout", "60")
         assert up2.returncode == 0, up2.stderr
-        c2 = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", base + 1, heartbeat=0))
+        c2 = pika.BlockingConnection(_params(d, "127.0.0.1", base + 1))
         q = c2.channel().queue_declare("lc-cli", passive=True)
         assert q.method.message_count == 0  # consumed above: stays consumed
         c2.close()
@@ -148,6 +160,26 @@ def test_local_cluster_bad_args_exit_2(tmp_path: Path) -> None:
         s.listen(1)
         _assert_usage_error(_cli("up", "--nodes", "2", "--base-port", str(base), "--dir", d), "in use")
     assert not (Path(d) / "cluster.json").exists(), "nothing is recorded when the ports are taken"
+
+
+def test_local_cluster_refuses_a_dir_another_user_owns_or_may_write(tmp_path: Path) -> None:
+    """Issue 42 item 10: --dir holds the keys, the token and the password, so
+    one line and exit 2 for a directory its group or others may write in, or
+    another user owns; nothing is written in it. Before: `up` used it."""
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)
+    _assert_usage_error(_cli("up", "--nodes", "1", "--base-port", str(_free_base(1)),
+                             "--dir", str(loose)), "writable by its group or others (mode 0777)")
+    assert list(loose.iterdir()) == [], "nothing is written in a refused dir"
+    if os.geteuid() != 0:
+        return  # chown to another user needs root
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)
+    _assert_usage_error(_cli("up", "--nodes", "1", "--base-port", str(_free_base(1)),
+                             "--dir", str(theirs)), "is owned by uid 65534, not by you")
+    assert list(theirs.iterdir()) == []
 
 
 def test_local_cluster_user_config_without_password_gets_the_generated_one(tmp_path: Path) -> None:
@@ -237,8 +269,8 @@ def test_local_cluster_keeps_amqp_admin_and_metrics_on_loopback(
         amqp = {a for a, p in socks if p == n["amqp_port"]}
         if ipv6_available("::1"):  # for clients that resolve localhost to ::1 first
             assert amqp == {"127.0.0.1", "::1"}, amqp
-            conn = pika.BlockingConnection(pika.ConnectionParameters("::1", n["amqp_port"],
-                                                                     heartbeat=0))
+            d = Path(loopback_cluster["config"]).parent
+            conn = pika.BlockingConnection(_params(d, "::1", n["amqp_port"]))
             conn.close()
 
 
@@ -254,7 +286,8 @@ def test_local_cluster_keys_password_and_data_are_private(loopback_cluster: dict
     the tls/ and data directories 0700, every data file and node log 0600."""
     d = Path(loopback_cluster["config"]).parent
     modes = {p.relative_to(d).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in
-             [d, d / "cluster.toml", d / "admin.token", d / "tls", *(d / "tls").glob("*.key"),
+             [d, d / "cluster.toml", d / "admin.token", d / lc.PASSWORD_FILE, d / "tls",
+              *(d / "tls").glob("*.key"),
               *d.glob("n*.log")]}
     for n in loopback_cluster["nodes"]:
         data = d / n["id"]
@@ -287,7 +320,7 @@ def test_local_cluster_admin_needs_its_generated_token(loopback_cluster: dict[st
     proc = _mirrorq("status", "--admin", admin, "--token-file", str(token_file), "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["node_id"] == "n1", proc.stderr
     proc = _mirrorq("users", "--admin", admin, "list", env={"MIRRORQ_ADMIN_TOKEN": token})
-    assert proc.returncode == 0 and "guest" in proc.stdout, proc.stderr
+    assert proc.returncode == 0 and "admin" in proc.stdout, proc.stderr
     _assert_usage_error(_mirrorq("status", "--admin", admin), "UNAUTHENTICATED")
     _assert_usage_error(_mirrorq("status", "--admin", admin, f"--token={token}"), "--token-file")
     _assert_usage_error(_mirrorq("status", "--admin", admin, "--token"), "--token-file")
@@ -347,3 +380,33 @@ def test_another_local_user_cannot_administer_a_local_cluster(
     assert "grpc-status: 16" in call.stdout, call.stdout  # UNAUTHENTICATED
     users = call_user_list("127.0.0.1", port, token=token_file.read_text().strip())["users"]
     assert "evil" not in {u["name"] for u in users}, users
+
+
+def test_local_cluster_seeds_a_generated_administrator_and_no_guest(
+        loopback_cluster: dict[str, Any]) -> None:
+    """Issue 42 item 11: `local-cluster up` (and so `make run`) seeds no
+    guest/guest, which any local OS user could use to make themselves an
+    administrator over HTTP; its one user, `admin`, has a generated password
+    in D/admin.password (0600, like admin.token). Before: guest/guest worked
+    and there was no such file."""
+    import requests
+    d = Path(loopback_cluster["config"]).parent
+    path = d / lc.PASSWORD_FILE
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    user, password = _creds(d)
+    assert len(password) >= 32
+    n1 = loopback_cluster["nodes"][0]
+    api = f"http://127.0.0.1:{n1['http_port']}/api"
+    me = requests.get(f"{api}/whoami", auth=(user, password), timeout=15)
+    assert me.status_code == 200 and "administrator" in me.json()["tags"], me.text
+    users = requests.get(f"{api}/users", auth=(user, password), timeout=15).json()
+    assert [u["name"] for u in users] == ["admin"], users
+    assert requests.get(f"{api}/whoami", auth=("guest", "guest"), timeout=15).status_code == 401
+    with pytest.raises(pika.exceptions.AMQPConnectionError):
+        pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", n1["amqp_port"], heartbeat=0,
+            credentials=pika.PlainCredentials("guest", "guest")))
+    conn = pika.BlockingConnection(_params(d, "127.0.0.1", n1["amqp_port"]))
+    conn.close()
+    for n in loopback_cluster["nodes"]:  # the password is in no node's argv (ps)
+        assert password.encode() not in Path(f"/proc/{n['pid']}/cmdline").read_bytes()

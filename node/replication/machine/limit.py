@@ -16,8 +16,7 @@ from node.broker.limit import (
     VHOST,
     over,
     queues_refused,
-    topic_permitted,
-    topic_refused,
+    topic_refusal,
 )
 from node.broker.vhost import split_key
 from node.replication.command import (
@@ -30,6 +29,7 @@ from node.replication.command import (
 from node.replication.machine.errors import _ChanErr
 from node.replication.machine.handler import ApplierBase, handles
 from node.replication.machine.state import BrokerState, _config_changed
+from node.replication.machine.version import TOPIC_FAIL_CLOSED
 
 # count kinds: connections per vhost, connections per user, channels per user
 VHOST_CONNS, USER_CONNS, USER_CHANS = "vhost", "user", "chan"
@@ -178,20 +178,18 @@ class LimitHandlers(ApplierBase):
                     ids: tuple[int, int]) -> None:
         """403 unless the channel's user may write (publish) or read (bind,
         unbind) `key` on the topic exchange `x` (RabbitMQ's
-        check_topic_authorisation)."""
+        check_topic_authorisation); a channel whose user the connection table
+        does not know is refused where the exchange has topic permissions."""
         s = self.s
         if not s.topic_permissions or x.type != "topic":
             return
-        user = channel_user(s, ch.id)
-        if user is None:  # opened before machine version 4: its user is unknown here
-            return
         vhost, name = split_key(x.name)
-        perm = s.topic_permissions.get((user, vhost, name))
-        if perm is None:
-            return
-        if not topic_permitted(perm[0] if write else perm[1], user, vhost, key):
-            raise _ChanErr(403, topic_refused("write" if write else "read", key, name, vhost,
-                                              user), ids)
+        user = channel_user(s, ch.id)
+        if user is None and s.machine_version < TOPIC_FAIL_CLOSED:
+            return  # (an older member lets it through: every member must decide alike)
+        refused = topic_refusal(s.topic_permissions, user, vhost, name, key, write)
+        if refused is not None:
+            raise _ChanErr(403, refused, ids)
 
     def drop_access_of_user(self, user: str) -> None:
         s = self.s

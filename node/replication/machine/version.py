@@ -70,6 +70,7 @@ TYPE_ARGUMENTS = 5  # another queue type's declare arguments are refused
 CLUSTER_METADATA = 6  # global parameters, vhost deletion protection may be proposed
 BINDING_LIMITS = 7  # the apply refuses binds past the binding limits (binding_limit.py)
 DEFINITION_CEILINGS = 7  # ... and policies/parameters past the fixed ceilings (definition_limit.py)
+TOPIC_FAIL_CLOSED = 7  # ... and a channel of an unknown user where topic permissions exist
 
 
 class MachineVersionError(RuntimeError):

@@ -166,9 +166,30 @@ def test_topic_permissions_leave_other_exchanges_users_and_types_alone() -> None
     assert not errors(h.run(pub(c, "anything", exchange="amq.topic", seq=2)))  # none set there
     c2, = connect(h, 2, user="w", channels=1)
     assert not errors(h.run(pub(c2, "anything", exchange="t", seq=1)))  # none for this user
+
+def test_a_channel_whose_user_is_unknown_is_refused_where_topic_permissions_exist() -> None:
+    """Fails closed (issue 42): a channel whose connection is not in the
+    table cannot be told apart from a restricted user; before, it published
+    anything to `t`."""
+    from node.replication.machine.version import TOPIC_FAIL_CLOSED
+
+    old = harness()  # version 4-6: let through, as an older member would
+    topic_setup(old)
+    old.run(ChannelOpen(chan(1, 9)))
+    assert not errors(old.run(pub(chan(1, 9), "w.orders", exchange="t", seq=1)))
+    h = harness()
+    h.run(SetMachineVersion(TOPIC_FAIL_CLOSED))
+    topic_setup(h)
     c3 = chan(1, 9)
-    h.run(ChannelOpen(c3))  # a connection the table does not know (before version 4)
-    assert not errors(h.run(pub(c3, "anything", exchange="t")))
+    h.run(ChannelOpen(c3))  # a connection the table does not know
+    fx = h.run(pub(c3, "w.orders", exchange="t", seq=1))
+    assert not confirms(fx)
+    assert [(e.reply_code, e.reply_text) for e in errors(fx)] == [
+        (403, "ACCESS_REFUSED - write access to topic 'w.orders' in exchange 't' in vhost '/' "
+              "refused: the channel's user is unknown")]
+    c4 = chan(2, 9)
+    h.run(ChannelOpen(c4))
+    assert not errors(h.run(pub(c4, "anything", exchange="amq.topic", seq=1)))  # none set there
 
 
 def test_topic_read_permission_refuses_binds_and_unbinds_of_other_keys() -> None:
