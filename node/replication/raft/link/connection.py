@@ -34,10 +34,9 @@ from node.replication.raft.link.frame import (
     K_MSG,
     K_PING,
     LEN,
-    MAX_FRAME,
-    PRE_AUTH_MAX,
     TAG,
     entries_digest,
+    frame_refused,
     frame_tag,
     mac_parts,
 )
@@ -286,9 +285,9 @@ class PeerLink(HandshakeMixin):
         off = self._consumed = 0
         while self._sock is not None and len(buf) - off >= 5:
             n, kind = HDR.unpack_from(buf, off)
-            limit = MAX_FRAME if self._authed else PRE_AUTH_MAX
-            if n == 0 or n > limit:
-                self._reject(f"bad frame length {n}" + ("" if self._authed else " before authentication"))
+            refused = frame_refused(n, self._authed, self._security.max_frame)
+            if refused is not None:
+                self._reject(refused)
                 return
             if len(buf) - off < 4 + n:
                 break

@@ -15,14 +15,26 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
+from node.replication.config import MAX_FRAME_BYTES
+
 K_HELLO, K_CHALLENGE, K_PROOF, K_WELCOME = 1, 2, 3, 4
 K_MSG, K_APPEND, K_PING = 16, 17, 32
 PRE_AUTH_MAX = 4096  # bytes of a handshake frame
-MAX_FRAME = 1 << 30  # an entry holds at most one batch; bodies are bounded far below
+MAX_FRAME = MAX_FRAME_BYTES  # after authentication: raft.max_frame_bytes (PeerSecurity.max_frame)
 TAG = 32  # HMAC-SHA256 tag after every authenticated frame of a link without TLS
 LEN = struct.Struct("<I")  # a length prefix (an AppendEntries' header, a proof's part)
 HDR = struct.Struct("<IB")  # a frame's header: its length and kind
 _SEQ = struct.Struct("<Q")
+
+
+def frame_refused(length: int, authenticated: bool, max_frame: int) -> str | None:
+    """Why a frame announcing `length` bytes is refused from its header alone,
+    before a byte of its body is read or buffered (None: read it)."""
+    limit = max_frame if authenticated else PRE_AUTH_MAX
+    if length == 0 or length > limit:
+        return f"bad frame length {length} (at most {limit})" + ("" if authenticated else
+                                                                 " before authentication")
+    return None
 
 
 def frame_mac(key: bytes) -> Any:

@@ -36,7 +36,7 @@ from node.replication.raft.link.frame import (
     LEN,
     frame_mac,
 )
-from node.replication.raft.link.security import PeerSecurity
+from node.replication.raft.link.security import PeerSecurity, address_host, cert_names_host
 
 # 02: the dialer proves first, scrypt-derived key, a MAC on every frame.
 # A member speaking 01 is refused with a log line naming both versions.
@@ -150,6 +150,8 @@ class HandshakeMixin:
                     or not isinstance(address, str):
                 self._reject("not a mirrorq raft peer (bad hello)")
                 return
+            if not self._certificate_names(address):
+                return
             self._peer_nonce = nonce
             self.peer_address = address
             self._nonce = os.urandom(32)
@@ -163,6 +165,8 @@ class HandshakeMixin:
             if self.peer_address is not None and address != self.peer_address:
                 # a relay to another member would otherwise pass for the one we dialed
                 self._reject(f"the peer says it is {address!r}, not the member {self.peer_address!r} we dialed")
+                return
+            if not self._certificate_names(address):
                 return
             self._peer_nonce = nonce
             self.peer_address = address
@@ -185,6 +189,20 @@ class HandshakeMixin:
             self._authenticated()
         else:
             self._reject(f"unexpected handshake frame {kind}")
+
+    def _certificate_names(self, address: str) -> bool:
+        """With TLS (and raft.tls_verify_names): the peer's certificate must
+        name the address it claims, or the link is refused (any certificate of
+        the CA passed for any member: a member's key stolen was every member's)."""
+        tls = self._tls
+        if tls is None or not self._security.verify_names:
+            return True
+        host = address_host(address)
+        if cert_names_host(tls.getpeercert(), host):
+            return True
+        self._reject(f"the peer's TLS certificate does not name {host!r}, the address it claims "
+                     "(raft.tls_verify_names)")
+        return False
 
     def _transcript(self) -> tuple[bytes, bytes, bytes, bytes]:
         """(dialer's nonce, acceptor's nonce, dialer's address, acceptor's address)."""

@@ -54,7 +54,7 @@ class _Pair:
         self.client.setOnMessageReceivedCallback(self.got.append)
         assert self.client.connect("127.0.0.1", port)
         sock, _ = self.listener.accept()
-        self.server = PeerLink(self.poller, server_sec, None, 5.0, sock=sock,
+        self.server = PeerLink(self.poller, server_sec, "127.0.0.1:2", 5.0, sock=sock,
                                on_reject=lambda peer, why: self.rejects.append(why))
         self.server.setOnMessageReceivedCallback(self.got.append)
 
@@ -253,10 +253,49 @@ def test_a_member_on_the_old_link_protocol_is_refused_with_both_versions_named()
         listener.close()
 
 
-def _tls(tmp: Path, name: str, ca_dir: Path) -> PeerSecurity:
-    cert, key = make_member(ca_dir, name, ["127.0.0.1"])
+def _tls(tmp: Path, name: str, ca_dir: Path, hosts: tuple[str, ...] = ("127.0.0.1",),
+         verify_names: bool = True) -> PeerSecurity:
+    cert, key = make_member(ca_dir, name, list(hosts))
     client, server = tls_contexts(str(cert), str(key), str(ca_dir / "ca.pem"))
-    return PeerSecurity(client_tls=client, server_tls=server)
+    return PeerSecurity(client_tls=client, server_tls=server, verify_names=verify_names)
+
+
+@pytest.mark.parametrize("side", ["dialer", "acceptor"])
+def test_a_certificate_of_the_ca_for_another_name_is_refused(tmp_path: Path, side: str) -> None:
+    # issue 42 item 10: any certificate of the cluster CA passed for any member
+    ca = tmp_path / "ca"
+    make_ca(ca)
+    good, bad = _tls(tmp_path, "a", ca), _tls(tmp_path, "evil", ca, hosts=("10.9.9.9", "evil.example"))
+    p = _Pair(bad, good) if side == "dialer" else _Pair(good, bad)
+    try:
+        assert p.run_until(lambda: p.client.state == CONNECTION_STATE.DISCONNECTED
+                           and p.server.state == CONNECTION_STATE.DISCONNECTED)
+        assert any("does not name '127.0.0.1'" in why for why in p.rejects), p.rejects
+        assert p.got == [] and not p.client.authenticated and not p.server.authenticated
+    finally:
+        p.close()
+    # raft.tls_verify_names = false: the CA alone, as before
+    q = _Pair(_tls(tmp_path, "e", ca, hosts=("10.9.9.9",), verify_names=False),
+              _tls(tmp_path, "f", ca, hosts=("10.9.9.8",), verify_names=False))
+    try:
+        assert q.run_until(lambda: _connected(q)), q.rejects
+    finally:
+        q.close()
+
+
+def test_a_frame_longer_than_max_frame_is_refused_from_its_header() -> None:
+    sec = PeerSecurity.from_password(b"s3cret", max_frame=1 << 20)
+    p = _Pair(PeerSecurity.from_password(b"s3cret"), sec)
+    try:
+        assert p.run_until(lambda: _connected(p)), p.rejects
+        p.client.send({"type": "x", "blob": b"\0" * 900_000})  # under the bound: carried
+        assert p.run_until(lambda: len(p.got) == 1)
+        p.client.send({"type": "x", "blob": b"\0" * (2 << 20)})  # over it: the link goes
+        assert p.run_until(lambda: p.server.state == CONNECTION_STATE.DISCONNECTED)
+        assert any(why.startswith("bad frame length") and "at most 1048576" in why for why in p.rejects)
+        assert len(p.got) == 1
+    finally:
+        p.close()
 
 
 def test_mutual_tls_from_one_ca_connects_and_another_ca_is_refused(tmp_path: Path) -> None:
