@@ -29,6 +29,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from pysyncobj.syncobj import _COMMAND_TYPE
@@ -40,6 +41,7 @@ from node.broker.password import hash_password
 from node.replication.codec import decode, decode_from, encode, encode_batch
 from node.replication.command import Batch, UserPut
 from node.replication.raft.link.frame import (
+    HTAG,
     K_APPEND,
     K_CHALLENGE,
     K_HELLO,
@@ -157,7 +159,8 @@ def test_an_attacker_a_member_dials_learns_only_a_proof_that_costs_a_kdf_per_gue
                     continue
                 assert got[0] == K_HELLO, got
                 hello = decode(got[1])
-                assert set(hello) == {"protocol", "address", "nonce"}, hello  # no proof in the first flight
+                assert set(hello) == {"protocol", "address", "nonce", "frames"}, hello  # no proof in the first flight
+                assert hello["frames"] == 3  # the link version offered (issue 42): not from the password
                 dialer = next(n for n in live if n.raft_address == hello["address"])
                 ours = os.urandom(32)
                 nonces = [hello["nonce"], ours]
@@ -221,8 +224,9 @@ class _Relay:
         self.server.close()
 
     def _run(self) -> None:
-        # socket -> (where its frames go, its unparsed bytes, the dialer's address, towards the member?)
-        pairs: dict[socket.socket, tuple[socket.socket, bytearray, list[str], bool]] = {}
+        # socket -> (where its frames go, its unparsed bytes, [the dialer's address, the link
+        # version its CHALLENGE agreed], towards the member?)
+        pairs: dict[socket.socket, tuple[socket.socket, bytearray, list[Any], bool]] = {}
         while not self._stop.is_set():
             r, _, _ = select.select([self.server, *pairs], [], [], 0.1)
             for s in r:
@@ -233,7 +237,7 @@ class _Relay:
                     except OSError:
                         client.close()
                         continue
-                    who = ["?"]  # the dialer's address, from its HELLO
+                    who: list[Any] = ["?", 2]  # the dialer's address (HELLO), the link version (CHALLENGE)
                     pairs[client] = (up, bytearray(), who, True)
                     pairs[up] = (client, bytearray(), who, False)
                     continue
@@ -252,7 +256,7 @@ class _Relay:
         for s in pairs:
             s.close()
 
-    def _forward(self, buf: bytearray, out: socket.socket, who: list[str], towards_member: bool) -> None:
+    def _forward(self, buf: bytearray, out: socket.socket, who: list[Any], towards_member: bool) -> None:
         while len(buf) >= 5:
             n, kind = _HDR.unpack_from(buf, 0)
             if len(buf) < 4 + n:
@@ -262,6 +266,10 @@ class _Relay:
             if kind == K_HELLO:
                 with contextlib.suppress(Exception):
                     who[0] = decode(bytes(frame[5:]))["address"]
+            elif kind == K_CHALLENGE:
+                with contextlib.suppress(Exception):
+                    who[1] = decode(bytes(frame[5:])).get("frames", 2)
+            start = 5 + (HTAG if who[1] == 3 else 0)  # version 3: the header's MAC, then the payload
             extra = b""
             with self._lock:
                 mode = self.mode
@@ -270,7 +278,7 @@ class _Relay:
                     if mode == "flip":
                         frame[5 + (n - 1) // 2] ^= 0x01
                     else:
-                        extra = _forged_append(bytes(frame[5:]))
+                        extra = _forged_append(bytes(frame[start:]))
                     self.victims.append(self.member_address if towards_member else who[0])
             with contextlib.suppress(OSError):
                 out.sendall(bytes(frame) + extra)

@@ -6,7 +6,7 @@ import pytest
 
 from node.replication.config import FRAME_HEADROOM, min_frame_bytes
 from node.replication.raft.link.frame import PRE_AUTH_MAX, frame_refused
-from node.replication.raft.link.handshake import evictions, handshake_overdue
+from node.replication.raft.link.handshake import FRAMES, agreed_frames, evictions, handshake_overdue
 from node.replication.raft.link.security import address_host, cert_names_host
 
 
@@ -62,3 +62,10 @@ def test_a_certificate_names_a_host_by_its_san_only() -> None:
     assert not cert_names_host(wild, "a.mq-0.mq-headless.ns.svc")  # nor two
     assert not cert_names_host(_cert(("DNS", "mq*.ns.svc")), "mq0.ns.svc")  # no partial labels
     assert cert_names_host(_cert(("DNS", "mq-0.ns.svc")), "mq-0.ns.svc")
+
+
+def test_link_version_3_only_when_the_peer_offers_it() -> None:
+    assert FRAMES == 3
+    assert agreed_frames(3) == 3 and agreed_frames(4) == 3  # a later build offering more gets ours
+    for said in (None, 2, "3", True, 3.0):  # the previous release says nothing
+        assert agreed_frames(said) == 2
