@@ -24,6 +24,7 @@ from node.app.config import (
     check_admin_token,
 )
 from node.broker.definition_limit import SETTINGS as _DEFINITION_SETTINGS
+from node.replication.config import MAX_FRAME_BYTES, min_frame_bytes
 
 _WIRE_KEYS = {"frame_max", "channel_max", "heartbeat", "consumer_credit", "consumer_timeout",
               "max_message_size", "inflight_publish_bytes", "login_failure_limit",
@@ -42,7 +43,8 @@ _RAFT_KEYS = {"password", "password_file", "batch_max_commands", "batch_max_byte
               "compaction_min_entries", "compaction_min_time", "tick_interval",
               "out_of_sync_after", "nack_after", "block_after", "tls_cert", "tls_key", "tls_ca",
               "follower_window_bytes", "append_chunk_bytes", "compaction_max_bytes", "catch_up_hold_bytes",
-              "compaction_min_gap", "segment_bytes", "verify_at_open_bytes", "scrub_bytes_per_second"}
+              "compaction_min_gap", "segment_bytes", "verify_at_open_bytes", "scrub_bytes_per_second",
+              "max_frame_bytes", "tls_verify_names"}
 
 
 # keys that were once settings and are now accepted and ignored, with a warning
@@ -58,7 +60,8 @@ DEPRECATED_KEYS = {
 NUMERIC_KEYS = frozenset(_WIRE_KEYS | _WIRE_SECONDS | {"memory_high_watermark"} | DEPRECATED_KEYS.keys()
                          | _DEFINITION_KEYS.keys()
                          | {f"raft.{k}" for k in _RAFT_KEYS
-                            if k not in ("password", "password_file", "tls_cert", "tls_key", "tls_ca")})
+                            if k not in ("password", "password_file", "tls_cert", "tls_key", "tls_ca",
+                                      "tls_verify_names")})
 
 
 def _int(name: str, value: Any, lo: int, hi: int) -> int:
@@ -123,6 +126,10 @@ def apply_file(cfg: NodeConfig, path: str) -> None:
                 elif rkey == "password_file":
                     cfg.raft.password = _read_secret(_relative(path, rvalue, "raft.password_file"),
                                                      "raft.password_file")
+                elif rkey == "tls_verify_names":
+                    if not isinstance(rvalue, bool):
+                        raise ConfigError("raft.tls_verify_names must be true or false")
+                    cfg.raft.tls_verify_names = rvalue
                 elif isinstance(getattr(cfg.raft, rkey), float):
                     if not isinstance(rvalue, int | float) or rvalue <= 0:
                         raise ConfigError(f"raft.{rkey} must be a positive number")
@@ -392,3 +399,9 @@ def validate(cfg: NodeConfig) -> None:
         raise ConfigError("raft.nack_after must exceed raft.block_after")
     if r.catch_up_hold_bytes < r.compaction_max_bytes:
         raise ConfigError("raft.catch_up_hold_bytes must be at least raft.compaction_max_bytes")
+    least = min_frame_bytes(w.max_message_size, r.append_chunk_bytes, r.batch_max_bytes)
+    if r.max_frame_bytes is None:
+        r.max_frame_bytes = max(MAX_FRAME_BYTES, least)
+    elif r.max_frame_bytes < least:
+        raise ConfigError(f"raft.max_frame_bytes must be at least {least} (max_message_size + "
+                          "append_chunk_bytes + 1 MiB: the largest AppendEntries a member sends)")

@@ -11,6 +11,17 @@ from node.replication.machine.version import MACHINE_VERSION
 # guesses offline, each at the cost of one scrypt (~75 ms on one core).
 SHORT_RAFT_PASSWORD = 16
 
+FRAME_HEADROOM = 1024 * 1024  # a frame's bytes besides its entries: properties, headers, encoding
+MAX_FRAME_BYTES = 64 * 1024 * 1024  # raft.max_frame_bytes's default (was a fixed 1 GiB)
+
+
+def min_frame_bytes(max_message_size: int, append_chunk_bytes: int, batch_max_bytes: int) -> int:
+    """The least raft.max_frame_bytes that holds every frame a member sends:
+    an AppendEntries carries up to append_chunk_bytes of entries, or one entry
+    alone (a batch of up to batch_max_bytes, or one publish of up to
+    max_message_size)."""
+    return max(max_message_size, append_chunk_bytes, batch_max_bytes) + append_chunk_bytes + FRAME_HEADROOM
+
 
 @dataclass
 class RaftConfig:
@@ -26,6 +37,14 @@ class RaftConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None
+    # with TLS: a peer's certificate must name (SAN, IP or DNS, "*." for one
+    # label) the host of the address it claims; false: any certificate of the CA
+    tls_verify_names: bool = True
+    # the largest Raft link frame read from an authenticated peer; a longer one
+    # is refused from its header, before its body is read (at least
+    # min_frame_bytes: one AppendEntries); None (unset): MAX_FRAME_BYTES, or
+    # min_frame_bytes if a larger max_message_size needs more (config validate)
+    max_frame_bytes: int | None = None
     # entry bytes in flight per follower (measured: 256 KiB bodies, 1 MiB gave ~27 MB/s,
     # 4 MiB ~50 MB/s, 8 MiB no more)
     follower_window_bytes: int = 4 * 1024 * 1024

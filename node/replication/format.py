@@ -47,8 +47,10 @@ SNAPSHOT = Format("snapshot", b"\x89MQSNAP\n", 5, (1, 2, 3, 4, 5), 5,
 # The entries a leader sends after its snapshot file (InstallSnapshot's retained records).
 SNAPSHOT_ENTRIES = Format("snapshot entries", b"MQSNPENT", 1, (1,), 1,
                           "node/replication/raft/snapshot/transfer.py")
-# The Raft peer link's handshake: 02 (the dialer proves first, a MAC on every frame).
-PEER_LINK = Format("peer link", b"MQRAFT02", 2, (2,), 1, "node/replication/raft/link/handshake.py")
+# The Raft peer link's handshake: 02 (the dialer proves first, a MAC on every frame);
+# 3, negotiated inside 02's handshake (HELLO's "frames"): a MAC on each frame's
+# header too, checked before its body is read. A member of version 2 gets 2.
+PEER_LINK = Format("peer link", b"MQRAFT02", 3, (2, 3), 1, "node/replication/raft/link/handshake.py")
 
 FORMATS: tuple[Format, ...] = (SEGMENT, LOG_START, SEGMENT_INDEX, META, SNAPSHOT,
                                SNAPSHOT_ENTRIES, PEER_LINK)

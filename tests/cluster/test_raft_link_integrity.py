@@ -29,6 +29,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from pysyncobj.syncobj import _COMMAND_TYPE
@@ -40,6 +41,7 @@ from node.broker.password import hash_password
 from node.replication.codec import decode, decode_from, encode, encode_batch
 from node.replication.command import Batch, UserPut
 from node.replication.raft.link.frame import (
+    HTAG,
     K_APPEND,
     K_CHALLENGE,
     K_HELLO,
@@ -157,7 +159,8 @@ def test_an_attacker_a_member_dials_learns_only_a_proof_that_costs_a_kdf_per_gue
                     continue
                 assert got[0] == K_HELLO, got
                 hello = decode(got[1])
-                assert set(hello) == {"protocol", "address", "nonce"}, hello  # no proof in the first flight
+                assert set(hello) == {"protocol", "address", "nonce", "frames"}, hello  # no proof in the first flight
+                assert hello["frames"] == 3  # the link version offered (issue 42): not from the password
                 dialer = next(n for n in live if n.raft_address == hello["address"])
                 ours = os.urandom(32)
                 nonces = [hello["nonce"], ours]
@@ -206,6 +209,7 @@ class _Relay:
         self.server.listen(8)
         self.mode: str | None = None
         self.victims: list[str] = []  # raft address of the receiver of each tampered frame
+        self.inflated_sent: int | None = None  # "inflate": bytes of the forged frame the member took
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="relay", daemon=True)
@@ -221,8 +225,9 @@ class _Relay:
         self.server.close()
 
     def _run(self) -> None:
-        # socket -> (where its frames go, its unparsed bytes, the dialer's address, towards the member?)
-        pairs: dict[socket.socket, tuple[socket.socket, bytearray, list[str], bool]] = {}
+        # socket -> (where its frames go, its unparsed bytes, [the dialer's address, the link
+        # version its CHALLENGE agreed], towards the member?)
+        pairs: dict[socket.socket, tuple[socket.socket, bytearray, list[Any], bool]] = {}
         while not self._stop.is_set():
             r, _, _ = select.select([self.server, *pairs], [], [], 0.1)
             for s in r:
@@ -233,7 +238,7 @@ class _Relay:
                     except OSError:
                         client.close()
                         continue
-                    who = ["?"]  # the dialer's address, from its HELLO
+                    who: list[Any] = ["?", 2]  # the dialer's address (HELLO), the link version (CHALLENGE)
                     pairs[client] = (up, bytearray(), who, True)
                     pairs[up] = (client, bytearray(), who, False)
                     continue
@@ -252,7 +257,7 @@ class _Relay:
         for s in pairs:
             s.close()
 
-    def _forward(self, buf: bytearray, out: socket.socket, who: list[str], towards_member: bool) -> None:
+    def _forward(self, buf: bytearray, out: socket.socket, who: list[Any], towards_member: bool) -> None:
         while len(buf) >= 5:
             n, kind = _HDR.unpack_from(buf, 0)
             if len(buf) < 4 + n:
@@ -262,18 +267,48 @@ class _Relay:
             if kind == K_HELLO:
                 with contextlib.suppress(Exception):
                     who[0] = decode(bytes(frame[5:]))["address"]
+            elif kind == K_CHALLENGE:
+                with contextlib.suppress(Exception):
+                    who[1] = decode(bytes(frame[5:])).get("frames", 2)
+            start = 5 + (HTAG if who[1] == 3 else 0)  # version 3: the header's MAC, then the payload
             extra = b""
             with self._lock:
                 mode = self.mode
                 if kind == K_APPEND and mode is not None:
                     self.mode = None
+                    self.victims.append(self.member_address if towards_member else who[0])
+                    if mode == "inflate":
+                        self.inflated_sent = _inflate(out, frame)
+                        continue
                     if mode == "flip":
                         frame[5 + (n - 1) // 2] ^= 0x01
                     else:
-                        extra = _forged_append(bytes(frame[5:]))
-                    self.victims.append(self.member_address if towards_member else who[0])
+                        extra = _forged_append(bytes(frame[start:]))
             with contextlib.suppress(OSError):
                 out.sendall(bytes(frame) + extra)
+
+
+INFLATED = 60 << 20  # under raft.max_frame_bytes (64 MiB): only a MAC on the header refuses it early
+
+
+def _inflate(out: socket.socket, frame: bytearray) -> int:
+    """Send `frame` with its length forged to INFLATED, its bytes, then zeros
+    up to that length; the bytes the member took before it closed the link."""
+    kind = frame[4]
+    stream = _HDR.pack(INFLATED, kind) + bytes(frame[5:])
+    sent = 0
+    out.settimeout(10)
+    try:
+        out.sendall(stream)
+        sent = len(stream)
+        block = b"\0" * (1 << 20)
+        while sent < 4 + INFLATED:
+            chunk = block[:4 + INFLATED - sent]
+            out.sendall(chunk)
+            sent += len(chunk)
+    except OSError:
+        pass
+    return sent
 
 
 def _forged_append(payload: bytes) -> bytes:
@@ -371,3 +406,26 @@ def test_a_short_raft_password_without_tls_gets_a_warning_at_start(
     node.env["MIRRORQ_RAFT_PASSWORD"] = CLUSTER_PASSWORD  # 20 characters
     node.start()
     assert "WEAK" not in node.tail_log(50).split("==== start")[-1]
+
+
+def test_an_on_path_relay_that_inflates_a_frame_length_is_refused_at_the_header(
+        relayed: tuple[Cluster, ClusterNode, _Relay]) -> None:
+    # issue 42 item 10: the length was trusted (up to 1 GiB, then max_frame_bytes)
+    # until the frame's end, where its MAC is: an on-path attacker had a member read
+    # and buffer all 60 MiB it announced before the link was dropped. Version 3 links
+    # MAC the header: refused with the header in hand.
+    c, target, relay = relayed
+    queue = uniq_queue("inflate")
+    declare(c.leader(), queue)
+    publish_confirmed(target, queue)
+    k = len(relay.victims)
+    relay.arm("inflate")
+    wait_for(lambda: len(relay.victims) > k and relay.inflated_sent is not None, timeout=30,
+             what="the relay's inflated frame")
+    victim = _by_address(c, relay.victims[-1])
+    sent = relay.inflated_sent
+    assert sent is not None and sent < 16 << 20, \
+        f"{victim.node_id} read {sent >> 20} MiB of a frame whose length the relay forged to {INFLATED >> 20} MiB"
+    wait_for(lambda: "bad MAC on the header" in victim.tail_log(1000), timeout=10, what="the refusal logged")
+    c.wait_healthy(30)
+    publish_confirmed(target, queue)

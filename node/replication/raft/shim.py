@@ -53,7 +53,7 @@ from pysyncobj.syncobj import _COMMAND_TYPE
 from node.broker.ids import NodeId
 from node.replication.codec import CodecError, decode, decode_batch, encode, encode_batch
 from node.replication.command import Batch
-from node.replication.config import RaftConfig
+from node.replication.config import MAX_FRAME_BYTES, RaftConfig
 from node.replication.machine.state import BrokerState
 from node.replication.machine.version import MachineVersionError
 from node.replication.message_store import BUCKET_SHIFT
@@ -84,7 +84,9 @@ def _security(config: RaftConfig) -> PeerSecurity:
             raise ValueError("raft TLS needs tls_cert, tls_key and tls_ca together")
         client, server = tls_contexts(config.tls_cert, config.tls_key, config.tls_ca)
     password = config.password.encode() if config.password else None
-    return PeerSecurity.from_password(password, client_tls=client, server_tls=server)  # the scrypt, once
+    return PeerSecurity.from_password(password, client_tls=client, server_tls=server,  # the scrypt, once
+                                      verify_names=config.tls_verify_names,
+                                      max_frame=config.max_frame_bytes or MAX_FRAME_BYTES)
 
 
 class _Conf(SyncObjConf):  # type: ignore[misc]

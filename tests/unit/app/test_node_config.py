@@ -280,3 +280,24 @@ def test_metrics_table(tmp_path: Path) -> None:
                         ("max_scrapes = 0", "max_scrapes"), ("other = 1", "metrics.other")):
         with pytest.raises(ConfigError, match=needle):
             cfg_from(tmp_path, f"[metrics]\n{bad}\n")
+
+
+def test_raft_max_frame_bytes_is_read_and_must_hold_the_largest_append(tmp_path: Path) -> None:
+    from node.replication.config import min_frame_bytes
+    # issue 42 item 10: the Raft frame bound (was a fixed 1 GiB) is a setting with a floor
+    assert cfg_from(tmp_path, "").raft.max_frame_bytes == 64 * 1024 * 1024
+    assert cfg_from(tmp_path, "[raft]\nmax_frame_bytes = 33554432\n").raft.max_frame_bytes == 32 << 20
+    with pytest.raises(ConfigError, match="raft.max_frame_bytes must be at least"):
+        cfg_from(tmp_path, "[raft]\nmax_frame_bytes = 16777216\n")  # under max_message_size (16 MiB)
+    # unset, it grows with a larger max_message_size (a node.toml of 3.x's 128 MiB still starts)
+    assert cfg_from(tmp_path, "max_message_size = 134217728\n").raft.max_frame_bytes == \
+        min_frame_bytes(128 << 20, 512 << 10, 512 << 10)
+    with pytest.raises(ConfigError, match="raft.max_frame_bytes must be at least"):
+        cfg_from(tmp_path, "max_message_size = 134217728\n[raft]\nmax_frame_bytes = 67108864\n")
+
+
+def test_raft_tls_verify_names_is_a_boolean(tmp_path: Path) -> None:
+    assert cfg_from(tmp_path, "").raft.tls_verify_names is True
+    assert cfg_from(tmp_path, "[raft]\ntls_verify_names = false\n").raft.tls_verify_names is False
+    with pytest.raises(ConfigError, match="tls_verify_names must be true or false"):
+        cfg_from(tmp_path, "[raft]\ntls_verify_names = 0\n")

@@ -30,15 +30,16 @@ from pysyncobj.tcp_connection import CONNECTION_STATE
 from node.replication.codec import CodecError, decode, decode_from, encode
 from node.replication.raft.link.frame import (
     HDR,
+    HTAG,
     K_APPEND,
     K_MSG,
     K_PING,
     LEN,
-    MAX_FRAME,
-    PRE_AUTH_MAX,
     TAG,
     entries_digest,
+    frame_refused,
     frame_tag,
+    header_tag,
     mac_parts,
 )
 from node.replication.raft.link.handshake import HandshakeMixin
@@ -85,6 +86,9 @@ class PeerLink(HandshakeMixin):
         self.peer_address = peer_address
         self._send_key: Any = None  # frame_mac()s: set once authenticated without TLS
         self._recv_key: Any = None
+        self._send_hkey: Any = None  # header keys (frame_mac()s): link version 3 only
+        self._recv_hkey: Any = None
+        self._frames = 2  # the link version agreed in the handshake (3: headers MAC'd)
         self._send_seq = self._recv_seq = 0
         self.lost_in_handshake = False  # a dialed link the peer closed before we were in
         self.peer_label = peer_label
@@ -175,6 +179,8 @@ class PeerLink(HandshakeMixin):
         self._tcp_up = self._tls_handshaken = False
         self._nonce = self._peer_nonce = b""
         self._send_key = self._recv_key = None
+        self._send_hkey = self._recv_hkey = None
+        self._frames = 2
         self._send_seq = self._recv_seq = 0
         self._tls = self._tls_in = self._tls_out = None
         self._rbuf = bytearray()
@@ -286,20 +292,30 @@ class PeerLink(HandshakeMixin):
         off = self._consumed = 0
         while self._sock is not None and len(buf) - off >= 5:
             n, kind = HDR.unpack_from(buf, off)
-            limit = MAX_FRAME if self._authed else PRE_AUTH_MAX
-            if n == 0 or n > limit:
-                self._reject(f"bad frame length {n}" + ("" if self._authed else " before authentication"))
+            hkey = self._recv_hkey
+            start = off + 5
+            if hkey is not None:  # version 3: the header's MAC first, before its length counts
+                if len(buf) - off < 5 + HTAG:
+                    break
+                start += HTAG
+                if not hmac.compare_digest(header_tag(hkey, self._recv_seq, bytes(buf[off:off + 5])),
+                                           bytes(buf[off + 5:start])):
+                    self._bad_mac(f"bad MAC on the header of frame {self._recv_seq} (announcing {n} bytes)")
+                    return
+            refused = frame_refused(n, self._authed, self._security.max_frame)
+            if refused is not None:
+                self._reject(refused)
                 return
             if len(buf) - off < 4 + n:
                 break
             end = off + 4 + n
             key = self._recv_key
             if key is not None:
-                if n <= TAG:
+                if n <= TAG + start - off - 5:
                     self._bad_mac(f"bad MAC: a frame of {n} bytes has no room for one")
                     return
                 end -= TAG
-            payload = bytes(buf[off + 5:end])
+            payload = bytes(buf[start:end])
             if key is not None:
                 covered = mac_parts(kind, payload)
                 tag = b"" if covered is None else frame_tag(key, self._recv_seq, bytes(buf[off:off + 5]),
@@ -370,10 +386,12 @@ class PeerLink(HandshakeMixin):
         if key is None:
             self._write([HDR.pack(size, kind), *parts])
             return
-        header = HDR.pack(size + TAG, kind)
+        hkey = self._send_hkey
+        header = HDR.pack(size + TAG + (HTAG if hkey is not None else 0), kind)
         tag = frame_tag(key, self._send_seq, header, covered if covered is not None else parts)
+        htag = [header_tag(hkey, self._send_seq, header)] if hkey is not None else []
         self._send_seq += 1
-        self._write([header, *parts, tag])
+        self._write([header, *htag, *parts, tag])
 
     def _write(self, parts: list[bytes]) -> None:
         if self._sock is None:

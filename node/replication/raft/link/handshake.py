@@ -36,11 +36,15 @@ from node.replication.raft.link.frame import (
     LEN,
     frame_mac,
 )
-from node.replication.raft.link.security import PeerSecurity
+from node.replication.raft.link.security import PeerSecurity, address_host, cert_names_host
 
 # 02: the dialer proves first, scrypt-derived key, a MAC on every frame.
 # A member speaking 01 is refused with a log line naming both versions.
 PROTOCOL = format.PEER_LINK.magic
+# The link version this build offers in HELLO ("frames") and agrees to in
+# CHALLENGE: 3 MACs each frame's header before its body is read. A member of
+# the previous release sends no "frames" and ignores ours: its links stay 2.
+FRAMES = format.PEER_LINK.version
 # An inbound link must finish the handshake this long after accept; until then
 # nothing it sends (not even a ping) keeps it open. Authenticated links only
 # ever time out on silence (connectionTimeout): a slow follower is never cut.
@@ -85,6 +89,9 @@ class HandshakeMixin:
     peer_address: str | None
     _send_key: Any
     _recv_key: Any
+    _send_hkey: Any
+    _recv_hkey: Any
+    _frames: int
     _send_seq: int
     _recv_seq: int
     _on_connected: Any
@@ -126,7 +133,7 @@ class HandshakeMixin:
     def _send_hello(self) -> None:
         self._nonce = os.urandom(32)
         self._send_frame(K_HELLO, encode({"protocol": PROTOCOL, "address": self._self_address or "",
-                                          "nonce": self._nonce}))
+                                          "nonce": self._nonce, "frames": FRAMES}))
 
 
     def _on_handshake(self, kind: int, payload: bytes) -> None:
@@ -150,11 +157,16 @@ class HandshakeMixin:
                     or not isinstance(address, str):
                 self._reject("not a mirrorq raft peer (bad hello)")
                 return
+            if not self._certificate_names(address):
+                return
             self._peer_nonce = nonce
             self.peer_address = address
             self._nonce = os.urandom(32)
-            self._send_frame(K_CHALLENGE, encode({"nonce": self._nonce,
-                                                  "address": self._self_address or ""}))
+            self._frames = agreed_frames(msg.get("frames"))
+            challenge: dict[str, Any] = {"nonce": self._nonce, "address": self._self_address or ""}
+            if self._frames > 2:
+                challenge["frames"] = self._frames
+            self._send_frame(K_CHALLENGE, encode(challenge))
         elif not self._server_side and kind == K_CHALLENGE and self._nonce and not self._peer_nonce:
             nonce, address = msg.get("nonce"), msg.get("address")
             if not isinstance(nonce, bytes) or len(nonce) != 32 or not isinstance(address, str):
@@ -164,8 +176,11 @@ class HandshakeMixin:
                 # a relay to another member would otherwise pass for the one we dialed
                 self._reject(f"the peer says it is {address!r}, not the member {self.peer_address!r} we dialed")
                 return
+            if not self._certificate_names(address):
+                return
             self._peer_nonce = nonce
             self.peer_address = address
+            self._frames = agreed_frames(msg.get("frames"))
             self._send_frame(K_PROOF, encode({"proof": _proof(key, b"client-proof", *self._transcript())}))
         elif self._server_side and kind == K_PROOF and self._peer_nonce:
             proof = msg.get("proof")
@@ -186,6 +201,20 @@ class HandshakeMixin:
         else:
             self._reject(f"unexpected handshake frame {kind}")
 
+    def _certificate_names(self, address: str) -> bool:
+        """With TLS (and raft.tls_verify_names): the peer's certificate must
+        name the address it claims, or the link is refused (any certificate of
+        the CA passed for any member: a member's key stolen was every member's)."""
+        tls = self._tls
+        if tls is None or not self._security.verify_names:
+            return True
+        host = address_host(address)
+        if cert_names_host(tls.getpeercert(), host):
+            return True
+        self._reject(f"the peer's TLS certificate does not name {host!r}, the address it claims "
+                     "(raft.tls_verify_names)")
+        return False
+
     def _transcript(self) -> tuple[bytes, bytes, bytes, bytes]:
         """(dialer's nonce, acceptor's nonce, dialer's address, acceptor's address)."""
         mine = (self._self_address or "").encode()
@@ -198,13 +227,28 @@ class HandshakeMixin:
         self._authed = True
         self._state = CONNECTION_STATE.CONNECTED
         if self._tls is None:  # TLS already protects every record
-            c2s, s2c = session_keys(self._security.key, self._transcript())
+            # version 3's keys differ from 2's: a CHALLENGE altered to change the
+            # version leaves the two ends with different keys (the first frame fails)
+            extra = (b"frames-%d" % self._frames,) if self._frames > 2 else ()
+            c2s, s2c = session_keys(self._security.key, self._transcript() + extra)
             send, recv = (s2c, c2s) if self._server_side else (c2s, s2c)
             self._send_key, self._recv_key = frame_mac(send), frame_mac(recv)
+            if self._frames > 2:
+                self._send_hkey = frame_mac(_proof(send, b"frame-header"))
+                self._recv_hkey = frame_mac(_proof(recv, b"frame-header"))
             self._send_seq = self._recv_seq = 0
         if self._on_connected is not None:
             self._on_connected()
 
+
+
+def agreed_frames(offered: Any) -> int:
+    """The link version both ends speak: this build's FRAMES if the peer
+    offered at least that (HELLO) or agreed to it (CHALLENGE), else 2 (a
+    member of the previous release, which says nothing)."""
+    if type(offered) is int and offered >= FRAMES:
+        return FRAMES
+    return 2
 
 
 def handshake_overdue(server_side: bool, authenticated: bool, opened_at: float, now: float,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import struct
 from io import BytesIO
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +36,7 @@ from node.replication.raft.snapshot.envelope import SnapshotFormatError, snapsho
 from node.replication.raft.snapshot.raft_data import pysyncobj_raft_data
 from node.replication.raft.snapshot.reader import read_entries, read_snapshot
 from node.replication.raft.snapshot.startup import OwnSnapshotMixin
-from node.replication.raft.snapshot.transfer import _cut_synced, _received_entries
+from node.replication.raft.snapshot.transfer import _cut_synced, _received_entries, fits
 
 if TYPE_CHECKING:
     from node.replication.raft.shim import Owner, _BrokerLog
@@ -183,7 +184,8 @@ class SnapshotMixin(OwnSnapshotMixin):
         came with it, checked; those are stored in the log first."""
         try:
             with open(received, "rb") as f:
-                size = snapshot_size(f.read(64))
+                end = os.fstat(f.fileno()).st_size
+                size = fits(snapshot_size(f.read(64)), end, "a snapshot")  # a u64 from the leader
                 f.seek(0)
                 data = f.read(size)
                 state, meta = read_snapshot(data)
@@ -191,9 +193,11 @@ class SnapshotMixin(OwnSnapshotMixin):
                 if entries or f.read(1):  # (a section of 0 entries, or none from a leader before issue 27)
                     f.seek(size)
                     journal: SegmentLog = self._so._SyncObj__raftLog  # type: ignore[union-attr]
-                    journal.import_records(_received_entries(f, entries))
+                    journal.import_records(_received_entries(f, entries, end))
             _cut_synced(received, size)  # what stays: the snapshot itself
-        except (OSError, SnapshotFormatError) as exc:
+        except (OSError, SnapshotFormatError, ValueError, struct.error, OverflowError, IndexError,
+                MemoryError) as exc:
+            # whatever a malformed file raises while decoded: refused, never the raft thread's end
             self.damaged_snapshots += 1
             log.error("refusing the snapshot the leader sent (%s): nothing installed, the "
                       "leader sends it again", exc)

@@ -84,9 +84,20 @@ class _Outgoing:
         self.handles = []
 
 
-def _received_entries(f: IO[bytes], expect: Any) -> Iterator[bytes]:
-    """The records of a received entries section, each checked (CRC, index)
-    against the indices the snapshot names; SnapshotFormatError if not."""
+def fits(length: int, available: int, what: str) -> int:
+    """`length`, read from a received file, if the file holds that many bytes
+    past where it was read: checked before anything is allocated for it (a
+    u32/u64 from the wire would otherwise size the read)."""
+    if length < 0 or length > available:
+        raise SnapshotFormatError(f"{what} of {length} bytes, only {max(available, 0)} received")
+    return length
+
+
+def _received_entries(f: IO[bytes], expect: Any, end: int) -> Iterator[bytes]:
+    """The records of a received entries section (the file's bytes up to
+    `end`), each checked (CRC, index) against the indices the snapshot names,
+    and each record's length against the bytes left before it is read;
+    SnapshotFormatError if not."""
     head = f.read(_ENTRIES.size)
     if len(head) != _ENTRIES.size:
         raise SnapshotFormatError("the log entries the snapshot needs are missing")
@@ -99,7 +110,7 @@ def _received_entries(f: IO[bytes], expect: Any) -> Iterator[bytes]:
         if len(rec) != REC_SIZE:
             raise SnapshotFormatError(f"entries section cut short before entry {idx}")
         length, crc, ridx, term = RECORD.unpack(rec)
-        payload = f.read(max(length - 16, 0))
+        payload = f.read(fits(max(length - 16, 0), end - f.tell(), f"entry {idx}"))
         if ridx != idx or length < 16 or len(payload) != length - 16 \
                 or record_crc(length, ridx, term, payload) != crc:
             raise SnapshotFormatError(f"entry {idx} of the snapshot is damaged (or out of order)")

@@ -22,6 +22,7 @@ from node.app.pki import make_ca, make_member
 from node.replication.codec import decode, encode
 from node.replication.raft.link.connection import PeerLink
 from node.replication.raft.link.frame import (
+    HTAG,
     K_APPEND,
     K_CHALLENGE,
     K_HELLO,
@@ -32,6 +33,7 @@ from node.replication.raft.link.frame import (
     entries_digest,
     frame_mac,
     frame_tag,
+    header_tag,
 )
 from node.replication.raft.link.handshake import _proof, session_keys
 from node.replication.raft.link.security import PeerSecurity, tls_contexts
@@ -54,7 +56,7 @@ class _Pair:
         self.client.setOnMessageReceivedCallback(self.got.append)
         assert self.client.connect("127.0.0.1", port)
         sock, _ = self.listener.accept()
-        self.server = PeerLink(self.poller, server_sec, None, 5.0, sock=sock,
+        self.server = PeerLink(self.poller, server_sec, "127.0.0.1:2", 5.0, sock=sock,
                                on_reject=lambda peer, why: self.rejects.append(why))
         self.server.setOnMessageReceivedCallback(self.got.append)
 
@@ -108,7 +110,8 @@ class _RawServer:
     """A member's acceptor written out by hand over a real socket: it runs the
     handshake with the password, then sends frames as the test builds them."""
 
-    def __init__(self, password: bytes) -> None:
+    def __init__(self, password: bytes, frames: int = 2) -> None:
+        self.frames = frames  # 2: the previous release's acceptor (no "frames" in CHALLENGE)
         self.poller = createPoller("auto")
         self.sec = PeerSecurity.from_password(password)
         self.rejects: list[str] = []
@@ -127,15 +130,20 @@ class _RawServer:
         kind, hello = self._read()
         assert kind == K_HELLO
         nonce = os.urandom(32)
-        self.sock.sendall(self._plain(K_CHALLENGE, encode({"nonce": nonce, "address": "127.0.0.1:2"})))
+        assert decode(hello)["frames"] == 3  # this build offers version 3
+        challenge: dict[str, Any] = {"nonce": nonce, "address": "127.0.0.1:2"}
+        if frames == 3:
+            challenge["frames"] = 3
+        self.sock.sendall(self._plain(K_CHALLENGE, encode(challenge)))
         kind, proof = self._read()
         assert kind == K_PROOF
         transcript = (decode(hello)["nonce"], nonce, b"127.0.0.1:1", b"127.0.0.1:2")
         assert decode(proof)["proof"] == _proof(self.sec.key, b"client-proof", *transcript)
         self.sock.sendall(self._plain(K_WELCOME, encode({"proof": _proof(self.sec.key, b"server-proof",
                                                                          *transcript)})))
-        _, s2c = session_keys(self.sec.key, transcript)
+        _, s2c = session_keys(self.sec.key, transcript + ((b"frames-3",) if frames == 3 else ()))
         self.keyed = frame_mac(s2c)
+        self.hkeyed = frame_mac(_proof(s2c, b"frame-header")) if frames == 3 else None
         assert self.run_until(lambda: self.client.state == CONNECTION_STATE.CONNECTED), self.rejects
 
     def _poll_read(self, n: int) -> bytes:
@@ -160,6 +168,10 @@ class _RawServer:
     def framed(self, seq: int, message: dict[str, Any]) -> bytes:
         """A K_MSG frame as the acceptor's seq-th frame would be, with its MAC."""
         payload = encode(message)
+        if self.hkeyed is not None:
+            header = struct.pack("<IB", 1 + HTAG + len(payload) + TAG, K_MSG)
+            return header + header_tag(self.hkeyed, seq, header) + payload + \
+                frame_tag(self.keyed, seq, header, [payload])
         header = struct.pack("<IB", 1 + len(payload) + TAG, K_MSG)
         return header + payload + frame_tag(self.keyed, seq, header, [payload])
 
@@ -227,6 +239,48 @@ def test_an_append_mac_covers_its_entries_through_their_digest(case: str) -> Non
         srv.close()
 
 
+@pytest.mark.parametrize("case", ["in order", "length forged", "header tag altered", "replayed"])
+def test_a_version_3_link_checks_each_header_before_its_body(case: str) -> None:
+    # issue 42 item 10: a forged length is refused from the header, not after the body it announces
+    srv = _RawServer(b"a long enough raft password", frames=3)
+    try:
+        assert srv.client._frames == 3
+        f0, f1 = srv.framed(0, {"type": "m", "n": 0}), srv.framed(1, {"type": "m", "n": 1})
+        forged = bytearray(f1)
+        if case == "length forged":
+            forged[0:4] = struct.pack("<I", 60 << 20)  # under max_frame: only the header MAC stops it
+        elif case == "header tag altered":
+            forged[5] ^= 1
+        stream = {"in order": f0 + f1, "length forged": f0 + bytes(forged[:64]),
+                  "header tag altered": f0 + bytes(forged), "replayed": f0 + f0}[case]
+        srv.sock.sendall(stream)
+        if case == "in order":
+            assert srv.run_until(lambda: len(srv.got) == 2)
+            assert [m["n"] for m in srv.got] == [0, 1] and not srv.rejects
+            return
+        # refused with 64 bytes of the 60 MiB announced in hand: the header alone decided
+        assert srv.run_until(lambda: srv.client.state == CONNECTION_STATE.DISCONNECTED), case
+        assert any("bad MAC on the header of frame 1" in why for why in srv.rejects), srv.rejects
+        assert [m["n"] for m in srv.got] == [0]
+    finally:
+        srv.close()
+
+
+def test_two_members_of_this_build_agree_on_version_3_and_carry_appends() -> None:
+    sec = PeerSecurity.from_password(b"s3cret")
+    p = _Pair(sec, sec)
+    try:
+        assert p.run_until(lambda: _connected(p)), p.rejects
+        assert p.client._frames == p.server._frames == 3
+        entries = [(os.urandom(3000), i, 2) for i in range(1, 4)]
+        p.server.send_append({"type": "append_entries", "term": 2, "prevLogIdx": 0}, encode(entries))
+        p.client.send({"type": "request_vote", "term": 3})
+        assert p.run_until(lambda: len(p.got) == 2)
+        assert p.got[0]["entries"] == entries and not p.rejects
+    finally:
+        p.close()
+
+
 def test_a_member_on_the_old_link_protocol_is_refused_with_both_versions_named() -> None:
     poller = createPoller("auto")
     rejects: list[str] = []
@@ -253,10 +307,49 @@ def test_a_member_on_the_old_link_protocol_is_refused_with_both_versions_named()
         listener.close()
 
 
-def _tls(tmp: Path, name: str, ca_dir: Path) -> PeerSecurity:
-    cert, key = make_member(ca_dir, name, ["127.0.0.1"])
+def _tls(tmp: Path, name: str, ca_dir: Path, hosts: tuple[str, ...] = ("127.0.0.1",),
+         verify_names: bool = True) -> PeerSecurity:
+    cert, key = make_member(ca_dir, name, list(hosts))
     client, server = tls_contexts(str(cert), str(key), str(ca_dir / "ca.pem"))
-    return PeerSecurity(client_tls=client, server_tls=server)
+    return PeerSecurity(client_tls=client, server_tls=server, verify_names=verify_names)
+
+
+@pytest.mark.parametrize("side", ["dialer", "acceptor"])
+def test_a_certificate_of_the_ca_for_another_name_is_refused(tmp_path: Path, side: str) -> None:
+    # issue 42 item 10: any certificate of the cluster CA passed for any member
+    ca = tmp_path / "ca"
+    make_ca(ca)
+    good, bad = _tls(tmp_path, "a", ca), _tls(tmp_path, "evil", ca, hosts=("10.9.9.9", "evil.example"))
+    p = _Pair(bad, good) if side == "dialer" else _Pair(good, bad)
+    try:
+        assert p.run_until(lambda: p.client.state == CONNECTION_STATE.DISCONNECTED
+                           and p.server.state == CONNECTION_STATE.DISCONNECTED)
+        assert any("does not name '127.0.0.1'" in why for why in p.rejects), p.rejects
+        assert p.got == [] and not p.client.authenticated and not p.server.authenticated
+    finally:
+        p.close()
+    # raft.tls_verify_names = false: the CA alone, as before
+    q = _Pair(_tls(tmp_path, "e", ca, hosts=("10.9.9.9",), verify_names=False),
+              _tls(tmp_path, "f", ca, hosts=("10.9.9.8",), verify_names=False))
+    try:
+        assert q.run_until(lambda: _connected(q)), q.rejects
+    finally:
+        q.close()
+
+
+def test_a_frame_longer_than_max_frame_is_refused_from_its_header() -> None:
+    sec = PeerSecurity.from_password(b"s3cret", max_frame=1 << 20)
+    p = _Pair(PeerSecurity.from_password(b"s3cret"), sec)
+    try:
+        assert p.run_until(lambda: _connected(p)), p.rejects
+        p.client.send({"type": "x", "blob": b"\0" * 900_000})  # under the bound: carried
+        assert p.run_until(lambda: len(p.got) == 1)
+        p.client.send({"type": "x", "blob": b"\0" * (2 << 20)})  # over it: the link goes
+        assert p.run_until(lambda: p.server.state == CONNECTION_STATE.DISCONNECTED)
+        assert any(why.startswith("bad frame length") and "at most 1048576" in why for why in p.rejects)
+        assert len(p.got) == 1
+    finally:
+        p.close()
 
 
 def test_mutual_tls_from_one_ca_connects_and_another_ca_is_refused(tmp_path: Path) -> None:

@@ -320,3 +320,42 @@ def test_a_damaged_entry_in_a_snapshot_transfer_is_refused(tmp_path: Path) -> No
     assert not _send(_receiver(follower), snapshot + section)
     assert follower.damaged_snapshots == 1 and not (tmp_path / "b" / "raft.dump").exists()
     assert not list((tmp_path / "b" / "log").glob("*.lseg"))
+
+
+def test_a_snapshot_whose_header_announces_more_than_arrived_is_refused_unread(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # issue 42 item 10: the header's u64 body length sized the read (f.read(2**62):
+    # OverflowError, not OSError, out of the raft thread); now checked against the file
+    shim, _owner = _shim(tmp_path)
+    data = bytearray(encode_snapshot(_state(), META))
+    struct.pack_into("<Q", data, 12, 1 << 62)  # the header's body length (<8sHHQI)
+    with caplog.at_level(logging.ERROR):
+        assert _send(_receiver(shim), bytes(data)) is False
+    assert "refusing the snapshot the leader sent (a snapshot of" in caplog.text
+    assert shim.damaged_snapshots == 1 and not (tmp_path / "raft.dump").exists()
+
+
+def test_an_entry_whose_length_overruns_the_transfer_is_refused_unread(tmp_path: Path) -> None:
+    # a record's u32 length (4 GiB) sized the read of its payload; now checked against the file
+    (tmp_path / "b").mkdir()
+    state = _state()
+    q = next(v for v in state.queues.values() if v.ready)
+    m = q.ready[0]
+    m.loc, m.props, m.body, m.size = make_loc(7, 0, 1), None, None, 3
+    snapshot = encode_snapshot(state, META)
+    record = bytearray(encode_record(b"Nabc", 7, 1))
+    struct.pack_into("<I", record, 0, 0xFFFFFFF0)  # the record's length
+    follower, _owner = _shim(tmp_path / "b")
+    follower_log = SegmentLog(str(tmp_path / "b" / "log"), str(tmp_path / "b" / "meta"))
+    follower._so = type("SO", (), {"_SyncObj__raftLog": follower_log})()  # type: ignore[assignment]
+    section = struct.pack("<8sHHQ", ENTRIES_MAGIC, ENTRIES_VERSION, 0, 1) + bytes(record)
+    assert not _send(_receiver(follower), snapshot + section)
+    assert follower.damaged_snapshots == 1 and not (tmp_path / "b" / "raft.dump").exists()
+
+
+def test_fits_refuses_a_length_past_what_arrived() -> None:
+    from node.replication.raft.snapshot.transfer import fits
+    assert fits(10, 10, "x") == 10
+    for length, available in ((11, 10), (-1, 10), (1 << 64, 1 << 20)):
+        with pytest.raises(SnapshotFormatError):
+            fits(length, available, "x")
