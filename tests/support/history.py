@@ -15,6 +15,12 @@ ANALYSIS = ROOT / "chaos" / "analysis"
 
 
 def load_analysis(name: str) -> ModuleType:
+    """chaos/analysis/NAME.py as module NAME, loaded once: a second load would
+    replace sys.modules[NAME] and the first loader's functions could no longer
+    be pickled to multiprocessing workers (generate_history's pool)."""
+    loaded = sys.modules.get(name)
+    if loaded is not None and getattr(loaded, "__file__", None) == str(ANALYSIS / f"{name}.py"):
+        return loaded
     spec = importlib.util.spec_from_file_location(name, ANALYSIS / f"{name}.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
