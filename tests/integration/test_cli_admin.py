@@ -107,6 +107,7 @@ def test_status_table_and_members_list(node: NodeProcess) -> None:
     assert_usage_error(run_cli("status", *admin, "--admin-port", "1"), "not both")
 
 
+@pytest.mark.slow  # make test runs it, make test-fast does not
 def test_vhosts_and_permissions(node: NodeProcess) -> None:
     admin = node.admin_cli
     assert ok_json("vhosts", *admin, "list") == {"vhosts": [{"name": "/"}]}
@@ -183,6 +184,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         c.kill_all()
 
 
+@pytest.mark.slow  # make test runs it, make test-fast does not
 def test_transfer_leader_and_members_add_remove(cluster: Cluster) -> None:
     leader = cluster.leader()
     follower = cluster.followers()[0]

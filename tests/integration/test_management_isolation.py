@@ -27,8 +27,9 @@ from bench import attack_overview
 from bench.attack_target import Target
 from tests.broker_proc import NodeProcess, start_http_node, wait_for
 
-pytestmark = pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")),
-                                reason="mirrorq's own management API")
+pytestmark = [pytest.mark.slow,  # ~10-20 s of attack and victim: make test runs it, test-fast not
+              pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")),
+                                reason="mirrorq's own management API")]
 
 GUEST = ("guest", "guest")
 QUEUES = 3000

@@ -153,6 +153,7 @@ def test_metrics_token_and_per_object_endpoint(configured: NodeProcess) -> None:
             f'vhost="{SECRET_VHOST}",queue="{SECRET_QUEUE}"}} 1') in text
 
 
+@pytest.mark.slow  # make test runs it, make test-fast does not
 def test_a_users_requests_in_flight_are_capped(configured: NodeProcess) -> None:
     """With one request allowed in flight, a second one of the same user while
     the first waits for the next build of the rows (5 s after the last) is 429,

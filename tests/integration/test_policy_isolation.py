@@ -22,8 +22,9 @@ from bench import attack_policy
 from bench.attack_target import Target
 from tests.broker_proc import NodeProcess, start_http_node, uniq
 
-pytestmark = pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")),
-                                reason="mirrorq's own node")
+pytestmark = [pytest.mark.slow,  # ~10-20 s of attack and victim: make test runs it, test-fast not
+              pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")),
+                                reason="mirrorq's own node")]
 
 
 @pytest.fixture(scope="module")

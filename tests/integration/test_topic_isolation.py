@@ -26,7 +26,8 @@ from pamqp import frame as pframe
 from harness.amqp import Address, RawClient
 from tests.broker_proc import NodeProcess, start_http_node
 
-pytestmark = pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")), reason="mirrorq's own limits")
+pytestmark = [pytest.mark.slow,  # ~10-20 s of attack and victim: make test runs it, test-fast not
+              pytest.mark.skipif(bool(os.environ.get("MIRRORQ_TARGET")), reason="mirrorq's own limits")]
 
 GUEST = ("guest", "guest")
 BINDINGS = 3000
