@@ -223,12 +223,17 @@ def _read_file(key: str, path: Any, pem: bool) -> bytes:
     return data
 
 
-def _admin_config(table: Any, path: str) -> AdminConfig:
+def _check_table(table: Any, name: str, keys: set[str], path: str) -> None:
+    """A `[name]` table whose keys are all among `keys`."""
     if not isinstance(table, dict):
-        raise ConfigError("admin must be a table ([admin])")
-    unknown = sorted(set(table) - _ADMIN_KEYS)
+        raise ConfigError(f"{name} must be a table ([{name}])")
+    unknown = sorted(set(table) - keys)
     if unknown:
-        raise ConfigError(f"unknown key admin.{unknown[0]} in {path}")
+        raise ConfigError(f"unknown key {name}.{unknown[0]} in {path}")
+
+
+def _admin_config(table: Any, path: str) -> AdminConfig:
+    _check_table(table, "admin", _ADMIN_KEYS, path)
     admin = AdminConfig()
     if "token" in table and "token_file" in table:
         raise ConfigError("set admin.token or admin.token_file, not both")
@@ -276,11 +281,7 @@ _HTTP_KEYS = {"port", "tls_port", "tls_only", "tls_cert", "tls_key", "tls_client
 
 
 def _http_config(table: Any, path: str) -> HttpConfig:
-    if not isinstance(table, dict):
-        raise ConfigError("http must be a table ([http])")
-    unknown = sorted(set(table) - _HTTP_KEYS)
-    if unknown:
-        raise ConfigError(f"unknown key http.{unknown[0]} in {path}")
+    _check_table(table, "http", _HTTP_KEYS, path)
     http = HttpConfig()
     if "port" in table:
         http.port = _int("http.port", table["port"], 1, 65535)
@@ -356,11 +357,7 @@ _METRICS_KEYS = {"return_per_object_metrics", "per_object_endpoint", "token", "t
 
 
 def _metrics_config(table: Any, path: str) -> MetricsConfig:
-    if not isinstance(table, dict):
-        raise ConfigError("metrics must be a table ([metrics])")
-    unknown = sorted(set(table) - _METRICS_KEYS)
-    if unknown:
-        raise ConfigError(f"unknown key metrics.{unknown[0]} in {path}")
+    _check_table(table, "metrics", _METRICS_KEYS, path)
     m = MetricsConfig()
     for key in ("return_per_object_metrics", "per_object_endpoint"):
         if key in table:
