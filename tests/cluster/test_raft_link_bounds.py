@@ -78,8 +78,13 @@ def _read_frame(sock: Any, timeout: float = 10.0) -> tuple[int, bytes] | None:
 
 
 class _Member:
-    """A raw client that authenticates with the Raft password as the member
-    at `claim`, then sends MAC'd frames as that member would."""
+    """A raw client that claims to be the member at `claim` and holds the Raft
+    password: it sends MAC'd frames as that member would.
+
+    Its first frames go out in the same write as its proof: the member it
+    impersonates redials within connectionRetryTime (0.5 s) and its link
+    replaces this one, so a frame sent after a round trip for the WELCOME
+    could reach a link already closed (a race a loaded machine lost)."""
 
     def __init__(self, target: ClusterNode, claim: str, password: str = CLUSTER_PASSWORD) -> None:
         key = link_key(password.encode())
@@ -90,19 +95,23 @@ class _Member:
         assert got is not None and got[0] == K_CHALLENGE, got
         challenge = decode(got[1])
         transcript = (nonce, challenge["nonce"], claim.encode(), challenge["address"].encode())
-        self.sock.sendall(_frame(K_PROOF, encode({"proof": _proof(key, b"client-proof", *transcript)})))
-        got = _read_frame(self.sock)
-        assert got is not None and got[0] == K_WELCOME, got
+        self._proof = _frame(K_PROOF, encode({"proof": _proof(key, b"client-proof", *transcript)}))
         c2s, _s2c = session_keys(key, transcript)
         self.send_key = frame_mac(c2s)
         self.seq = 0
 
-    def message(self, message: dict[str, Any]) -> None:
+    def authenticate(self, *first: bytes) -> tuple[int, bytes] | None:
+        """Send the proof and the `first` frames in one write; the WELCOME
+        (None if the member closed the link before it reached us)."""
+        self.sock.sendall(self._proof + b"".join(first))
+        return _read_frame(self.sock)
+
+    def message_frame(self, message: dict[str, Any]) -> bytes:
         payload = encode(message)
         header = HDR.pack(1 + len(payload) + 32, K_MSG)
         tag = frame_tag(self.send_key, self.seq, header, [payload])
         self.seq += 1
-        self.sock.sendall(header + payload + tag)
+        return header + payload + tag
 
     def close(self) -> None:
         self.sock.close()
@@ -145,7 +154,7 @@ def test_a_gib_frame_header_is_refused_before_its_body_is_read(cluster: Cluster)
     before = rss(target)
     peer = _Member(target, other.raft_address)
     try:
-        peer.sock.sendall(HDR.pack(1 << 30, K_MSG))
+        peer.authenticate(HDR.pack(1 << 30, K_MSG))
         sent = _stream_until_closed(peer.sock, 256 * MIB, timeout=15)
         grown = rss(target) - before
     finally:
@@ -180,9 +189,11 @@ def test_a_malformed_snapshot_chunk_is_refused_and_the_follower_catches_up(clust
     # as the leader (its address, its term), a one-chunk snapshot whose header lies
     peer = _Member(target, leader.raft_address)
     try:
-        peer.message({"type": "append_entries", "term": term, "commit_index": int(st["commit_index"]),
-                      "serialized": [_snapshot_head_lying_about_its_length(), True, True],
-                      "snapshot_index": int(st["commit_index"]) + 1000})
+        welcome = peer.authenticate(peer.message_frame({
+            "type": "append_entries", "term": term, "commit_index": int(st["commit_index"]),
+            "serialized": [_snapshot_head_lying_about_its_length(), True, True],
+            "snapshot_index": int(st["commit_index"]) + 1000}))
+        assert welcome is not None and welcome[0] == K_WELCOME, welcome
         wait_for(lambda: "refusing the snapshot the leader sent" in target.tail_log(300), timeout=10,
                  what="the malformed snapshot refused")
     finally:
