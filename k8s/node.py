@@ -45,6 +45,7 @@ from k8s.api import Api, ApiError
 from k8s.control_plane import bin_dir, wait_until
 from k8s.dns import ClusterDns
 from k8s.provisioner import HostPathProvisioner
+from k8s.sandbox_reaper import SandboxReaper
 
 REPO = Path(__file__).resolve().parents[1]
 NODE_NAME = "mq-kubelet"
@@ -104,6 +105,7 @@ class KubeletNode:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.dns: ClusterDns | None = None
         self.provisioner = HostPathProvisioner(self.api, self.work / "volumes")
+        self.reaper: SandboxReaper | None = None
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -137,6 +139,9 @@ class KubeletNode:
         except BaseException:
             self.stop()
             raise
+        # a deleted pod leaves the API only once its sandbox is removed (k8s/sandbox_reaper.py)
+        self.reaper = SandboxReaper(self.sock, lambda ns, name: self.api.get_or_none(
+            f"/api/v1/namespaces/{ns}/pods/{name}"))
         self._thread = threading.Thread(target=self._loop, name="provisioner", daemon=True)
         self._thread.start()
         return self
@@ -287,6 +292,8 @@ imageGCLowThresholdPercent: 99
         while not self._stop.wait(1.0):
             try:
                 self.provisioner.sync()
+                if self.reaper is not None:
+                    self.reaper.sync()
             except Exception:  # noqa: BLE001 - keep serving; diagnostics show it
                 self.errors.append(traceback.format_exc())
                 del self.errors[:-20]
@@ -295,6 +302,8 @@ imageGCLowThresholdPercent: 99
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
+        if self.reaper is not None:
+            self.reaper.close()
         with contextlib.suppress(ApiError, OSError):
             self.api.call("DELETE", f"/api/v1/nodes/{NODE_NAME}")
         for name in ("kube-proxy", "kubelet"):
