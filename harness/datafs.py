@@ -169,14 +169,32 @@ class DataFs:
         tmp.write_text(f"{float(ms):g}\n")
         os.replace(tmp, self.delay_file)
 
-    def set_fault(self, mode: str | None) -> None:
+    def set_fault(self, mode: str | None, timeout: float = 5.0) -> None:
         """Make every changing operation under the mount fail: "eio" (a failing
-        disk), "erofs" (a read-only remount); None: none (within 50 ms)."""
+        disk), "erofs" (a read-only remount); None: none. Returns once the
+        daemon (it re-reads the file every 50 ms) answers a create that way."""
         if mode is not None and mode not in ("eio", "erofs"):
             raise ValueError(f"unknown fault mode {mode!r}: eio or erofs")
         tmp = self.fault_file.with_name(self.fault_file.name + ".tmp")
         tmp.write_text(f"{mode or ''}\n")
         os.replace(tmp, self.fault_file)
+        if self.fuse_proc is None or self.fuse_proc.poll() is not None or not mounted(self.data_dir):
+            return  # (applies from the next mount)
+        deadline = time.monotonic() + timeout
+        while self._writable() != (mode is None):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.data_dir}: fault {mode!r} not in effect after {timeout}s")
+            time.sleep(0.01)
+
+    def _writable(self) -> bool:
+        probe = self.data_dir / ".datafs-probe"
+        try:
+            probe.write_bytes(b"")
+        except OSError:
+            return False
+        with contextlib.suppress(OSError):
+            probe.unlink()
+        return True
 
     def crash_drop(self, timeout: float = 60.0) -> dict[str, Any]:
         """The power loss of this node's disk: with the node already dead (SIGKILLed
