@@ -154,7 +154,7 @@ class _BrokerLog(Replicator):
         owner = self._owner
         if owner._snap_pid is None and not owner.snapshot_may_start(clock()):
             return  # a failed snapshot is retried after a backoff, not at the next tick (issue 46)
-        SyncObj._SyncObj__tryLogCompaction(self)
+        super()._SyncObj__tryLogCompaction()  # Replicator's: it holds compaction during a catch-up
 
     def _SyncObj__parseChangeClusterRequest(self, command: bytes) -> list[Any] | None:  # noqa: N802
         if command[0] != _COMMAND_TYPE.MEMBERSHIP:
