@@ -6,7 +6,8 @@ Cluster / start_cluster:
   exactly that node's disk (`fill_disk`);
 - `slow_fs=True`: each node's data dir is a FUSE passthrough mount
   (harness.slowfs, over DATA_DIR.backing) whose fsync sleeps while the
-  node's delay file says so (`slow_disk`);
+  node's delay file says so (`slow_disk`), and whose writes fail with EIO or
+  EROFS while its fault file says so (`set_fault`: `failed_disk`, issue 46);
 - `lazy_fs=True`: the FUSE mount is harness.lazyfs instead (slowfs's delay
   too), which keeps what was not fsync'd apart; `crash_drop()` (the node
   SIGKILLed first) throws it away: the data dir is as a power loss would
@@ -116,6 +117,7 @@ class DataFs:
         # with FUSE the node sees data_dir; the bytes live in `backing` (on the tmpfs if any)
         self.disk_dir = self.data_dir.with_name(self.data_dir.name + ".backing") if self.fuse else self.data_dir
         self.delay_file = self.data_dir.with_name(self.data_dir.name + ".fsync-delay-ms")
+        self.fault_file = self.data_dir.with_name(self.data_dir.name + ".fault")
         self.drop_flag = self.data_dir.with_name(self.data_dir.name + ".lazyfs-drop")
         self.fuse_proc: subprocess.Popen[bytes] | None = None
         self.fuse_log = self.data_dir.with_name(self.data_dir.name + (".lazyfs.log" if lazy else ".slowfs.log"))
@@ -147,7 +149,8 @@ class DataFs:
             if not self.delay_file.exists():
                 self.delay_file.write_text("0\n")
             argv = [sys.executable, "-m", "harness.lazyfs" if self.lazy else "harness.slowfs",
-                    str(self.disk_dir), str(self.data_dir), "--delay-file", str(self.delay_file)]
+                    str(self.disk_dir), str(self.data_dir), "--delay-file", str(self.delay_file),
+                    "--fault-file", str(self.fault_file)]
             if self.lazy:
                 argv += ["--drop-flag", str(self.drop_flag)]
             with open(self.fuse_log, "ab") as log:
@@ -165,6 +168,33 @@ class DataFs:
         tmp = self.delay_file.with_suffix(".tmp")
         tmp.write_text(f"{float(ms):g}\n")
         os.replace(tmp, self.delay_file)
+
+    def set_fault(self, mode: str | None, timeout: float = 5.0) -> None:
+        """Make every changing operation under the mount fail: "eio" (a failing
+        disk), "erofs" (a read-only remount); None: none. Returns once the
+        daemon (it re-reads the file every 50 ms) answers a create that way."""
+        if mode is not None and mode not in ("eio", "erofs"):
+            raise ValueError(f"unknown fault mode {mode!r}: eio or erofs")
+        tmp = self.fault_file.with_name(self.fault_file.name + ".tmp")
+        tmp.write_text(f"{mode or ''}\n")
+        os.replace(tmp, self.fault_file)
+        if self.fuse_proc is None or self.fuse_proc.poll() is not None or not mounted(self.data_dir):
+            return  # (applies from the next mount)
+        deadline = time.monotonic() + timeout
+        while self._writable() != (mode is None):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.data_dir}: fault {mode!r} not in effect after {timeout}s")
+            time.sleep(0.01)
+
+    def _writable(self) -> bool:
+        probe = self.data_dir / ".datafs-probe"
+        try:
+            probe.write_bytes(b"")
+        except OSError:
+            return False
+        with contextlib.suppress(OSError):
+            probe.unlink()
+        return True
 
     def crash_drop(self, timeout: float = 60.0) -> dict[str, Any]:
         """The power loss of this node's disk: with the node already dead (SIGKILLed

@@ -1,7 +1,7 @@
 """A FUSE passthrough that loses what was not synced when its node "crashes"
 (the lost-unsynced-writes fault, after Jepsen's lazyfs).
 
-    python -m harness.lazyfs BACKING MOUNTPOINT --delay-file FILE --drop-flag FLAG
+    python -m harness.lazyfs BACKING MOUNTPOINT --delay-file FILE --drop-flag FLAG [--fault-file FILE]
 
 Every operation goes to BACKING at once (harness.slowfs, whose fsync delay it
 keeps); the daemon also remembers what a power loss would undo. When it is
@@ -68,8 +68,8 @@ class _File:
 
 
 class LazyFs(SlowFs):
-    def __init__(self, backing: str, delay_file: str | None) -> None:
-        super().__init__(backing, delay_file)
+    def __init__(self, backing: str, delay_file: str | None, fault_file: str | None = None) -> None:
+        super().__init__(backing, delay_file, fault_file)
         self.attic = os.path.join(self.backing, ATTIC)
         os.makedirs(self.attic, exist_ok=True)
         # one lock for every tracking decision and the operation it guards, so a
@@ -334,8 +334,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("mountpoint")
     ap.add_argument("--delay-file", default=None)
     ap.add_argument("--drop-flag", required=True)
+    ap.add_argument("--fault-file", default=None)
     args = ap.parse_args(argv)
-    fs = LazyFs(args.backing, args.delay_file)
+    fs = LazyFs(args.backing, args.delay_file, args.fault_file)
     # as slowfs; no kernel write-back cache: every write reaches the daemon before
     # the node's pwrite returns, so the daemon sees each one before its sync
     FUSE(fs, args.mountpoint, foreground=True, nothreads=False, allow_other=True, big_writes=True,

@@ -1,6 +1,7 @@
-"""A FUSE passthrough filesystem whose fsync can be made slow (the slow-disk fault).
+"""A FUSE passthrough filesystem whose fsync can be made slow (the slow-disk
+fault) or whose writes can fail (the failed-disk fault, issue 46).
 
-    python -m harness.slowfs BACKING MOUNTPOINT --delay-file FILE
+    python -m harness.slowfs BACKING MOUNTPOINT --delay-file FILE [--fault-file FILE]
 
 Every operation is passed to the same path under BACKING; fsync (and fsyncdir)
 first sleeps the number of milliseconds in FILE (re-read at most every 50 ms;
@@ -8,7 +9,11 @@ first sleeps the number of milliseconds in FILE (re-read at most every 50 ms;
 shared mapping of a file in the mount reaches the daemon as FUSE_FSYNC (the
 kernel writes the dirty pages back, FUSE_WRITE, then asks for the sync), so
 pysyncobj's mmap'd journal flush waits for the delay too; `flush` (close) does
-not sleep. Runs in the foreground, multi-threaded (fusepy over libfuse2), until
+not sleep. The fault file (re-read as often) names an error mode: `eio` (a
+failing disk) or `erofs` (a read-only remount); while it does, every operation
+that would change something (write, create, an open for writing, truncate,
+rename, unlink, mkdir, fsync, ...) fails with that errno; reads, stat and
+close go on. Empty or missing: none. Runs in the foreground, multi-threaded (fusepy over libfuse2), until
 unmounted or SIGTERM. Written for harness.datafs; not a general tool.
 """
 from __future__ import annotations
@@ -22,15 +27,38 @@ from typing import Any
 
 from fuse import FUSE, FuseOSError, Operations  # fusepy (libfuse2)
 
+FAULTS = {"eio": errno.EIO, "erofs": errno.EROFS}  # the fault file's modes
+# operations that change the filesystem (open and create: by their flags)
+MUTATING = frozenset({"write", "create", "truncate", "rename", "unlink", "mkdir", "rmdir", "link",
+                      "symlink", "chmod", "chown", "utimens", "fsync", "fsyncdir", "mknod",
+                      "setxattr", "removexattr"})
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
+
+
+def fault_errno(mode: str) -> int | None:
+    """The errno of a fault file's mode (None: no fault; an unknown mode: EIO)."""
+    mode = mode.strip().lower()
+    return None if not mode else FAULTS.get(mode, errno.EIO)
+
+
+def mutates(op: str, args: tuple[Any, ...]) -> bool:
+    if op == "open":
+        return bool(args[1] & _WRITE_FLAGS)
+    return op in MUTATING
+
 
 class SlowFs(Operations):  # type: ignore[misc]
-    def __init__(self, backing: str, delay_file: str | None) -> None:
+    def __init__(self, backing: str, delay_file: str | None, fault_file: str | None = None) -> None:
         self.backing = os.path.realpath(backing)
         self.delay_file = delay_file
+        self.fault_file = fault_file
         self._delay = 0.0
+        self._fault: int | None = None
         self._read_at = 0.0
+        self._fault_read_at = 0.0
         self._lock = threading.Lock()
         self.fsyncs = 0
+        self.faults = 0  # operations failed by the fault mode
 
     # ------------------------------------------------------------ helpers
     def _p(self, path: str) -> str:
@@ -49,7 +77,24 @@ class SlowFs(Operations):  # type: ignore[misc]
                     self._delay = 0.0
             return self._delay
 
+    def fault(self) -> int | None:
+        """The errno every changing operation fails with now (None: none)."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._fault_read_at >= 0.05 and self.fault_file:
+                self._fault_read_at = now
+                try:
+                    with open(self.fault_file) as f:
+                        self._fault = fault_errno(f.read())
+                except OSError:
+                    self._fault = None
+            return self._fault
+
     def __call__(self, op: str, *args: Any) -> Any:
+        err = self.fault() if self.fault_file else None
+        if err is not None and mutates(op, args):
+            self.faults += 1
+            raise FuseOSError(err)
         try:
             return super().__call__(op, *args)
         except OSError as exc:  # the backing file system's errno, to the caller
@@ -153,10 +198,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("backing")
     ap.add_argument("mountpoint")
     ap.add_argument("--delay-file", default=None)
+    ap.add_argument("--fault-file", default=None)
     args = ap.parse_args(argv)
     # allow_other: the node runs as root too, but possibly in another mount namespace
     # (ip netns exec); big_writes: the journal's write-back in 128 KiB requests
-    FUSE(SlowFs(args.backing, args.delay_file), args.mountpoint, foreground=True, nothreads=False,
+    FUSE(SlowFs(args.backing, args.delay_file, args.fault_file), args.mountpoint, foreground=True, nothreads=False,
          allow_other=True, big_writes=True, max_write=131072)
 
 

@@ -1,4 +1,4 @@
-"""Disk faults (issue 16): a full disk and a slow disk on one node.
+"""Disk faults (issues 16, 46): a full, a slow and a failing disk on one node.
 
 They need the cluster started with the matching opt-in (harness.datafs):
 
@@ -9,10 +9,17 @@ They need the cluster started with the matching opt-in (harness.datafs):
 - `slow_disk(target, delay_ms, seconds)` needs `start_cluster(slow_fs=True)`: the
   node's FUSE data dir (harness.slowfs) sleeps `delay_ms` in every fsync
   (which is what the journal's msync and the snapshot's fsync turn into) for
-  `seconds`.
+  `seconds`;
+- `failed_disk(target, mode, seconds)` needs `start_cluster(slow_fs=True)`: every
+  changing operation under the node's FUSE data dir fails with EIO (`mode`
+  "eio", a failing disk) or EROFS ("erofs", a read-only remount). The node
+  must stop within 10 s with exit code 5 (fail-stop, issue 46); it stays down
+  `seconds`, then the fault is lifted and it is restarted on its data dir as
+  a supervisor would, and the cluster must be healthy again.
 
-`heal_disks()` is the rollback: it deletes every ballast file and sets every
-fsync delay back to 0 (also after a run that failed half way).
+`heal_disks()` is the rollback: it deletes every ballast file, sets every
+fsync delay back to 0 and lifts every failure mode (also after a run that
+failed half way).
 """
 from __future__ import annotations
 
@@ -27,7 +34,10 @@ from chaosmirrorq.fault import STATE, as_float, cluster, pick, record_fault, wai
 from harness.datafs import DataFs
 from harness.process import ClusterNode
 
-__all__ = ["fill_disk", "slow_disk", "heal_disks", "fill", "BALLAST"]
+__all__ = ["fill_disk", "slow_disk", "failed_disk", "heal_disks", "fill", "BALLAST"]
+
+FAIL_STOP_WITHIN = 10.0  # s: a node whose disk fails must have exited by then (issue 46)
+EXIT_STORAGE = 5  # the node's exit code then (node.replication.raft.storage_fault)
 
 BALLAST = "chaos-ballast.bin"
 _CHUNK = b"\xa5" * (1 << 20)
@@ -36,7 +46,7 @@ _CHUNK = b"\xa5" * (1 << 20)
 def _datafs(node: ClusterNode, what: str) -> DataFs:
     fs = node.datafs
     if fs is None:
-        raise RuntimeError(f"{what} needs start_cluster({'slow_fs=True' if what == 'slow_disk' else 'data_fs_mb=N'})")
+        raise RuntimeError(f"{what} needs start_cluster({'data_fs_mb=N' if what == 'fill_disk' else 'slow_fs=True'})")
     return fs
 
 
@@ -128,8 +138,44 @@ def slow_disk(target: str = "follower", delay_ms: float = 200.0, seconds: float 
     return {"node": node.node_id, "delay_ms": as_float(delay_ms), "healthy_after": healthy}
 
 
+def failed_disk(target: str = "follower", mode: str = "eio", seconds: float = 6.0) -> dict[str, Any]:
+    """Fail every write under `target`'s data dir (EIO or EROFS): it must exit
+    with code 5 within FAIL_STOP_WITHIN s (else this action fails); down for
+    `seconds`, then the fault is lifted, the node restarted on its data dir
+    (its supervisor's part) and the cluster must be healthy again."""
+    node = pick(target)
+    fs = _datafs(node, "failed_disk")
+    name = f"failed-disk-{mode}-{target} {node.node_id}"
+    STATE.setdefault("failed", set()).add(node.node_id)
+    t0 = time.time()
+    STATE.setdefault("open_faults", {})[node.node_id] = (name, t0)
+    began = time.monotonic()
+    try:
+        fs.set_fault(mode)
+        while node.alive() and time.monotonic() - began < FAIL_STOP_WITHIN:
+            time.sleep(0.02)
+        exited_after = time.monotonic() - began
+        code = node.proc.returncode if node.proc is not None else None
+        if node.alive() or code != EXIT_STORAGE:
+            node.kill9()
+            raise RuntimeError(f"{node.node_id} did not fail-stop on {mode}: "
+                               f"{'still running' if code is None else f'exit code {code}'} "
+                               f"after {exited_after:.1f} s:\n{node.tail_log(8)}")
+        node.kill9()  # reaps it and waits for its children (none should be left)
+        time.sleep(max(0.0, as_float(seconds) - exited_after))
+    finally:
+        fs.set_fault(None)  # (returns once writes go through again)
+    node.start(wait=True, timeout=90)
+    healthy = wait_healthy()
+    STATE.get("open_faults", {}).pop(node.node_id, None)
+    record_fault(name, t0, time.time())
+    return {"node": node.node_id, "mode": mode, "exited_after": round(exited_after, 2),
+            "exit_code": code, "healthy_after": healthy}
+
+
 def heal_disks() -> dict[str, Any]:
-    """Rollback: delete every ballast file, set every fsync delay to 0."""
+    """Rollback: delete every ballast file, set every fsync delay to 0, lift
+    every failure mode."""
     freed, cleared = [], []
     c = STATE.get("cluster")
     paths = set(STATE.get("ballasts", set()))
@@ -139,6 +185,7 @@ def heal_disks() -> dict[str, Any]:
                 paths.add(str(n.datafs.disk_dir / BALLAST))
                 if n.datafs.slow:
                     n.datafs.set_delay_ms(0)
+                    n.datafs.set_fault(None)
                     cleared.append(n.node_id)
     for p in sorted(paths):
         with contextlib.suppress(FileNotFoundError):

@@ -46,7 +46,8 @@ ORDER = ["leader-kill-loop", "follower-kill", "leader-pause", "minority-partitio
          "leader-in-minority", "full-restart", "rolling-restart", "scale-out-in",
          "network-delay", "packet-loss", "one-way-partition", "bridge-partition",
          "follower-long-pause", "kill-during-snapshot", "membership-during-partition",
-         "follower-disk-full", "follower-slow-disk", "follower-kill-lost-writes", "leader-kill-lost-writes",
+         "follower-disk-full", "follower-slow-disk", "follower-failed-disk",
+         "follower-kill-lost-writes", "leader-kill-lost-writes",
          "power-cut", "clock-step", "mixed",
          "corrupt-follower-segment", "corrupt-running", "corrupt-helix", "corrupt-membership",
          "corrupt-leader-snapshot", "crash-during-partition", "crash-during-pause", "membership-lost-writes"]
@@ -93,7 +94,7 @@ def skip_reason(path: Path) -> str | None:
     if "tmpfs" in tags:  # follower-disk-full: a tmpfs per node
         from harness.datafs import tmpfs_unavailable_reason
         return tmpfs_unavailable_reason()
-    if "fuse" in tags:  # follower-slow-disk, the lost-writes kinds: a FUSE data dir per node
+    if "fuse" in tags:  # follower-slow-disk and -failed-disk, the lost-writes kinds: a FUSE data dir per node
         from harness.datafs import fuse_unavailable_reason
         return fuse_unavailable_reason()
     if "faketime" in tags:  # clock-step: libfaketime preloaded

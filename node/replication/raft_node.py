@@ -593,6 +593,7 @@ class RaftNode:
             installed_snapshots=shim.installed_snapshots,
             refused_snapshots=shim.refused_snapshots,
             damaged_snapshots=shim.damaged_snapshots,
+            failed_snapshots=shim.failed_snapshots,
             log_segments=shim.log_segments(),
             log_compactions=shim.log_compactions(),
             skipped_closes=self.skipped_closes,

@@ -97,6 +97,7 @@ class NodeStatus:
     installed_snapshots: int
     refused_snapshots: int
     damaged_snapshots: int  # leader's snapshots refused here: they did not read back (checksum, format)
+    failed_snapshots: int  # own snapshot writers that failed (not fatally: retried with a backoff)
     log_segments: int  # segment files of the log (Raft's part and those kept for messages)
     log_compactions: int  # mostly-dead segments whose live records were rewritten
     skipped_closes: int

@@ -280,3 +280,51 @@ def test_a_file_created_read_write_through_the_fuse_mount_reads_back(tmp_path: P
             os.close(fd)
     finally:
         fs.unmount()
+
+
+@pytest.mark.skipif(fuse_unavailable_reason() is not None, reason=str(fuse_unavailable_reason()))
+@pytest.mark.parametrize("lazy", [False, True])
+@pytest.mark.parametrize("mode,err", [("eio", errno.EIO), ("erofs", errno.EROFS)])
+def test_a_fault_mode_fails_every_change_but_not_reads_and_lifts(tmp_path: Path, lazy: bool, mode: str,
+                                                                 err: int) -> None:
+    """The failing-disk fault (issue 46): writes to an fd opened before, creates,
+    renames, unlinks and fsyncs fail with the mode's errno; reads and stat go
+    on; lifted, everything works again."""
+    fs = DataFs(tmp_path / "data", slow=not lazy, lazy=lazy)
+    fs.mount()
+    try:
+        seg = fs.data_dir / "seg"
+        seg.write_bytes(b"before")
+        fd = os.open(seg, os.O_RDWR)
+        try:
+            fs.set_fault(mode)
+            calls = [lambda: os.pwrite(fd, b"x", 0), lambda: os.fsync(fd),
+                     lambda: (fs.data_dir / "new").write_bytes(b""), lambda: os.rename(seg, fs.data_dir / "b"),
+                     lambda: os.unlink(seg), lambda: os.mkdir(fs.data_dir / "d"), lambda: os.truncate(seg, 0)]
+            for call in calls:
+                with pytest.raises(OSError) as caught:
+                    call()
+                assert caught.value.errno == err
+            assert os.pread(fd, 6, 0) == b"before" and seg.read_bytes() == b"before"
+            assert os.listdir(fs.data_dir) == ["seg"]
+            fs.set_fault(None)
+            os.pwrite(fd, b"after!", 0)
+            os.fsync(fd)
+            assert seg.read_bytes() == b"after!"
+        finally:
+            os.close(fd)
+    finally:
+        fs.unmount()
+
+
+@pytest.mark.skipif(fuse_unavailable_reason() is not None, reason=str(fuse_unavailable_reason()))
+def test_failed_disk_fail_stops_the_follower_and_it_rejoins_after_its_restart(chaos_state: Path) -> None:
+    actions.start_cluster(nodes=3, netns=False, base_dir=str(chaos_state), experiment="t-failed-disk",
+                          baseline=False, slow_fs=True)
+    c = actions._cluster()
+    out = disk.failed_disk(target="follower", mode="eio", seconds=1)
+    assert out["exit_code"] == 5 and out["exited_after"] < disk.FAIL_STOP_WITHIN, out
+    assert out["healthy_after"], out
+    node = c.node(out["node"])
+    assert node.alive() and node.datafs is not None and node.datafs._writable()
+    assert "storage failure:" in node.log_path.read_text(errors="replace")

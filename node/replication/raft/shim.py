@@ -72,6 +72,7 @@ from node.replication.raft.snapshot import (
     SnapshotMixin,
     SnapshotReceiver,
 )
+from node.replication.raft.storage_fault import check_dir, open_dir
 from node.replication.view import PeerView, RaftView
 
 log = logging.getLogger(__name__)
@@ -148,6 +149,12 @@ class _BrokerLog(Replicator):
             log.error("ignoring a code-version entry (pysyncobj pickle; mirrorq never writes one)")
             return None
         return SyncObj._SyncObj__doApplyCommand(self, command)  # no-op and membership
+
+    def _SyncObj__tryLogCompaction(self) -> None:  # noqa: N802
+        owner = self._owner
+        if owner._snap_pid is None and not owner.snapshot_may_start(clock()):
+            return  # a failed snapshot is retried after a backoff, not at the next tick (issue 46)
+        super()._SyncObj__tryLogCompaction()  # Replicator's: it holds compaction during a catch-up
 
     def _SyncObj__parseChangeClusterRequest(self, command: bytes) -> list[Any] | None:  # noqa: N802
         if command[0] != _COMMAND_TYPE.MEMBERSHIP:
@@ -243,6 +250,8 @@ class RaftShim(ElectionMixin, SnapshotMixin, CompactionMixin):
         self.snapshot_done_at = clock()  # the latest snapshot written or loaded
         self._last_release = 0.0
         self._last_cache_check = 0.0
+        self._dirs: list[tuple[str, int]] = []  # the data dir and the log's, an fd held on each
+        self._last_dir_check = 0.0
         self._iteration_began = 0.0
         self._fail_names = {v: k.lower() for k, v in vars(FAIL_REASON).items()
                             if k.isupper() and k != "SUCCESS"}
@@ -315,6 +324,7 @@ class RaftShim(ElectionMixin, SnapshotMixin, CompactionMixin):
         journal = open_log(self.data_dir, repairable=repairable, segment_bytes=c.segment_bytes,
                            retain=self._retains, granule=1 << BUCKET_SHIFT, verify_bytes=c.verify_at_open_bytes)
         journal.sync_appends = not c.unsafe_no_fsync
+        self._dirs = [(d, open_dir(d)) for d in (self.data_dir, journal.dir)]
         try:  # before the first tick, where pysyncobj would load it
             self.load_own_snapshot(journal, repairable)
         except SnapshotFormatError as exc:
@@ -610,7 +620,8 @@ class RaftShim(ElectionMixin, SnapshotMixin, CompactionMixin):
             try:
                 so.journal_flush()  # group commit: one fdatasync for the tick's entries
             except OSError as exc:
-                # not on disk: keep the acks held (the leader does not count these
+                # (a failed fdatasync stopped the node: storage_fault.py) not on
+                # disk: keep the acks held (the leader does not count these
                 # entries for us and its planner marks us lagging); retried next tick
                 flushed = False
                 self.journal_flush_errors += 1
@@ -625,6 +636,10 @@ class RaftShim(ElectionMixin, SnapshotMixin, CompactionMixin):
         if journal.hidden and clock() - self._last_release >= 1.0:
             self._last_release = clock()
             journal.release()  # retained segments whose messages are all gone
+        if clock() - self._last_dir_check >= 1.0:
+            self._last_dir_check = clock()
+            for path, fd in self._dirs:  # removed or unmounted: stop (open fds would keep working)
+                check_dir(path, fd)
         if clock() - self._last_cache_check >= CACHE_IDLE_CHECK:
             self._last_cache_check = clock()
             journal.age_cache()  # an idle or drained node holds no old entries in memory

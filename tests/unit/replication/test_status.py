@@ -18,7 +18,7 @@ RAFT_KEYS = [
     "deferred_elections", "prevote_rounds", "ignored_votes", "fast_elections", "peer_rejects",
     "peer_mac_failures", "peer_tls", "encoded_appends", "longest_raft_stall_ms", "longest_flush_ms",
     "journal_write_errors", "journal_flush_errors", "installed_snapshots", "refused_snapshots",
-    "damaged_snapshots", "log_segments", "log_compactions",
+    "damaged_snapshots", "failed_snapshots", "log_segments", "log_compactions",
     "skipped_closes", "longest_fork_ms", "longest_owner_tick_ms", "forced_compactions",
     "longest_leader_gap_ms", "longest_send_gap_ms", "in_sync_size", "machine_version", "runs_machine_version",
     "confirm_latency", "peers",

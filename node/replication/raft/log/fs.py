@@ -3,13 +3,15 @@
 - _fallocate: growth reserved with fallocate(2), so a full disk is an
   OSError (ENOSPC) before a write;
 - _fsync_dir: a directory fsync'd, so that the names created, replaced or
-  removed in it are durable.
+  removed in it are durable (a failure stops the node: storage_fault).
 """
 from __future__ import annotations
 
 import ctypes
 import os
 from typing import Any
+
+from node.replication.raft.storage_fault import FSYNC, guarded
 
 
 def _fallocate(fd: int, offset: int, length: int) -> None:
@@ -34,8 +36,10 @@ except (AttributeError, OSError):  # not glibc
 
 
 def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
+    with guarded(path, "open"):
+        fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        with guarded(path, FSYNC):
+            os.fsync(fd)
     finally:
         os.close(fd)

@@ -20,6 +20,7 @@ from node.replication.raft.log.segment import (
     _record_crc,
     _Segment,
 )
+from node.replication.raft.storage_fault import stop_if_fatal
 
 if TYPE_CHECKING:
     from node.replication.raft.log.segment_log import SegmentLog
@@ -45,7 +46,11 @@ class EntryHandle:
     def record(self) -> bytes:
         """The whole record as on disk (header and payload), its CRC checked."""
         seg = self.seg
-        raw = os.pread(seg.fd, self.size, self.start)
+        try:
+            raw = os.pread(seg.fd, self.size, self.start)
+        except OSError as exc:  # (EBADF, a node stopping, is raised as it was)
+            stop_if_fatal(seg.path, "read", exc)
+            raise
         if len(raw) != self.size or len(raw) < REC_SIZE:
             raise LogDamaged(f"{seg.path} at offset {self.start}: record {self.idx} cut short on read", seg.path)
         length, crc, ridx, term = _REC.unpack_from(raw)

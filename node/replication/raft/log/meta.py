@@ -23,6 +23,7 @@ from node.replication import format
 from node.replication.codec import CodecError, decode, encode
 from node.replication.raft.data_dir import open_private
 from node.replication.raft.log.fs import _fsync_dir
+from node.replication.raft.storage_fault import FSYNC, guarded, stop_if_fatal
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +47,21 @@ class FsyncMetaStorer(MetaStorer):  # type: ignore[misc]
         tmp = path + ".tmp"
         vote = (meta.get("currentTerm"), meta.get("votedForNodeId"))
         sync = vote != self._durable
+        op = "create"
         try:
             with os.fdopen(open_private(tmp), "wb") as f:  # 0600: the data dir is private
+                op = "write"
                 f.write(encode_meta(meta))
                 f.flush()
+                op = FSYNC
                 if sync:
                     os.fsync(f.fileno())
                 else:
                     os.fdatasync(f.fileno())
         except OSError as exc:
+            # the directory gone (ENOENT), EIO, EROFS, any failed sync: stop (issue 46);
+            # only a full disk goes on as below
+            stop_if_fatal(tmp, op, exc)
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             if sync:
@@ -64,7 +71,8 @@ class FsyncMetaStorer(MetaStorer):  # type: ignore[misc]
             # skipping it is safe (a stale commit index is re-learned)
             log.warning("journal meta: commit index not stored: %s", exc)
             return
-        os.replace(tmp, path)
+        with guarded(tmp, "rename"):
+            os.replace(tmp, path)
         if sync:
             _fsync_dir(os.path.dirname(path) or ".")
             self._durable = vote

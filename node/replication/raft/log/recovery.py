@@ -41,6 +41,7 @@ from node.replication.raft.log.segment import (
     _unlink_segment,
 )
 from node.replication.raft.log.start import read_start
+from node.replication.raft.storage_fault import FSYNC, guarded, stop_if_fatal
 
 log = logging.getLogger(__name__)
 
@@ -294,6 +295,7 @@ class Recovery:
                 seg.crc = crc_range(seg.fd, HEADER_SIZE, seg.end)
             write_index(seg.path, seg.first, seg.end, seg.crc, seg.offsets, seg.terms, seg.idxs)
         except OSError as exc:  # only a cache: the next start walks this segment
+            stop_if_fatal(seg.path, "write index of", exc)  # (but not on a broken disk)
             log.warning("raft log: index of %s not written: %s", seg.path, exc)
             return
         seg.sealed = True
@@ -334,10 +336,14 @@ class Recovery:
             except OSError:
                 continue
             try:
-                if os.fstat(fd).st_ino != os.stat(seg.path).st_ino:
-                    continue  # released, or another file at that path now
+                try:
+                    if os.fstat(fd).st_ino != os.stat(seg.path).st_ino:
+                        continue  # released, or another file at that path now
+                except OSError:
+                    continue  # (released meanwhile: ENOENT is no fault here)
                 crc = crc_range(fd, HEADER_SIZE, seg.end, rate, stop)
-            except OSError:
+            except OSError as exc:
+                stop_if_fatal(seg.path, "read", exc)
                 continue
             finally:
                 os.close(fd)
@@ -370,8 +376,10 @@ class Recovery:
         if seg.sealed:
             remove_index(seg.path)
             seg.sealed = False
-        os.ftruncate(seg.fd, pos)
-        os.fsync(seg.fd)
+        with guarded(seg.path, "truncate"):
+            os.ftruncate(seg.fd, pos)
+        with guarded(seg.path, FSYNC):
+            os.fsync(seg.fd)
         seg.end = pos
         seg.reserved = pos
         seg.crc = None

@@ -31,6 +31,7 @@ from node.replication.raft.log.segment import (
     _Segment,
     _unlink_segment,
 )
+from node.replication.raft.storage_fault import FSYNC, guarded, stop_if_fatal
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,10 @@ class Retention(Recovery):
         copies them, each already checked, indices ascending) in a new sparse
         segment below Raft's start, synced before it is used; None if none."""
         tmp = os.path.join(self.dir, "import.lseg.tmp")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+        with guarded(tmp, "create"):
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
         seg = _Segment(tmp, 0, fd, sparse=True)
+        op = "write"
         try:
             head = struct.pack("<8sHHIQ", MAGIC, FORMAT_VERSION, HEADER_SIZE, SPARSE, 0)
             head += struct.pack("<II", crc32c(head), 0)  # first index 0: the name says the range
@@ -77,8 +80,11 @@ class Retention(Recovery):
                     os.write(fd, b"".join(pending))
                     pending, size = [], 0
             os.write(fd, b"".join(pending))
+            op = FSYNC
             os.fsync(fd)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, OSError):
+                stop_if_fatal(tmp, op, exc)
             seg.close()  # (not os.close: the segment's __del__ would close the number again)
             os.unlink(tmp)
             raise
@@ -91,7 +97,8 @@ class Retention(Recovery):
         seg.path = os.path.join(self.dir, f"{seg.first:020d}-{seg.last:020d}.lseg")
         for old in [s for s in self.hidden if s.path == seg.path]:
             self.hidden.remove(old)  # the same range brought again (closed with its last handle)
-        os.replace(tmp, seg.path)
+        with guarded(tmp, "rename"):
+            os.replace(tmp, seg.path)
         _fsync_dir(self.dir)
         seg.crc = int(crc)
         self._seal(seg)  # (replaces the index file of the same range brought before)

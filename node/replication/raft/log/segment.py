@@ -22,6 +22,7 @@ from crc32c import crc32c
 
 from node.replication import format
 from node.replication.raft.log.index import remove_index
+from node.replication.raft.storage_fault import guarded
 
 MAGIC = format.SEGMENT.magic
 FORMAT_VERSION = format.SEGMENT.version
@@ -119,5 +120,6 @@ class _Segment:
 
 
 def _unlink_segment(path: str) -> None:
-    os.unlink(path)
-    remove_index(path)
+    with guarded(path, "unlink"):  # ENOENT: a segment went behind our back
+        os.unlink(path)
+        remove_index(path)

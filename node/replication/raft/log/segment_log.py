@@ -10,7 +10,9 @@ Durability: appends are pwrite()s into space reserved with fallocate (a full
 disk is ENOSPC before anything is written, and nothing is appended); the
 shim's group commit calls flush() once per tick, which fdatasyncs every
 segment written since; a new segment file and the directory are fsync'd when
-it is created.
+it is created. An error that says the disk can no longer be trusted (EIO,
+EROFS, the directory gone, any failed fdatasync) stops the node
+(storage_fault.py); a full disk does not.
 
 For the message store: handle(idx) gives another thread an EntryHandle
 (handle.py), read(idx, offset, length) reads part of an entry, also from a
@@ -55,6 +57,7 @@ from node.replication.raft.log.segment import (
     seg_name,
 )
 from node.replication.raft.log.start import write_start
+from node.replication.raft.storage_fault import FSYNC, stop_if_fatal
 
 log = logging.getLogger(__name__)
 
@@ -108,15 +111,22 @@ class SegmentLog(Retention):
             log.warning("raft log: retained segment %s replaced by a new one", path)
             self.hidden.remove(seg)  # (closed with its last EntryHandle)
             _unlink_segment(path)  # a new inode: a handle still on the old one reads the old bytes
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+        except OSError as exc:
+            stop_if_fatal(path, "create", exc)  # (ENOENT: the log's directory is gone)
+            raise
+        op = "write"
         try:
             head = struct.pack("<8sHHIQ", MAGIC, FORMAT_VERSION, HEADER_SIZE, 0, first)
             head += struct.pack("<II", crc32c(head), 0)
             if os.pwrite(fd, head, 0) != HEADER_SIZE:
                 raise OSError(errno.ENOSPC, "short write of a segment header")
+            op = FSYNC
             os.fsync(fd)
             _fsync_dir(self.dir)
-        except OSError:
+        except OSError as exc:
+            stop_if_fatal(path, op, exc)
             os.close(fd)
             os.unlink(path)
             raise
@@ -132,6 +142,7 @@ class SegmentLog(Retention):
             _fallocate(seg.fd, seg.reserved, upto - seg.reserved)
         except OSError as exc:
             if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                stop_if_fatal(seg.path, "fallocate", exc)
                 raise  # ENOSPC: nothing written, nothing appended
             seg.no_fallocate = True  # (FUSE): pwrite still reports a full disk itself
         else:
@@ -156,7 +167,11 @@ class SegmentLog(Retention):
         if end > MAX_SEGMENT_BYTES:
             raise OSError(errno.EFBIG, "raft log: record too large for a segment")
         self._reserve(seg, end)
-        written = os.pwrite(seg.fd, record, seg.end)
+        try:
+            written = os.pwrite(seg.fd, record, seg.end)
+        except OSError as exc:
+            stop_if_fatal(seg.path, "write", exc)
+            raise
         if written != len(record):  # a full disk without fallocate
             raise OSError(errno.ENOSPC, "raft log: short write")
         seg.offsets.append(seg.end)
@@ -173,7 +188,11 @@ class SegmentLog(Retention):
         for seg in self._segs:
             if seg.dirty:
                 if self.sync_appends:
-                    os.fdatasync(seg.fd)
+                    try:
+                        os.fdatasync(seg.fd)
+                    except OSError as exc:  # never retried as if it had worked (fsyncgate)
+                        stop_if_fatal(seg.path, FSYNC, exc)
+                        raise
                 seg.dirty = False
 
     # ------------------------------------------------------------- reads
@@ -250,7 +269,11 @@ class SegmentLog(Retention):
         """(the record's bytes, term) read back and verified."""
         seg, pos = self._locate(idx)
         start, size = seg.span(pos)
-        raw = os.pread(seg.fd, size, start)
+        try:
+            raw = os.pread(seg.fd, size, start)
+        except OSError as exc:
+            stop_if_fatal(seg.path, "read", exc)
+            raise
         length, crc, ridx, term = _REC.unpack_from(raw)
         if len(raw) != size or length != size - 8 or ridx != idx \
                 or _record_crc(length, ridx, term, memoryview(raw)[REC_SIZE:]) != crc:

@@ -17,6 +17,7 @@ from node.replication import format
 from node.replication.raft.data_dir import PRIVATE_FILE
 from node.replication.raft.log.fs import _fsync_dir
 from node.replication.raft.log.segment import LogDamaged
+from node.replication.raft.storage_fault import FSYNC, guarded
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +49,15 @@ def write_start(directory: str, first: int) -> None:
     body = struct.pack("<8sHQ", START_MAGIC, FORMAT_VERSION, first)
     path = os.path.join(directory, "start")
     tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+    with guarded(tmp, "create"):
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
     try:
-        os.write(fd, body + struct.pack("<I", crc32c(body)))
-        os.fsync(fd)
+        with guarded(tmp, "write"):
+            os.write(fd, body + struct.pack("<I", crc32c(body)))
+        with guarded(tmp, FSYNC):
+            os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, path)
+    with guarded(tmp, "rename"):
+        os.replace(tmp, path)
     _fsync_dir(directory)

@@ -16,6 +16,7 @@ from node.replication.machine.state import BrokerState
 from node.replication.raft.data_dir import open_private
 from node.replication.raft.snapshot.raft_data import raft_meta
 from node.replication.raft.snapshot.writer import write_snapshot
+from node.replication.raft.storage_fault import child_status
 
 _PR_SET_PDEATHSIG = 1
 try:  # resolved here: no dlopen in a child forked from a threaded process
@@ -55,7 +56,8 @@ def write_in_child(parent: int, part: str, snapshot_state: Callable[[], BrokerSt
                    raft_data: Any) -> NoReturn:
     """The forked child (no threads, no loop): write the snapshot of the
     state (the owner's snapshot_state) to `part`, sync it, leave (exit
-    status 0 once it is synced)."""
+    status 0 once it is synced; after an OSError its errno in the status,
+    storage_fault.child_status: the parent decides, a child must not log)."""
     code = 1
     try:
         # die with the node: an orphan would keep the node's listening
@@ -75,5 +77,7 @@ def write_in_child(parent: int, part: str, snapshot_state: Callable[[], BrokerSt
             f.flush()
             os.fsync(f.fileno())
         code = 0
+    except BaseException as exc:  # noqa: BLE001 - said by the exit status, to the parent
+        code = child_status(exc)
     finally:
         os._exit(code)

@@ -15,6 +15,12 @@ Snapshots hold messages' places in the log, not their bytes (issue 27 item
 3): the log segments holding them are retained while the state or the latest
 snapshot needs them (_retains); a leader sends them after the snapshot file
 (transfer.py).
+
+A writer that fails (issue 46): if its errno says the disk is broken, or a
+probe of the data dir fails, the node stops (storage_fault.py); else the
+next attempt waits (1 s, doubling to 5 min: snapshot_may_start, which
+_BrokerLog asks before pysyncobj's compaction step) and one WARNING a minute
+at most says so (`failed_snapshots` in the status).
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import contextlib
 import logging
 import os
 import struct
+from errno import errorcode
 from io import BytesIO
 from typing import TYPE_CHECKING, Any
 
@@ -37,11 +44,31 @@ from node.replication.raft.snapshot.raft_data import pysyncobj_raft_data
 from node.replication.raft.snapshot.reader import read_entries, read_snapshot
 from node.replication.raft.snapshot.startup import OwnSnapshotMixin
 from node.replication.raft.snapshot.transfer import _cut_synced, _received_entries, fits
+from node.replication.raft.storage_fault import (
+    child_errno,
+    fail_stop,
+    guarded,
+    is_fatal,
+    probe_dir,
+    retry_delay,
+    should_warn,
+)
 
 if TYPE_CHECKING:
     from node.replication.raft.shim import Owner, _BrokerLog
 
 log = logging.getLogger("node.replication.raft.snapshot")  # the package's: log lines as before
+
+
+class _NoDumpFailureLine(logging.Filter):
+    """pysyncobj warns 'Failed to store full dump' at every failed snapshot; we
+    say it ourselves, at most once a minute (_snapshot_failed)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "Failed to store full dump"
+
+
+logging.getLogger("pysyncobj.syncobj").addFilter(_NoDumpFailureLine())
 
 
 class SnapshotMixin(OwnSnapshotMixin):
@@ -59,6 +86,11 @@ class SnapshotMixin(OwnSnapshotMixin):
     installed_snapshots: int
     refused_snapshots: int
     damaged_snapshots: int
+    data_dir: str
+    failed_snapshots = 0  # writers that failed (status, metrics)
+    _failures_in_row = 0
+    _snapshot_retry_at = 0.0  # (pysyncobj's clock) no writer forked before
+    _snapshot_warned: float | None = None
     _from_leader: bool  # _loaded is the leader's snapshot, accepted to be installed
     # log buckets of the snapshot being written (they replace snapshot_buckets
     # once it is in place)
@@ -135,21 +167,50 @@ class SnapshotMixin(OwnSnapshotMixin):
         if rpid == 0:
             return SERIALIZER_STATE.SERIALIZING
         self._snap_pid = None
+        part = self._dump_path + ".part"
         if status != 0:
-            log.error("snapshot child failed with status %d", status)
-            # e.g. ENOSPC: that snapshot fails (pysyncobj keeps the journal and
-            # tries again later); its partial file must not keep the disk full
+            err = child_errno(status)
+            if err is not None and is_fatal(err, "write"):
+                fail_stop(part, "snapshot write", OSError(err, os.strerror(err)))
+            probe_dir(self.data_dir)  # stops the node if the directory itself is unusable
+            # e.g. ENOSPC: that snapshot fails (pysyncobj keeps the journal);
+            # its partial file must not keep the disk full
             with contextlib.suppress(OSError):
-                os.unlink(self._dump_path + ".part")
+                os.unlink(part)
+            self._snapshot_failed(f"errno {errorcode.get(err, err)}" if err is not None
+                                  else f"wait status {status}")
             return SERIALIZER_STATE.FAILED
-        os.replace(self._dump_path + ".part", self._dump_path)
+        with guarded(part, "rename"):
+            os.replace(part, self._dump_path)
         _fsync_dir(self.data_dir)
+        if self._failures_in_row:
+            log.warning("snapshot written again after %d failed attempts", self._failures_in_row)
+        self._failures_in_row = 0
+        self._snapshot_retry_at = 0.0
         self.snapshot_buckets = self._pending_buckets  # (pysyncobj compacts the log after this)
         self.snapshot_done_at = clock()
         self.snapshots += 1
         self.last_snapshot_seconds = clock() - self._snap_started
-        self.last_snapshot_bytes = os.path.getsize(self._dump_path)
+        with guarded(self._dump_path, "stat"):
+            self.last_snapshot_bytes = os.path.getsize(self._dump_path)
         return SERIALIZER_STATE.SUCCESS
+
+    def _snapshot_failed(self, why: str) -> None:
+        """A writer failed, not fatally: the next one waits (exponential
+        backoff), and the warning is not repeated within a minute."""
+        now = clock()
+        self.failed_snapshots += 1
+        self._failures_in_row += 1
+        delay = retry_delay(self._failures_in_row)
+        self._snapshot_retry_at = now + delay
+        if should_warn(now, self._snapshot_warned):
+            self._snapshot_warned = now
+            log.warning("snapshot failed (%s): %d in a row, %d in all; next attempt in %.0f s", why,
+                        self._failures_in_row, self.failed_snapshots, delay)
+
+    def snapshot_may_start(self, now: float) -> bool:
+        """Whether a snapshot writer may be forked now (not during a failure's backoff)."""
+        return now >= self._snapshot_retry_at
 
     def _deserialize(self, filename: str) -> Any:
         """pysyncobj loads a snapshot: ours at start (read by load_own_snapshot)

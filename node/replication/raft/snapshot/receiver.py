@@ -18,6 +18,7 @@ from node.replication.raft.log import LogDamaged, SegmentLog
 from node.replication.raft.log.fs import _fsync_dir
 from node.replication.raft.snapshot.envelope import SnapshotFormatError
 from node.replication.raft.snapshot.transfer import _Outgoing
+from node.replication.raft.storage_fault import FSYNC, guarded, stop_if_fatal
 
 log = logging.getLogger("node.replication.raft.snapshot")  # the package's: log lines as before
 
@@ -47,6 +48,8 @@ class SnapshotReceiver(Serializer):  # type: ignore[misc]
                 out = outgoing[transmissionID] = _Outgoing(self._Serializer__fileName, self.journal)
             chunk = out.chunk(self._Serializer__transmissionBatchSize)
         except (OSError, IndexError, LogDamaged, SnapshotFormatError) as exc:
+            if isinstance(exc, OSError):  # (our snapshot file: EIO, the data dir gone)
+                stop_if_fatal(self._Serializer__fileName, "read", exc)
             outgoing.pop(transmissionID, None)
             if out is not None:
                 out.close()
@@ -79,19 +82,23 @@ class SnapshotReceiver(Serializer):  # type: ignore[misc]
             try:
                 self._incoming = os.fdopen(open_private(tmp), "wb")
             except OSError as exc:
+                stop_if_fatal(tmp, "create", exc)
                 log.error("cannot receive the leader's snapshot: %s", exc)
                 return False
         f = self._incoming
         if f is None:
             return False  # a chunk after a failure or without the first one
+        op = "write"
         try:
             f.write(chunk)
             if not last:
                 return False
             f.flush()
+            op = FSYNC
             os.fsync(f.fileno())
             f.close()
         except OSError as exc:
+            stop_if_fatal(tmp, op, exc)  # (ENOSPC: refused, the leader sends it again)
             log.error("cannot receive the leader's snapshot: %s", exc)
             self._drop_incoming(tmp)
             return False
@@ -100,7 +107,8 @@ class SnapshotReceiver(Serializer):  # type: ignore[misc]
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             return False
-        os.replace(tmp, path)
+        with guarded(tmp, "rename"):
+            os.replace(tmp, path)
         _fsync_dir(os.path.dirname(path) or ".")
         return True
 

@@ -25,6 +25,7 @@ from node.replication.raft.log import (
 )
 from node.replication.raft.snapshot.envelope import SnapshotFormatError, check_file, snapshot_size
 from node.replication.raft.snapshot.reader import read_entries
+from node.replication.raft.storage_fault import FSYNC, guarded
 
 ENTRIES_MAGIC = format.SNAPSHOT_ENTRIES.magic
 ENTRIES_VERSION = format.SNAPSHOT_ENTRIES.version
@@ -124,9 +125,12 @@ def _cut_synced(path: str, size: int) -> None:
     with the log entries after the snapshot, so an unsynced cut could be undone
     by a power loss after the rename (which is synced) and leave raft.dump with
     trailing bytes: unreadable, the member's log reset (harness.lazyfs showed it)."""
-    fd = os.open(path, os.O_WRONLY)
+    with guarded(path, "open"):
+        fd = os.open(path, os.O_WRONLY)
     try:
-        os.ftruncate(fd, size)
-        os.fsync(fd)
+        with guarded(path, "truncate"):
+            os.ftruncate(fd, size)
+        with guarded(path, FSYNC):
+            os.fsync(fd)
     finally:
         os.close(fd)
