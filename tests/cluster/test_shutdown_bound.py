@@ -140,7 +140,15 @@ def test_a_node_on_a_full_disk_exits_on_sigterm_within_the_bound_and_keeps_every
     failure (or takes none while they fail) and exits within BOUND; after the
     space returns every confirmed message is there."""
     c = cluster_factory(1, data_fs_mb=96)
-    c.start()
+    try:
+        c.start()
+        _full_disk_stop(c)
+    finally:
+        c.kill_all()
+        c.unmount_all()  # (the tmpfs outlives the processes)
+
+
+def _full_disk_stop(c: Cluster) -> None:
     node = c.leader()
     q = uniq_queue("fulldisk")
     declare(node, q)
