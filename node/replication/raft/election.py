@@ -2,8 +2,9 @@
 
 pysyncobj runs the Raft election itself (terms, RequestVote, votes); the
 shim gates and hurries it:
-- startup grace: a (re)starting member listens STARTUP_GRACE seconds before
-  it may campaign, a joining one until a leader contacts it (quiet_timeouts);
+- startup grace: a restarting member listens STARTUP_GRACE seconds before
+  it may campaign (a fresh one of a new cluster need not), a joining one
+  until a leader contacts it (quiet_timeouts);
 - PreVote (Raft thesis §9.6): no term is raised without a majority's yes
   (_gate_election, _on_prevote, _on_prevote_reply);
 - fast election: a follower whose leader's link broke campaigns at once,
@@ -36,16 +37,20 @@ log = logging.getLogger(__name__)
 STARTUP_GRACE = 2.0  # seconds a restarted member listens before it may campaign
 
 
-def quiet_timeouts(c: RaftConfig) -> tuple[float, float] | None:
-    """The election timeouts a node starts with, until it hears a leader (_Conf)."""
+def quiet_timeouts(c: RaftConfig, fresh: bool = False) -> tuple[float, float] | None:
+    """The election timeouts a node starts with, until it hears a leader (_Conf).
+    `fresh`: its data directory holds no log and no snapshot yet."""
     # a node that campaigns before it has heard the leader deposes a healthy
     # one: a joining node stays quiet until a leader contacts it; a
-    # (re)starting member waits a grace period first (a full-cluster
-    # restart elects after it)
+    # restarting member waits a grace period first (a full-cluster restart
+    # elects after it). A fresh member of a new cluster does not: an empty log
+    # wins no PreVote against any member that holds an entry, nor while the
+    # voters hear a leader (_on_prevote), so the grace only delayed the first
+    # election of every new cluster (3.4 s to a leader instead of ~1.5)
     quiet: tuple[float, float] | None = None
     if c.join:
         quiet = (3600.0, 3601.0)
-    elif c.peers:
+    elif c.peers and not fresh:
         quiet = (c.election_min + STARTUP_GRACE, c.election_max + STARTUP_GRACE)
     return quiet
 

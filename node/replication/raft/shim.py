@@ -286,7 +286,11 @@ class RaftShim(ElectionMixin, SnapshotMixin, CompactionMixin):
     def start(self) -> None:
         make_private_dir(self.data_dir)  # 0700, files 0600 (tightened, with a log line)
         c = self.config
-        quiet = quiet_timeouts(c)
+        # (the chart's start.sh tells a fresh volume the same way)
+        fresh = not any(os.path.exists(os.path.join(self.data_dir, name))
+                        for name in ("log", "raft.journal", "raft.journal.meta",
+                                     os.path.basename(self._dump_path)))
+        quiet = quiet_timeouts(c, fresh)
         if quiet is not None:
             self._restore_timeouts = (c.election_min, c.election_max)
         conf = _Conf(
