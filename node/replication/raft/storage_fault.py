@@ -25,6 +25,8 @@ import contextlib
 import errno
 import logging
 import os
+import threading
+import time
 from collections.abc import Iterator
 from typing import NoReturn
 
@@ -61,9 +63,17 @@ def describe(path: str, op: str, exc: OSError) -> str:
     return f"{op} of {path} failed: {name} ({exc.strerror or exc})"
 
 
+_FAILING = threading.Lock()  # held by the thread that logs the line and exits
+
+
 def fail_stop(path: str, op: str, exc: OSError) -> NoReturn:
     """Log one CRITICAL line and exit EXIT_STORAGE now (any thread): no
     shutdown sequence, nothing more written; peers see the links break."""
+    if not _FAILING.acquire(blocking=False):
+        # another thread met the failure too (the raft thread and the event
+        # loop's read of the same disk): it logs the one line and exits
+        time.sleep(30)
+        os._exit(EXIT_STORAGE)
     log.critical("storage failure: %s; the data directory cannot be trusted: exiting (code %d) "
                  "so that a restart repairs this member from its peers", describe(path, op, exc),
                  EXIT_STORAGE)
