@@ -202,6 +202,8 @@ class SharedClusters:
         c = sh.cluster
         now = {n.node_id: n.pid for n in c.nodes}
         assert now == sh.pids and not c.removed, f"members changed: {sh.pids} -> {now}"
+        dead = [n.node_id for n in c.nodes if not n.alive()]
+        assert not dead, f"not running: {dead}"
         paused = [n.node_id for n in c.nodes if n.paused]
         assert not paused, f"paused: {paused}"
         c.wait_healthy(timeout)
@@ -265,6 +267,7 @@ def shared_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedClus
 def use_shared(pool: SharedClusters, request: pytest.FixtureRequest,
                prepare: Callable[[Path], Prepared]) -> Iterator[Shared]:
     """The body of a shared_* fixture: the kind is the fixture's name."""
+    assert pool is POOL, "tests/cluster/conftest.py imported twice: two pools"
     sh = pool.acquire(request.fixturename, prepare)
     try:
         sh.before = _definitions(sh.cluster.leader())
