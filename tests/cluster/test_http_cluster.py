@@ -12,7 +12,7 @@ import requests
 
 from harness.process import Cluster, ClusterNode
 from tests.broker_proc import uniq, wait_for
-from tests.cluster.conftest import with_http
+from tests.support.shared_cluster import with_http
 
 AUTH = ("guest", "guest")
 T = 15.0

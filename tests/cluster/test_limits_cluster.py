@@ -16,8 +16,8 @@ from pamqp import commands as spec
 
 from harness.process import Cluster, ClusterNode
 from tests.broker_proc import uniq, wait_for
-from tests.cluster.conftest import with_http
 from tests.support.amqp_open import open_conn, refusal
+from tests.support.shared_cluster import with_http
 
 AUTH = ("guest", "guest")
 T = 20.0

@@ -52,7 +52,7 @@ from node.replication.raft.link.frame import (
 )
 from node.replication.raft.link.handshake import PROTOCOL, _proof
 from node.replication.raft.link.security import link_key
-from tests.cluster.conftest import SharedClusters, use_shared
+from tests.support.shared_cluster import SharedClusters, use_shared
 
 _HDR = struct.Struct("<IB")
 INTRUDER = "intruder"
