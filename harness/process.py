@@ -355,6 +355,22 @@ class ClusterNode:
         except OSError:
             return "<no log>"
 
+    def log_mark(self) -> int:
+        """Where the log ends now: log_since(mark) is what the node wrote after it
+        (a test on a shared cluster looks only at the lines its own doing caused)."""
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def log_since(self, mark: int) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(mark)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
 
 class Cluster:
     """N ClusterNodes n1..nN that list each other as peers."""

@@ -18,9 +18,9 @@ from tests.support.field_types import (
 )
 
 
-def test_field_types_round_trip_through_a_cluster_follower(cluster: Cluster) -> None:
-    leader = cluster.leader()
-    follower = cluster.followers()[0]
+def test_field_types_round_trip_through_a_cluster_follower(shared_cluster: Cluster) -> None:
+    leader = shared_cluster.leader()
+    follower = shared_cluster.followers()[0]
     q = uniq("types-cluster")
     pub = RawConn(leader.host, leader.amqp_port)
     sub = RawConn(follower.host, follower.amqp_port)

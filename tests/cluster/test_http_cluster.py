@@ -11,7 +11,8 @@ import pika
 import requests
 
 from harness.process import Cluster, ClusterNode
-from tests.broker_proc import free_port, uniq, wait_for
+from tests.broker_proc import uniq, wait_for
+from tests.support.shared_cluster import with_http
 
 AUTH = ("guest", "guest")
 T = 15.0
@@ -27,20 +28,12 @@ def get(node: ClusterNode, path: str) -> Any:
     return r.json()
 
 
-def with_http(c: Cluster) -> Cluster:
-    for n in c.nodes:
-        n.http_port = free_port()  # type: ignore[attr-defined]
-        n.extra_args += ["--http-port", str(n.http_port)]  # type: ignore[attr-defined]
-    return c
-
-
 FIGURES = ("messages", "messages_ready", "messages_unacknowledged", "consumers", "durable",
            "arguments", "node", "type")
 
 
-def test_two_nodes_report_the_same_queue_figures(cluster_factory: Callable[..., Cluster]) -> None:
-    c = with_http(cluster_factory(3))
-    c.start()
+def test_two_nodes_report_the_same_queue_figures(shared_http_cluster: Cluster) -> None:
+    c = shared_http_cluster
     n1, n2, n3 = c.nodes
     q = uniq("hc")
     r = requests.put(url(n1, f"/api/queues/%2F/{q}"), auth=AUTH, timeout=T,
@@ -72,11 +65,17 @@ def test_two_nodes_report_the_same_queue_figures(cluster_factory: Callable[..., 
             == (20, 15, 5, 1)
         assert a["message_stats"]["publish"] == b["message_stats"]["publish"] == 20
         assert a["type"] == "quorum" and a["node"] == "n1"
-        # connection details: the owning node knows the peer, every node lists it
-        rows = {n.node_id: get(n, "/api/connections") for n in (n1, n2)}
-        assert [r["name"] for r in rows["n1"]] == [r["name"] for r in rows["n2"]]
+        # connection details: the owning node knows the peer, every node lists it (the
+        # same list once both applied the same opens and closes: on a shared cluster
+        # another test's connections may still be closing)
+        def listed() -> dict[str, Any] | None:
+            rows = {n.node_id: get(n, "/api/connections") for n in (n1, n2)}
+            same = [r["name"] for r in rows["n1"]] == [r["name"] for r in rows["n2"]]
+            return rows if same and any(r["node"] == "n2" for r in rows["n2"]) else None
+        rows = wait_for(listed, timeout=30, what="n1 and n2 to list the same connections")
         local = [r for r in rows["n2"] if r["node"] == "n2"]
-        assert local and local[0]["peer_host"] == "127.0.0.1" and local[0]["user"] == "guest"
+        assert all(r["peer_host"] == "127.0.0.1" for r in local), local
+        assert any(r["user"] == "guest" for r in local), local
     finally:
         conn.close()
     cl = {n.node_id: get(n, "/api/mirrorq/cluster") for n in c.nodes}
@@ -87,7 +86,7 @@ def test_two_nodes_report_the_same_queue_figures(cluster_factory: Callable[..., 
 
 
 def test_quorum_critical_and_membership(cluster_factory: Callable[..., Cluster]) -> None:
-    c = with_http(cluster_factory(3))
+    c = with_http(cluster_factory(3), member_urls=False)
     c.start()
     leader = c.leader()
     victim = next(n for n in c.nodes if n is not leader)
@@ -123,19 +122,13 @@ def test_quorum_critical_and_membership(cluster_factory: Callable[..., Cluster])
                            timeout=T).status_code == 404
 
 
-def test_cluster_view_match_index_and_member_urls(
-        cluster_factory: Callable[..., Cluster]) -> None:
+def test_cluster_view_match_index_and_member_urls(shared_http_cluster: Cluster) -> None:
     """Only the leader knows its followers' match index: a follower reports
     null for the other members (not 0); every member carries the management
     URL of its node where known (its own, and --http-member-url's), and that
     URL serves that node's API (the console links to it)."""
-    c = with_http(cluster_factory(3))
+    c = shared_http_cluster  # each node started with --http-member-url of the others (with_http)
     urls = {n.node_id: f"http://{n.host}:{n.http_port}/" for n in c.nodes}  # type: ignore[attr-defined]
-    for n in c.nodes:
-        for other, u in urls.items():
-            if other != n.node_id:
-                n.extra_args += ["--http-member-url", f"{other}={u}"]
-    c.start()
 
     def settled() -> dict[str, Any] | None:
         views = {n.node_id: get(n, "/api/mirrorq/cluster") for n in c.nodes}

@@ -15,8 +15,9 @@ import requests
 from pamqp import commands as spec
 
 from harness.process import Cluster, ClusterNode
-from tests.broker_proc import free_port, uniq, wait_for
+from tests.broker_proc import uniq, wait_for
 from tests.support.amqp_open import open_conn, refusal
+from tests.support.shared_cluster import with_http
 
 AUTH = ("guest", "guest")
 T = 20.0
@@ -31,18 +32,9 @@ def put(node: ClusterNode, path: str, body: dict[str, Any]) -> None:
     assert r.status_code in (201, 204), (path, r.status_code, r.text)
 
 
-def started(cluster_factory: Callable[..., Cluster]) -> Cluster:
-    c = cluster_factory(3)
-    for n in c.nodes:
-        n.http_port = free_port()  # type: ignore[attr-defined]
-        n.extra_args += ["--http-port", str(n.http_port)]  # type: ignore[attr-defined]
-    c.start()
-    return c
-
-
 def test_connections_and_channels_on_other_members_count_against_limits(
-        cluster_factory: Callable[..., Cluster]) -> None:
-    c = started(cluster_factory)
+        shared_http_cluster: Cluster) -> None:
+    c = shared_http_cluster
     n1, n2, n3 = c.nodes
     v = uniq("v")
     put(n1, f"/api/vhosts/{v}", {})
@@ -93,7 +85,7 @@ def test_connections_and_channels_on_other_members_count_against_limits(
 
 def test_a_node_declared_down_frees_its_connections_and_topic_permissions_reach_others(
         cluster_factory: Callable[..., Cluster]) -> None:
-    c = started(cluster_factory)
+    c = with_http(cluster_factory(3), member_urls=False).start()
     leader = c.leader()
     others = [n for n in c.nodes if n is not leader]
     victim, survivor = others
@@ -128,11 +120,8 @@ def test_connections_opened_before_machine_version_4_count_after_the_switch(
     """A rolling upgrade: while n3 runs as a version-3 build nothing new is
     logged; a connection opened on n1 then enters the connection table when
     the version switches, so a user limit set after it counts it on n2."""
-    c = cluster_factory(3, node_env=lambda nid: {"MIRRORQ_MACHINE_VERSION": "3"}
-                        if nid == "n3" else {})
-    for n in c.nodes:
-        n.http_port = free_port()  # type: ignore[attr-defined]
-        n.extra_args += ["--http-port", str(n.http_port)]  # type: ignore[attr-defined]
+    c = with_http(cluster_factory(3, node_env=lambda nid: {"MIRRORQ_MACHINE_VERSION": "3"}
+                                  if nid == "n3" else {}), member_urls=False)
     c.start()
     n1, n2, n3 = c.nodes
     early, answer = open_conn(n1.host, n1.amqp_port)
@@ -157,14 +146,13 @@ def test_connections_opened_before_machine_version_4_count_after_the_switch(
 
 
 def test_an_http_session_on_another_member_counts_against_max_connections(
-        cluster_factory: Callable[..., Cluster]) -> None:
+        shared_http_cluster: Cluster) -> None:
     """Issue 42 item 10: the management API's in-process session is a
     connection of its user on its node; with the user's one allowed
     connection held on n1, an HTTP publish through n2 is refused (403) once
     n2 has applied n1's ConnectionOpen, and allowed again once it closed.
     Before: HTTP sessions were never checked against the limits."""
-    c = started(cluster_factory)
-    n1, n2, _n3 = c.nodes
+    n1, n2, _n3 = shared_http_cluster.nodes
     u, q = uniq("u"), uniq("q")
     put(n1, f"/api/users/{u}", {"password": "pw", "tags": "management"})
     put(n1, f"/api/permissions/%2F/{u}", {"configure": ".*", "write": ".*", "read": ".*"})

@@ -29,6 +29,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -51,6 +52,7 @@ from node.replication.raft.link.frame import (
 )
 from node.replication.raft.link.handshake import PROTOCOL, _proof
 from node.replication.raft.link.security import link_key
+from tests.support.shared_cluster import SharedClusters, use_shared
 
 _HDR = struct.Struct("<IB")
 INTRUDER = "intruder"
@@ -110,9 +112,10 @@ def _verifies(seen: list[bytes], nonces: list[bytes], addresses: list[bytes], gu
     return any(v in candidates for v in seen)
 
 
-def test_an_attacker_who_connects_gets_no_proof(cluster: Cluster) -> None:
-    target = cluster.followers()[0]
-    member = cluster.leader()
+def test_an_attacker_who_connects_gets_no_proof(shared_cluster: Cluster) -> None:
+    target = shared_cluster.followers()[0]
+    member = shared_cluster.leader()
+    mark = target.log_mark()
     nonce = os.urandom(32)
     with socket.create_connection((target.host, target.raft_port), timeout=5) as s:
         s.sendall(_frame(K_HELLO, encode({"protocol": PROTOCOL, "address": member.raft_address,
@@ -131,7 +134,7 @@ def test_an_attacker_who_connects_gets_no_proof(cluster: Cluster) -> None:
         # a proof the attacker cannot make: the link closes, no WELCOME (no server proof) ever comes
         s.sendall(_frame(K_PROOF, encode({"proof": os.urandom(32)})))
         assert _read_frame(s) is None, "something but a close answered a wrong proof"
-    wait_for(lambda: "wrong raft password" in target.tail_log(200), timeout=10, what="the refusal logged")
+    wait_for(lambda: "wrong raft password" in target.log_since(mark), timeout=10, what="the refusal logged")
 
 
 def test_an_attacker_a_member_dials_learns_only_a_proof_that_costs_a_kdf_per_guess(
@@ -332,18 +335,22 @@ def _forged_append(payload: bytes) -> bytes:
 
 
 @pytest.fixture
-def relayed(cluster_factory: Callable[..., Cluster]) -> Iterator[tuple[Cluster, ClusterNode, _Relay]]:
+def shared_relayed_cluster(shared_pool: SharedClusters,
+                           request: pytest.FixtureRequest) -> Iterator[tuple[Cluster, ClusterNode, _Relay]]:
     """A 3-node cluster whose links to one member (the least address: both others
-    dial it) pass through a relay that sits on that member's Raft address."""
-    c = cluster_factory(3)
-    target = min(c.nodes, key=lambda n: n.raft_address)
-    target.extra_args = [*target.extra_args, "--raft-listen", "127.0.0.2"]
-    relay = _Relay((target.host, target.raft_port), ("127.0.0.2", target.raft_port), target.raft_address)
-    try:
-        c.start()
-        yield c, target, relay
-    finally:
-        relay.close()
+    dial it) pass through a relay that sits on that member's Raft address; shared by
+    the relay tests (tests/cluster/conftest.py's rule: each leaves every member
+    running and in sync, its links back through the relay)."""
+    def prepare(base: Path) -> tuple[Cluster, Any, Callable[[], None]]:
+        c = Cluster(base, 3)
+        target = min(c.nodes, key=lambda n: n.raft_address)
+        target.extra_args = [*target.extra_args, "--raft-listen", "127.0.0.2"]
+        relay = _Relay((target.host, target.raft_port), ("127.0.0.2", target.raft_port),
+                       target.raft_address)
+        return c, (target, relay), relay.close
+    for sh in use_shared(shared_pool, request, prepare):
+        target, relay = sh.extra
+        yield sh.cluster, target, relay
 
 
 def _by_address(c: Cluster, address: str) -> ClusterNode:
@@ -357,8 +364,11 @@ def _users(node: ClusterNode) -> list[str]:
 
 
 def test_an_on_path_relay_that_alters_or_injects_a_frame_gets_the_link_dropped_and_nothing_applied(
-        relayed: tuple[Cluster, ClusterNode, _Relay]) -> None:
-    c, target, relay = relayed
+        shared_relayed_cluster: tuple[Cluster, ClusterNode, _Relay]) -> None:
+    c, target, relay = shared_relayed_cluster
+    marks = {n.node_id: n.log_mark() for n in c.nodes}
+    failures0 = sum(int(n.status().get("peer_mac_failures", 0)) for n in c.nodes)
+    victims0 = len(relay.victims)
     queue = uniq_queue("mac")
     declare(c.leader(), queue)
     publish_confirmed(target, queue)
@@ -382,7 +392,8 @@ def test_an_on_path_relay_that_alters_or_injects_a_frame_gets_the_link_dropped_a
             break
         else:
             raise AssertionError(f"{mode}: no member counted a bad MAC in 3 tamperings")
-        assert "bad MAC" in victim.tail_log(1000), f"{victim.node_id} counted a bad MAC but did not log it"
+        assert "bad MAC" in victim.log_since(marks[victim.node_id]), \
+            f"{victim.node_id} counted a bad MAC but did not log it"
 
     # nothing forged was applied anywhere; the links came back through the relay
     c.wait_healthy(30)
@@ -391,8 +402,10 @@ def test_an_on_path_relay_that_alters_or_injects_a_frame_gets_the_link_dropped_a
     publish_confirmed(target, queue)
     publish_confirmed(c.leader(), queue)
     failures = {n.node_id: int(n.status()["peer_mac_failures"]) for n in c.nodes}
-    assert counted <= sum(failures.values()) <= len(relay.victims), \
-        f"bad MACs counted {failures}, tampered frames to {relay.victims}, {counted} waited for"
+    tampered = relay.victims[victims0:]
+    assert counted <= sum(failures.values()) - failures0 <= len(tampered), \
+        f"bad MACs counted {failures} ({failures0} before the test), tampered frames to " \
+        f"{tampered}, {counted} waited for"
 
 
 def test_a_short_raft_password_without_tls_gets_a_warning_at_start(
@@ -409,12 +422,13 @@ def test_a_short_raft_password_without_tls_gets_a_warning_at_start(
 
 
 def test_an_on_path_relay_that_inflates_a_frame_length_is_refused_at_the_header(
-        relayed: tuple[Cluster, ClusterNode, _Relay]) -> None:
+        shared_relayed_cluster: tuple[Cluster, ClusterNode, _Relay]) -> None:
     # issue 42 item 10: the length was trusted (up to 1 GiB, then max_frame_bytes)
     # until the frame's end, where its MAC is: an on-path attacker had a member read
     # and buffer all 60 MiB it announced before the link was dropped. Version 3 links
     # MAC the header: refused with the header in hand.
-    c, target, relay = relayed
+    c, target, relay = shared_relayed_cluster
+    marks = {n.node_id: n.log_mark() for n in c.nodes}
     queue = uniq_queue("inflate")
     declare(c.leader(), queue)
     publish_confirmed(target, queue)
@@ -426,6 +440,7 @@ def test_an_on_path_relay_that_inflates_a_frame_length_is_refused_at_the_header(
     sent = relay.inflated_sent
     assert sent is not None and sent < 16 << 20, \
         f"{victim.node_id} read {sent >> 20} MiB of a frame whose length the relay forged to {INFLATED >> 20} MiB"
-    wait_for(lambda: "bad MAC on the header" in victim.tail_log(1000), timeout=10, what="the refusal logged")
+    wait_for(lambda: "bad MAC on the header" in victim.log_since(marks[victim.node_id]), timeout=10,
+             what="the refusal logged")
     c.wait_healthy(30)
     publish_confirmed(target, queue)

@@ -11,9 +11,9 @@ from harness.process import Cluster
 from tests.broker_proc import wait_for
 
 
-def test_publish_on_one_follower_consume_on_another(cluster: Cluster) -> None:
-    leader = cluster.leader()
-    a, b = cluster.followers()
+def test_publish_on_one_follower_consume_on_another(shared_cluster: Cluster) -> None:
+    leader = shared_cluster.leader()
+    a, b = shared_cluster.followers()
     q = uniq_queue()
     lconn = pika_conn(leader)
     lconn.channel().queue_declare(q, durable=True)

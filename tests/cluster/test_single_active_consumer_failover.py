@@ -183,9 +183,9 @@ def test_single_active_consumer_on_killed_follower_hands_over_unacked_redelivere
     ("classic", 2),
 ])
 def test_single_active_consumer_cancel_makes_next_consumer_active(
-        cluster: Cluster, queue_type: str, consumers_while_waiting: int) -> None:
-    leader = cluster.leader()
-    follower_a, follower_b = cluster.followers()
+        shared_cluster: Cluster, queue_type: str, consumers_while_waiting: int) -> None:
+    leader = shared_cluster.leader()
+    follower_a, follower_b = shared_cluster.followers()
     q = declare_sac_queue(leader, queue_type)
     first = Consumer(follower_a, q, "first", 10, auto_ack_each=True).start()
     second = Consumer(follower_b, q, "second", 10, auto_ack_each=True).start()

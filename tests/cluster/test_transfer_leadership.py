@@ -15,7 +15,8 @@ from node.admin.client import call_transfer_leadership
 from tests.broker_proc import wait_for
 
 
-def test_transfer_leadership_to_a_named_follower(cluster: Cluster) -> None:
+def test_transfer_leadership_to_a_named_follower(shared_cluster: Cluster) -> None:
+    cluster = shared_cluster
     leader = cluster.leader()
     f1, f2 = cluster.followers()
     term0 = leader.status()["term"]
