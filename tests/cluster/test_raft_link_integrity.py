@@ -29,7 +29,6 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -52,7 +51,6 @@ from node.replication.raft.link.frame import (
 )
 from node.replication.raft.link.handshake import PROTOCOL, _proof
 from node.replication.raft.link.security import link_key
-from tests.support.shared_cluster import SharedClusters, use_shared
 
 _HDR = struct.Struct("<IB")
 INTRUDER = "intruder"
@@ -335,22 +333,20 @@ def _forged_append(payload: bytes) -> bytes:
 
 
 @pytest.fixture
-def shared_relayed_cluster(shared_pool: SharedClusters,
-                           request: pytest.FixtureRequest) -> Iterator[tuple[Cluster, ClusterNode, _Relay]]:
+def relayed(cluster_factory: Callable[..., Cluster]) -> Iterator[tuple[Cluster, ClusterNode, _Relay]]:
     """A 3-node cluster whose links to one member (the least address: both others
-    dial it) pass through a relay that sits on that member's Raft address; shared by
-    the relay tests (tests/cluster/conftest.py's rule: each leaves every member
-    running and in sync, its links back through the relay)."""
-    def prepare(base: Path) -> tuple[Cluster, Any, Callable[[], None]]:
-        c = Cluster(base, 3)
-        target = min(c.nodes, key=lambda n: n.raft_address)
-        target.extra_args = [*target.extra_args, "--raft-listen", "127.0.0.2"]
-        relay = _Relay((target.host, target.raft_port), ("127.0.0.2", target.raft_port),
-                       target.raft_address)
-        return c, (target, relay), relay.close
-    for sh in use_shared(shared_pool, request, prepare):
-        target, relay = sh.extra
-        yield sh.cluster, target, relay
+    dial it) pass through a relay that sits on that member's Raft address. Not
+    shared: a tampered frame's effects (a bad MAC counted late, a link dropped
+    and redialled) may outlast the test that caused them."""
+    c = cluster_factory(3)
+    target = min(c.nodes, key=lambda n: n.raft_address)
+    target.extra_args = [*target.extra_args, "--raft-listen", "127.0.0.2"]
+    relay = _Relay((target.host, target.raft_port), ("127.0.0.2", target.raft_port), target.raft_address)
+    try:
+        c.start()
+        yield c, target, relay
+    finally:
+        relay.close()
 
 
 def _by_address(c: Cluster, address: str) -> ClusterNode:
@@ -364,8 +360,8 @@ def _users(node: ClusterNode) -> list[str]:
 
 
 def test_an_on_path_relay_that_alters_or_injects_a_frame_gets_the_link_dropped_and_nothing_applied(
-        shared_relayed_cluster: tuple[Cluster, ClusterNode, _Relay]) -> None:
-    c, target, relay = shared_relayed_cluster
+        relayed: tuple[Cluster, ClusterNode, _Relay]) -> None:
+    c, target, relay = relayed
     marks = {n.node_id: n.log_mark() for n in c.nodes}
     failures0 = sum(int(n.status().get("peer_mac_failures", 0)) for n in c.nodes)
     victims0 = len(relay.victims)
@@ -422,12 +418,12 @@ def test_a_short_raft_password_without_tls_gets_a_warning_at_start(
 
 
 def test_an_on_path_relay_that_inflates_a_frame_length_is_refused_at_the_header(
-        shared_relayed_cluster: tuple[Cluster, ClusterNode, _Relay]) -> None:
+        relayed: tuple[Cluster, ClusterNode, _Relay]) -> None:
     # issue 42 item 10: the length was trusted (up to 1 GiB, then max_frame_bytes)
     # until the frame's end, where its MAC is: an on-path attacker had a member read
     # and buffer all 60 MiB it announced before the link was dropped. Version 3 links
     # MAC the header: refused with the header in hand.
-    c, target, relay = shared_relayed_cluster
+    c, target, relay = relayed
     marks = {n.node_id: n.log_mark() for n in c.nodes}
     queue = uniq_queue("inflate")
     declare(c.leader(), queue)
